@@ -1,0 +1,261 @@
+"""The `aotc` command line.
+
+    aotc serve                                    API + embedded Redis + a worker for this machine's device
+    aotc worker                                   one worker (one per GPU, or one for the CPU)
+    aotc compile model.pt2 --shape x=8x3x224x224 --target cpu   progress on stderr; the key is stdout's last line
+    aotc pull KEY -o model.so.pt2                 fetch an artifact, verified against its sha256
+    aotc models | jobs | workers | lookup | cancel
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from client.sdk import Client, ClientError, JobFailed
+
+
+def _shapes(args: list[str]) -> dict[str, str]:
+    out = {}
+    for a in args:
+        name, sep, shape = a.partition("=")
+        if not sep:
+            raise SystemExit(f"aotc: cannot read --shape {a!r}: write NAME=SHAPE, e.g. x=8x3x224x224 or x=1..32x3x224x224")
+        out[name.strip()] = shape.strip()
+    return out
+
+
+class Progress:
+    """One status line on stderr: rewritten in place on a terminal, one line per change otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.monotonic()
+        self.last = ""
+
+    def __call__(self, job: dict[str, Any]) -> None:
+        attempt = f", attempt {job['attempts']}" if job.get("attempts", 0) > 1 else ""
+        line = f"job {job['id'][:8]} {job['state']}: {job.get('stage', '')}{attempt}"
+        if self.tty:
+            sys.stderr.write(f"\r[{time.monotonic() - self.t0:6.1f}s] {line}\033[K")
+            if job["state"] in ("succeeded", "failed", "cancelled"):
+                sys.stderr.write("\n")
+        elif line != self.last:
+            sys.stderr.write(f"[{time.monotonic() - self.t0:6.1f}s] {line}\n")
+        sys.stderr.flush()
+        self.last = line
+
+
+def cmd_compile(c: Client, a: argparse.Namespace) -> int:
+    model = c.upload(a.model, name=a.name)
+    print(f"uploaded {a.model} as model {model['id'][:12]} ({model['size']} bytes)", file=sys.stderr)
+    answer = c.submit(model["id"], _shapes(a.shape), a.target, mode=a.mode)
+    if answer["status"] == "cached":
+        print("cache hit: already compiled", file=sys.stderr)
+        print(answer["key"])
+        return 0
+    job = answer["job"]
+    print(f"{answer['status']} job {job['id']} for target {job['target']}", file=sys.stderr)
+    if a.no_wait:
+        print(job["id"])
+        return 0
+    art = c.wait(job["id"], progress=Progress())
+    check = art.meta.get("check", {})
+    print(f"artifact {art.key}: {art.meta['size']} bytes, compiled in {art.meta['timings'].get('compile_total', 0):.1f} s, "
+          f"max error vs eager {check.get('max_rel_err', 0):.2g}, {check.get('eager_ms')} ms eager -> "
+          f"{check.get('compiled_ms')} ms compiled on the worker", file=sys.stderr)
+    print(art.key)
+    return 0
+
+
+def cmd_pull(c: Client, a: argparse.Namespace) -> int:
+    path = c.pull(a.key, a.output)
+    print(f"pulled {a.key} ({path.stat().st_size} bytes, sha256 verified)", file=sys.stderr)
+    print(path)
+    return 0
+
+
+def _table(rows: list[list[str]], header: list[str]) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
+def _fmt_shapes(inputs: list[dict[str, Any]]) -> str:
+    from service.specs import format_shape
+
+    return " ".join(f"{i['name']}:{i['dtype']}[{format_shape(i['shape'])}]" for i in inputs)
+
+
+def cmd_models(c: Client, a: argparse.Namespace) -> int:
+    _table([[m["id"][:12], m["name"], str(m["size"]), _fmt_shapes(m["inputs"])] for m in c.models()],
+           ["MODEL", "NAME", "BYTES", "INPUTS"])
+    return 0
+
+
+def cmd_jobs(c: Client, a: argparse.Namespace) -> int:
+    rows = []
+    for j in c.jobs(a.limit):
+        err = (j.get("error") or {}).get("message", "") if j["state"] == "failed" else ""
+        rows.append([j["id"][:12], j["state"], j.get("stage", ""), j["target"], str(j.get("attempts", 0)),
+                     j.get("artifact", "") or err[:60]])
+    _table(rows, ["JOB", "STATE", "STAGE", "TARGET", "ATTEMPTS", "ARTIFACT / ERROR"])
+    return 0
+
+
+def cmd_workers(c: Client, a: argparse.Namespace) -> int:
+    _table([[w["id"], w["target"], w["device_name"], json.dumps(w["toolchain"]), w.get("job") or "idle"]
+            for w in c.workers()], ["WORKER", "TARGET", "DEVICE", "TOOLCHAIN", "JOB"])
+    return 0
+
+
+def cmd_lookup(c: Client, a: argparse.Namespace) -> int:
+    art = c.lookup(a.model_id, _shapes(a.shape), a.target)
+    if art is None:
+        print("no artifact fits", file=sys.stderr)
+        return 1
+    print(art.key)
+    return 0
+
+
+def cmd_cancel(c: Client, a: argparse.Namespace) -> int:
+    job = c.cancel(a.job_id)
+    print(f"job {job['id']}: {job['state']}{' (cancelling)' if job.get('cancel_requested') else ''}")
+    return 0
+
+
+def cmd_worker(a: argparse.Namespace) -> int:
+    from worker.main import serve
+    from worker.settings import WorkerSettings
+
+    overrides: dict[str, Any] = {}
+    if a.device:
+        overrides["device"] = a.device
+    if a.redis_url:
+        overrides["redis_url"] = a.redis_url
+    serve(WorkerSettings(**overrides))
+    return 0
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.app import create_app
+    from service.embedded_redis import EmbeddedRedis
+    from service.settings import Settings
+
+    settings = Settings()
+    redis_proc = None
+    if not settings.redis_url:
+        redis_proc = EmbeddedRedis(settings.data_dir / "redis", port=a.redis_port).start()
+        settings = settings.model_copy(update={"redis_url": redis_proc.url})
+        print(f"aotc: embedded redis-server on {redis_proc.url} (data in {redis_proc.data_dir}, AOF on)", file=sys.stderr)
+    worker = None
+    if a.workers:
+        env = {**os.environ, "AOTC_REDIS_URL": settings.redis_url or "", "AOTC_DEVICE": a.device,
+               "AOTC_WORK_DIR": str(settings.data_dir / "work")}
+        try:
+            import torch  # noqa: F401  # a worker needs torch; the API does not
+        except ImportError:
+            print("aotc: torch is not installed, so no worker starts (install aotc[worker])", file=sys.stderr)
+        else:
+            worker = subprocess.Popen([sys.executable, "-m", "worker"], env=env)
+            print(f"aotc: worker pid {worker.pid} for device {a.device}", file=sys.stderr)
+    try:
+        uvicorn.run(create_app(settings), host=a.host, port=a.port, log_level=a.log_level, timeout_graceful_shutdown=30)
+    finally:
+        if worker and worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        if redis_proc:
+            redis_proc.stop()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="aotc", description="Ahead-of-time compilation of torch.export programs.")
+    p.add_argument("--url", default=None, help="service URL (default: $AOTC_URL or http://127.0.0.1:8000)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="run the API, an embedded Redis (unless AOTC_REDIS_URL is set) and a worker")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--redis-port", type=int, default=None, help="port of the embedded Redis (default: a free one)")
+    s.add_argument("--device", default="auto", help="device of the local worker: auto, cpu, cuda:N")
+    s.add_argument("--workers", type=int, default=1, choices=[0, 1], help="0 runs the API alone")
+    s.add_argument("--log-level", default="info")
+
+    s = sub.add_parser("worker", help="run one worker (one per GPU, or one for the CPU)")
+    s.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: $AOTC_DEVICE or auto)")
+    s.add_argument("--redis-url", default=None, help="default: $AOTC_REDIS_URL")
+
+    s = sub.add_parser("compile", help="upload a .pt2 and compile it; prints the artifact key last")
+    s.add_argument("model", help="a torch.export.save archive")
+    s.add_argument("--shape", action="append", default=[], required=True,
+                   help="NAME=SHAPE, once per input: 8x3x224x224, or 1..32x3x224x224 for a dynamic dim")
+    s.add_argument("--target", default="cpu", help="cpu, cuda, or a concrete target such as cuda-sm90")
+    s.add_argument("--mode", default="default", choices=["default", "max-autotune"])
+    s.add_argument("--name", default=None)
+    s.add_argument("--no-wait", action="store_true", help="print the job id and return")
+
+    s = sub.add_parser("pull", help="download an artifact (sha256-verified)")
+    s.add_argument("key")
+    s.add_argument("-o", "--output", default=None, help="where to write it (default: the local cache)")
+
+    sub.add_parser("models", help="list uploaded models")
+    s = sub.add_parser("jobs", help="list recent jobs")
+    s.add_argument("--limit", type=int, default=20)
+    sub.add_parser("workers", help="list live workers")
+    s = sub.add_parser("lookup", help="find the artifact for a model, shapes and target")
+    s.add_argument("model_id")
+    s.add_argument("--shape", action="append", default=[], required=True)
+    s.add_argument("--target", default="cpu")
+    s = sub.add_parser("cancel", help="cancel a job")
+    s.add_argument("job_id")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if a.cmd == "serve":
+        return cmd_serve(a)
+    if a.cmd == "worker":
+        return cmd_worker(a)
+    handlers = {"compile": cmd_compile, "pull": cmd_pull, "models": cmd_models, "jobs": cmd_jobs,
+                "workers": cmd_workers, "lookup": cmd_lookup, "cancel": cmd_cancel}
+    try:
+        with Client(a.url) as c:
+            return handlers[a.cmd](c, a)
+    except ClientError as e:
+        print(f"aotc: the service refused: {e.message} (HTTP {e.status})", file=sys.stderr)
+        return 2
+    except JobFailed as e:
+        err = e.job.get("error") or {}
+        print(f"aotc: {e}", file=sys.stderr)
+        if err.get("excerpt"):
+            print("--- compiler output (last lines) ---\n" + err["excerpt"][-2000:], file=sys.stderr)
+        return 1
+    except (OSError, Exception) as e:
+        import httpx
+
+        if isinstance(e, httpx.TransportError):
+            print(f"aotc: cannot reach the service at {a.url or os.environ.get('AOTC_URL') or 'http://127.0.0.1:8000'}: {e}"
+                  " (is `aotc serve` running? set AOTC_URL)", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""The Python client. It speaks HTTP, and imports torch only to export a module or load an artifact.
+
+    from client import Client
+    c = Client()                                   # AOTC_URL, default http://127.0.0.1:8000
+    art = c.compile(model, (torch.randn(8, 3, 224, 224),), target="cpu")
+    fn = c.load(art)                                # pulls (sha256-verified, cached) and loads the package
+    y = fn(x)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class ClientError(Exception):
+    """The service refused a request; `status` and `message` are what it said."""
+
+    def __init__(self, status: int, message: str, body: Any = None) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status, self.message, self.body = status, message, body
+
+
+class JobFailed(Exception):
+    def __init__(self, job: dict[str, Any]) -> None:
+        err = job.get("error") or {}
+        super().__init__(f"job {job['id']} {job['state']} at stage {err.get('stage') or job.get('stage')}: "
+                         f"{err.get('message', 'no reason given')}")
+        self.job = job
+
+
+@dataclass(frozen=True)
+class Artifact:
+    key: str
+    meta: dict[str, Any]
+
+    @property
+    def sha256(self) -> str:
+        return str(self.meta["sha256"])
+
+
+def _raise_for(resp: httpx.Response) -> None:
+    if resp.is_success or resp.status_code == 304:
+        return
+    try:
+        body = resp.json()
+        message = body.get("error", {}).get("message") or str(body)
+    except ValueError:
+        body, message = None, resp.text[:500]
+    raise ClientError(resp.status_code, message, body)
+
+
+def _shape_of(x: Any) -> list[Any]:
+    if hasattr(x, "shape"):
+        return [int(d) for d in x.shape]
+    if isinstance(x, str):
+        return x  # type: ignore[return-value]  # "8x3x224x224": the service parses it
+    return list(x)
+
+
+class Client:
+    def __init__(self, url: str | None = None, *, timeout: float = 60.0, cache_dir: str | Path | None = None) -> None:
+        self.url = (url or os.environ.get("AOTC_URL") or DEFAULT_URL).rstrip("/")
+        self.http = httpx.Client(base_url=self.url, timeout=timeout)
+        self.cache_dir = Path(cache_dir or os.environ.get("AOTC_CACHE_DIR") or Path.home() / ".cache" / "aotc")
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _json(self, method: str, path: str, **kw: Any) -> Any:
+        resp = self.http.request(method, path, **kw)
+        _raise_for(resp)
+        return resp.json()
+
+    # -- models -------------------------------------------------------------------------------------------------
+
+    def upload(self, model: Any, example_inputs: Sequence[Any] | None = None, *, name: str | None = None,
+               dynamic_shapes: Any = None) -> dict[str, Any]:
+        """Upload a .pt2 path, an ExportedProgram, or an nn.Module (exported here with `example_inputs`)."""
+        if isinstance(model, (str, Path)):
+            path = Path(model)
+            with open(path, "rb") as f:
+                return self._json("POST", "/v1/models", content=f, params={"name": name or path.stem},
+                                  headers={"content-type": "application/octet-stream"})
+        import torch  # only to export
+
+        ep = model
+        if isinstance(model, torch.nn.Module):
+            if example_inputs is None:
+                raise ValueError("pass example inputs to export an nn.Module")
+            ep = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / "model.pt2"
+            torch.export.save(ep, str(p))
+            return self.upload(p, name=name or type(model).__name__)
+
+    def models(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/models")["models"])
+
+    # -- compile ------------------------------------------------------------------------------------------------
+
+    def submit(self, model_id: str, shapes: Mapping[str, Any], target: str = "cpu", **options: Any) -> dict[str, Any]:
+        """POST /v1/compilations: {'status': 'cached', 'artifact'} or {'status': 'queued'|'joined', 'job'}."""
+        body = {"model_id": model_id, "shapes": dict(shapes), "target": target, "options": options}
+        return dict(self._json("POST", "/v1/compilations", json=body))
+
+    def compile(
+        self,
+        model: Any,
+        example_inputs_or_shapes: Sequence[Any] | Mapping[str, Any],
+        *,
+        target: str = "cpu",
+        dynamic_shapes: Any = None,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> Artifact:
+        """Upload (or export and upload) a model, compile it for the given shapes, wait, and return the artifact.
+
+        `example_inputs_or_shapes` is a sequence of tensors or shapes in input order, or {input name: shape}.
+        """
+        by_name = isinstance(example_inputs_or_shapes, Mapping)
+        if isinstance(model, (str, Path)):
+            record = self.upload(model)
+        else:
+            record = self.upload(model, None if by_name else list(example_inputs_or_shapes),
+                                 dynamic_shapes=dynamic_shapes)
+        if isinstance(example_inputs_or_shapes, Mapping):
+            shapes = {k: _shape_of(v) for k, v in example_inputs_or_shapes.items()}
+        else:
+            names = [i["name"] for i in record["inputs"]]
+            given = list(example_inputs_or_shapes)
+            if len(given) != len(names):
+                raise ValueError(f"the program takes {len(names)} inputs {names}; got {len(given)}")
+            shapes = {n: _shape_of(x) for n, x in zip(names, given)}
+            if dynamic_shapes is not None:
+                # The module was exported with dynamic dims: compile one artifact for their whole (finite) range.
+                for inp in record["inputs"]:
+                    shapes[inp["name"]] = [
+                        {"min": d["min"], "max": d["max"]} if isinstance(d, dict) and d.get("max") is not None else s
+                        for d, s in zip(inp["shape"], shapes[inp["name"]])
+                    ]
+        answer = self.submit(record["id"], shapes, target, **options)
+        if answer["status"] == "cached":
+            return Artifact(answer["key"], answer["artifact"])
+        return self.wait(answer["job"]["id"], progress=progress, timeout=timeout)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return dict(self._json("GET", f"/v1/jobs/{job_id}"))
+
+    def jobs(self, limit: int = 50) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/jobs", params={"limit": limit})["jobs"])
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return dict(self._json("DELETE", f"/v1/jobs/{job_id}"))
+
+    def wait(self, job_id: str, *, progress: Callable[[dict[str, Any]], None] | None = None,
+             timeout: float | None = None, poll_s: float = 0.5) -> Artifact:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if progress:
+                progress(job)
+            if job["state"] == "succeeded":
+                return self.artifact(job["artifact"])
+            if job["state"] in ("failed", "cancelled"):
+                raise JobFailed(job)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job['state']} after {timeout} s")
+            time.sleep(poll_s)
+
+    # -- artifacts ----------------------------------------------------------------------------------------------
+
+    def artifact(self, key: str) -> Artifact:
+        return Artifact(key, self._json("GET", f"/v1/artifacts/{key}/meta"))
+
+    def lookup(self, model_id: str, shapes: Mapping[str, Any], target: str = "cpu") -> Artifact | None:
+        """The artifact serving (model, shapes, target), or None. For inference servers at deploy time."""
+        params: list[tuple[str, str]] = [("model_id", model_id), ("target", target)]
+        for name, shape in shapes.items():
+            s = _shape_of(shape)
+            params.append(("shape", f"{name}={s if isinstance(s, str) else 'x'.join(map(str, s))}"))
+        resp = self.http.get("/v1/artifacts/lookup", params=params)
+        if resp.status_code == 404:
+            return None
+        _raise_for(resp)
+        meta = resp.json()
+        return Artifact(meta["key"], meta)
+
+    def pull(self, artifact: Artifact | str, dest: str | Path | None = None) -> Path:
+        """Download a package into the local cache (or `dest`), verified against its sha256. Cached copies whose
+        hash still matches are not downloaded again."""
+        art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
+        cached = self.cache_dir / "artifacts" / f"{art.key}.pt2"
+        if not (cached.exists() and _sha256(cached) == art.sha256):
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(f".part{os.getpid()}")
+            digest = hashlib.sha256()
+            with self.http.stream("GET", f"/v1/artifacts/{art.key}") as resp:
+                _raise_for(resp)
+                with open(tmp, "wb") as f:
+                    for chunk in resp.iter_bytes(1 << 20):
+                        digest.update(chunk)
+                        f.write(chunk)
+            if digest.hexdigest() != art.sha256:
+                tmp.unlink(missing_ok=True)
+                raise ClientError(502, f"artifact {art.key} arrived corrupt: sha256 {digest.hexdigest()} != {art.sha256}")
+            os.replace(tmp, cached)
+        if dest is None:
+            return cached
+        dest = Path(dest)
+        if dest.resolve() != cached.resolve():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + ".part")
+            tmp.write_bytes(cached.read_bytes())
+            os.replace(tmp, dest)
+        return dest
+
+    def load(self, artifact: Artifact | str, device: str | None = None) -> Callable[..., Any]:
+        """Pull an artifact and load it with AOTInductor; returns a callable taking the model's inputs."""
+        path = self.pull(artifact)
+        import torch._inductor  # only to load
+
+        if device and device.startswith("cuda") and ":" in device:
+            return torch._inductor.aoti_load_package(str(path), device_index=int(device.split(":")[1]))
+        return torch._inductor.aoti_load_package(str(path))
+
+    def workers(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/workers")["workers"])
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,116 @@
+"""The artifact check: load the package, run it on random inputs of the requested shapes, compare with the
+exported program run eagerly, and time both. Run it in a fresh process: a package can crash whoever loads it."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from compiler import inputs as inputs_mod
+from compiler import torch_compat
+from compiler.errors import CheckFailed
+from compiler.loading import load_program
+
+# Error allowed, as max|compiled - eager| / max(max|eager|, 1), by output dtype. Compiled code reorders
+# reductions and fuses ops, so low-precision dtypes differ by a few ulps of their own.
+TOLERANCE: dict[torch.dtype, float] = {
+    torch.float64: 1e-7,
+    torch.float32: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 5e-2,
+}
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_ms(fn: Callable[[], Any], device: str, *, warmup: int = 3, runs: int = 20, budget_s: float = 3.0) -> float:
+    """Median milliseconds of `fn`, after warm-up; stops early when over the time budget."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    samples: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(samples) < runs and (len(samples) < 3 or time.perf_counter() < deadline):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def compare(expected: Any, actual: Any) -> dict[str, Any]:
+    exp, exp_spec = pytree.tree_flatten(expected)
+    act, act_spec = pytree.tree_flatten(actual)
+    if len(exp) != len(act):
+        return {"ok": False, "why": f"{len(act)} outputs, eager gives {len(exp)}"}
+    worst = {"ok": True, "max_abs_err": 0.0, "max_rel_err": 0.0, "tolerance": 0.0}
+    for k, (e, a) in enumerate(zip(exp, act)):
+        if not isinstance(e, torch.Tensor):
+            if e != a:
+                return {"ok": False, "why": f"output {k} is {a!r}, eager gives {e!r}"}
+            continue
+        a = torch.as_tensor(a)
+        if tuple(a.shape) != tuple(e.shape):
+            return {"ok": False, "why": f"output {k} has shape {tuple(a.shape)}, eager gives {tuple(e.shape)}"}
+        if not e.dtype.is_floating_point:
+            if not torch.equal(e.cpu(), a.cpu().to(e.dtype)):
+                return {"ok": False, "why": f"output {k} ({e.dtype}) differs from eager"}
+            continue
+        e64, a64 = e.detach().double().cpu(), a.detach().double().cpu()
+        if not torch.equal(torch.isnan(e64), torch.isnan(a64)):
+            return {"ok": False, "why": f"output {k} has NaNs where eager has none, or the reverse"}
+        e64, a64 = torch.nan_to_num(e64), torch.nan_to_num(a64)
+        abs_err = float((e64 - a64).abs().max()) if e64.numel() else 0.0
+        rel_err = abs_err / max(float(e64.abs().max()) if e64.numel() else 0.0, 1.0)
+        tol = TOLERANCE.get(e.dtype, 1e-4)
+        worst["max_abs_err"] = max(worst["max_abs_err"], abs_err)
+        if rel_err >= worst["max_rel_err"]:
+            worst["max_rel_err"], worst["tolerance"] = rel_err, tol
+        if rel_err > tol:
+            worst["ok"] = False
+            worst["why"] = f"output {k} ({e.dtype}) is off by {rel_err:.3g} relative to eager; tolerance {tol:g}"
+    return worst
+
+
+def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, seed: int = 0) -> dict[str, Any]:
+    ep = load_program(model_path)
+    eager = ep.module()
+    eager.to(device)
+    compiled = torch_compat.aoti_load_package(package_path, device)
+    ranges = inputs_mod.int_ranges(ep)
+    results = []
+    for label, shapes in inputs_mod.points(spec).items():
+        flat = inputs_mod.random_inputs(spec, shapes, device, ranges, seed)
+        args, kwargs = inputs_mod.call_args(ep, flat)
+        with torch.inference_mode():
+            expected = eager(*args, **kwargs)
+            actual = compiled(*args, **kwargs)
+            cmp = compare(expected, actual)
+            eager_ms = time_ms(lambda: eager(*args, **kwargs), device)
+            compiled_ms = time_ms(lambda: compiled(*args, **kwargs), device)
+        results.append({"point": label, "shapes": {i["name"]: s for i, s in zip(spec, shapes)}, **cmp,
+                        "eager_ms": round(eager_ms, 4), "compiled_ms": round(compiled_ms, 4),
+                        "speedup": round(eager_ms / compiled_ms, 3) if compiled_ms > 0 else None})
+    failed = [r for r in results if not r["ok"]]
+    summary = {
+        "passed": not failed,
+        "device": device,
+        "points": results,
+        "max_abs_err": max(r.get("max_abs_err", 0.0) for r in results),
+        "max_rel_err": max(r.get("max_rel_err", 0.0) for r in results),
+        "eager_ms": results[0]["eager_ms"],
+        "compiled_ms": results[0]["compiled_ms"],
+        "speedup": results[0]["speedup"],
+    }
+    if failed:
+        raise CheckFailed(f"artifact disagrees with eager at {failed[0]['point']} shapes: {failed[0]['why']}",
+                          stage="check", excerpt=str(summary))
+    return summary

@@ -1,0 +1,67 @@
+"""The concrete target and toolchain of the machine a worker runs on."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import socket
+from typing import Any
+
+import torch
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def toolchain(device_kind: str) -> dict[str, Any]:
+    """Versions that change generated code. Triton and CUDA only matter to GPU code, so CPU targets leave them out
+    and a CPU artifact stays valid across a triton upgrade."""
+    tc: dict[str, Any] = {"torch": torch.__version__}
+    if device_kind == "cuda":
+        tc["cuda"] = torch.version.cuda
+        tc["triton"] = _version("triton") or _version("pytorch-triton")
+    return tc
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda:0' when a GPU is visible, else 'cpu'; 'cuda' -> 'cuda:0'."""
+    if device == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        return "cuda:0"
+    return device
+
+
+def detect(device: str) -> dict[str, Any]:
+    """Describe the worker's device: concrete target, device name and toolchain."""
+    device = resolve_device(device)
+    kind = device.split(":")[0]
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {device!r} requested but torch sees no CUDA GPU")
+        index = torch.device(device).index or 0
+        major, minor = torch.cuda.get_device_capability(index)
+        target = f"cuda-sm{major}{minor}"
+        name = torch.cuda.get_device_name(index)
+    elif kind == "cpu":
+        isa = torch.backends.cpu.get_cpu_capability().lower()
+        target = f"cpu-{platform.machine().lower()}-{isa}"
+        name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+        except OSError:
+            pass
+    else:
+        raise RuntimeError(f"unsupported device {device!r}: use cpu or cuda[:N]")
+    return {
+        "target": target,
+        "device": device,
+        "device_name": name,
+        "host": socket.gethostname(),
+        "toolchain": toolchain(kind),
+    }

@@ -1,0 +1,31 @@
+"""Cache keys: one hash over every factor that changes the generated code.
+
+A factor left out of the key is the classic bug (the wrong artifact loads and crashes), so the factors are
+stored beside each artifact and anyone can see why two keys differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+KEY_FORMAT = 1  # bump when what a key covers changes
+
+
+def factors(
+    model_id: str, spec: list[dict[str, Any]], target: str, toolchain: dict[str, Any], options: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "format": KEY_FORMAT,
+        "model": model_id,
+        "spec": spec,
+        "target": target,
+        "toolchain": toolchain,
+        "options": options,
+    }
+
+
+def cache_key(f: dict[str, Any]) -> str:
+    blob = json.dumps(f, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]

@@ -1,0 +1,133 @@
+"""Run one compile or check in a fresh child process, so that a segfault, a hang or an OOM fails a job and
+never the worker. Children are spawned (fork+exec of a new interpreter), never forked from a process that may
+hold CUDA state."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_ROOT = str(Path(__file__).resolve().parent.parent)  # so `python -m worker.child` imports this checkout
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    result: dict[str, Any] = field(default_factory=dict)
+    error: dict[str, Any] = field(default_factory=dict)
+    cancelled: bool = False
+    seconds: float = 0.0
+
+
+def excerpt(log: Path, limit: int = 4000) -> str:
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def run_child(
+    task: dict[str, Any],
+    workdir: Path,
+    *,
+    timeout_s: float,
+    on_stage: Callable[[str], None] = lambda s: None,
+    should_cancel: Callable[[], bool] = lambda: False,
+    env: dict[str, str] | None = None,
+    poll_s: float = 0.25,
+) -> Outcome:
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name in ("result.json", "events.jsonl"):
+        (workdir / name).unlink(missing_ok=True)
+    (workdir / "task.json").write_text(json.dumps(task))
+    log_path = workdir / f"{task['kind']}.log"
+    child_env = {**os.environ, **(env or {})}
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, child_env.get("PYTHONPATH", "")) if p)
+    kind = task["kind"]
+    t0 = time.monotonic()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.child", str(workdir)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env, start_new_session=True,
+        )
+        seen = 0
+        next_cancel_check = 0.0
+        try:
+            while True:
+                rc = proc.poll()
+                seen = _relay_events(workdir / "events.jsonl", seen, on_stage)
+                if rc is not None:
+                    break
+                now = time.monotonic()
+                if now - t0 > timeout_s:
+                    _kill(proc)
+                    return Outcome(False, error={
+                        "type": "Timeout", "message": f"{kind} timed out after {timeout_s:g} s and was killed",
+                        "stage": kind, "excerpt": excerpt(log_path), "retryable": True,
+                    }, seconds=now - t0)
+                if now >= next_cancel_check:
+                    next_cancel_check = now + 1.0
+                    if should_cancel():
+                        _kill(proc)
+                        return Outcome(False, cancelled=True, error={
+                            "type": "Cancelled", "message": f"cancelled while running ({kind})", "stage": kind,
+                            "excerpt": "", "retryable": False}, seconds=now - t0)
+                time.sleep(poll_s)
+        except BaseException:
+            _kill(proc)  # the worker is going down (SIGTERM, Ctrl-C): never leave an orphan compile behind
+            raise
+    seconds = time.monotonic() - t0
+    result_path = workdir / "result.json"
+    if rc == 0 and result_path.exists():
+        out = json.loads(result_path.read_text())
+        return Outcome(bool(out["ok"]), out.get("result") or {}, out.get("error") or {}, seconds=seconds)
+    if rc is not None and rc < 0:
+        name = _signal_name(-rc)
+        why = " (out of memory? the kernel's OOM killer sends SIGKILL)" if -rc == signal.SIGKILL else ""
+        message = f"{kind} crashed: the child process died of {name} (signal {-rc}){why}"
+    else:
+        message = f"{kind} child exited with status {rc} without a result"
+    return Outcome(False, error={"type": "Crashed", "message": message, "stage": kind,
+                                 "excerpt": excerpt(log_path), "retryable": True, "signal": -rc if rc and rc < 0 else None},
+                   seconds=seconds)
+
+
+def _relay_events(path: Path, seen: int, on_stage: Callable[[str], None]) -> int:
+    try:
+        with open(path) as f:
+            lines = f.read().split("\n")[:-1]  # a last line without its newline is still being written
+    except FileNotFoundError:
+        return seen
+    for line in lines[seen:]:
+        try:
+            on_stage(json.loads(line)["stage"])
+        except (ValueError, KeyError):
+            continue
+    return len(lines)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
