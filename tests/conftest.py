@@ -1,0 +1,120 @@
+"""Real parts for the tests: a redis-server on a free port, the API served by uvicorn over HTTP in its own
+process, and a real worker process running the real compiler on the CPU."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.embedded_redis import EmbeddedRedis, free_port
+from service.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_UPLOAD_MB = 8  # the API under test refuses larger uploads; every test model is far smaller
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up in {timeout} s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def store(redis_server: EmbeddedRedis) -> Iterator[Store]:
+    s = Store(redis_server.url)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="session")
+def service_env(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    data = tmp_path_factory.mktemp("aotc")
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "AOTC_REDIS_URL": redis_server.url,
+        "AOTC_DATA_DIR": str(data),
+        "AOTC_WORK_DIR": str(data / "work"),
+        "AOTC_MAX_UPLOAD_MB": str(MAX_UPLOAD_MB),
+        "AOTC_DEVICE": "cpu",
+    }
+
+
+@pytest.fixture(scope="session")
+def api_url(service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("logs") / "api.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "warning"],
+        env=service_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    _wait_http(url, proc)
+    yield url
+    _stop(proc)
+
+
+def start_worker(env: dict[str, str], log_path: Path, **extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "worker"], env={**env, **extra}, cwd=ROOT,
+                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
+
+
+def wait_workers(store: Store, n: int = 1, timeout: float = 60.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        live = store.live_workers()
+        if len(live) >= n:
+            return live
+        time.sleep(0.2)
+    raise RuntimeError(f"{n} worker(s) did not register in {timeout} s")
+
+
+@pytest.fixture(scope="session")
+def worker(service_env: dict[str, str], store: Store, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """One real CPU worker for the session; yields its registry record."""
+    proc = start_worker(service_env, tmp_path_factory.mktemp("logs") / "worker.log")
+    live = wait_workers(store)
+    yield live[0]
+    _stop(proc)
+
+
+@pytest.fixture
+def client(api_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    from client import Client
+
+    with Client(api_url, cache_dir=tmp_path / "cache", timeout=120) as c:
+        yield c

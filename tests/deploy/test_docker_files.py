@@ -1,0 +1,88 @@
+"""Docker cannot run here, so check what the Dockerfile and docker-compose.yml name really exists."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import shlex
+from pathlib import Path
+
+import yaml
+
+from client.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _dockerfile() -> tuple[list[str], dict[str, list[str]]]:
+    text = (ROOT / "Dockerfile").read_text()
+    lines = [ln for ln in re.sub(r"\\\n", " ", text).splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    stages: dict[str, list[str]] = {}
+    current = None
+    for ln in lines:
+        m = re.match(r"FROM\s+\S+\s+AS\s+(\S+)", ln, re.I)
+        if m:
+            current = m.group(1)
+            stages[current] = []
+        elif current:
+            stages[current].append(ln)
+    return lines, stages
+
+
+def _check_command(argv: list[str]) -> None:
+    """Every command an image or service runs must exist in this repo."""
+    exe = argv[0]
+    if exe == "aotc":
+        sub = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+        assert argv[1] in sub, f"aotc has no subcommand {argv[1]!r}"
+        build_parser().parse_args(argv[1:])  # its flags parse
+    elif exe == "uvicorn":
+        target = next(a for a in argv[1:] if ":" in a and not a.startswith("-"))
+        module, attr = target.split(":")
+        assert callable(getattr(importlib.import_module(module), attr))
+        assert "--factory" in argv  # create_app is a factory
+    elif exe == "python":
+        assert argv[1] == "-c"
+        compile(argv[2], "<healthcheck>", "exec")
+    elif exe in ("redis-server", "redis-cli", "CMD"):
+        pass
+    else:
+        raise AssertionError(f"unknown command {argv}")
+
+
+def test_dockerfile_stages_copy_and_commands_exist():
+    lines, stages = _dockerfile()
+    assert {"base", "api", "worker"} <= set(stages)
+    for ln in lines:
+        if ln.startswith("COPY"):
+            for src in shlex.split(ln)[1:-1]:
+                if not src.startswith("--"):
+                    assert (ROOT / src).exists(), f"Dockerfile copies missing {src}"
+        if ln.startswith("RUN pip install -r"):
+            assert (ROOT / ln.split()[-1]).exists()
+        for instr in ("CMD", "HEALTHCHECK"):
+            if ln.startswith(instr):
+                argv = json.loads(ln[ln.index("["):])
+                _check_command(argv)
+    # The API image never gets torch: its lock has none of it.
+    api_lock = (ROOT / "requirements-api.lock").read_text().lower()
+    assert "torch" not in api_lock and "triton" not in api_lock
+    assert "torch==" in (ROOT / "requirements.lock").read_text()
+
+
+def test_compose_services_build_real_stages_and_run_real_commands():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    _, stages = _dockerfile()
+    services = compose["services"]
+    assert {"redis", "api", "worker-gpu", "worker-cpu"} <= set(services)
+    assert "--appendonly" in services["redis"]["command"] and "yes" in services["redis"]["command"]
+    reservation = services["worker-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert reservation["capabilities"] == ["gpu"]
+    for name, svc in services.items():
+        if "build" in svc:
+            assert svc["build"]["target"] in stages, f"{name} builds unknown stage {svc['build']['target']}"
+            assert svc["environment"]["AOTC_REDIS_URL"].startswith("redis://redis:")
+        _check_command(svc["command"])
+        for dep in svc.get("depends_on", {}):
+            assert dep in services

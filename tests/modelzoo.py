@@ -1,0 +1,45 @@
+"""Small real models for the tests, and helpers to export them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 16, 3, stride=2)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.conv1(x)))
+        x = torch.relu(self.conv2(x))
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, d_in: int = 32, hidden: int = 64, d_out: int = 8) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(d_in, hidden), torch.nn.GELU(), torch.nn.LayerNorm(hidden), torch.nn.Linear(hidden, d_out)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.net(x), dim=-1)
+
+
+def export(model: torch.nn.Module, args: tuple[Any, ...], path: Path, dynamic_shapes: Any = None) -> Path:
+    ep = torch.export.export(model.eval(), args, dynamic_shapes=dynamic_shapes)
+    torch.export.save(ep, str(path))
+    return path
+
+
+def seeded(cls: type[torch.nn.Module], seed: int, **kw: Any) -> torch.nn.Module:
+    """A model with weights fixed by `seed`: a different seed gives a different model id."""
+    torch.manual_seed(seed)
+    return cls(**kw).eval()
