@@ -1,0 +1,335 @@
+"""compiler.loading.load_program and the torch_compat load guard, against real and hostile archives.
+
+Each hostile archive carries a payload that writes a marker file. "Control" tests show that plain
+torch.export.load really runs the payload (so the refusals below are not vacuous); every other test checks the
+marker never appears.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.export import Dim
+
+from compiler import torch_compat
+from compiler.errors import BadModel, UnsafeModel
+from compiler.loading import load_program
+from service.archive import check_sym_expr, inspect_archive
+from service.errors import UnsafeArchive
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.bn = torch.nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class Pair(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.full((5,), 2.0))
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * self.scale + b
+
+
+class _Reduce:
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return self.fn, self.args
+
+
+def system_pickle(marker: Path) -> bytes:
+    return pickle.dumps(_Reduce(os.system, f"touch {marker}"), protocol=2)
+
+
+def exec_pickle(marker: Path) -> bytes:
+    return pickle.dumps(_Reduce(exec, f"open({str(marker)!r}, 'w').write('pwned')"), protocol=4)
+
+
+def torch_zip_with(payload: bytes) -> bytes:
+    buf = io.BytesIO()
+    torch.save(torch.zeros(2), buf)
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for info in src.infolist():
+            z.writestr(info, payload if info.filename.endswith("data.pkl") else src.read(info))
+    return out.getvalue()
+
+
+def rewrite(src: Path, dst: Path, replace: dict[str, bytes] | None = None, add: dict[str, bytes] | None = None) -> Path:
+    replace, add = replace or {}, add or {}
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        root = zin.namelist()[0].split("/")[0]
+        for info in zin.infolist():
+            rel = info.filename[len(root) + 1 :]
+            zout.writestr(info, replace.get(rel, b"") if rel in replace else zin.read(info))
+        for rel, data in add.items():
+            zout.writestr(f"{root}/{rel}", data)
+    return dst
+
+
+def read_json(path: Path, rel: str) -> Any:
+    with zipfile.ZipFile(path) as z:
+        root = z.namelist()[0].split("/")[0]
+        return json.loads(z.read(f"{root}/{rel}"))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("models")
+    torch.manual_seed(0)
+    out = {}
+    for name, model, args, dyn in [
+        ("mlp", MLP(), (torch.randn(4, 16),), None),
+        ("conv", ConvNet(), (torch.randn(2, 3, 16, 16),), {"x": {0: Dim("batch", min=1, max=64)}}),
+        ("pair", Pair(), (torch.randn(3, 5), torch.randn(3, 5)), {"a": {0: Dim("n")}, "b": {0: Dim("n")}}),
+    ]:
+        ep = torch.export.export(model.eval(), args, dynamic_shapes=dyn)
+        torch.export.save(ep, str(d / f"{name}.pt2"))
+        out[name] = d / f"{name}.pt2"
+    return out
+
+
+# -- hostile archives ---------------------------------------------------------------------------------------------
+
+
+def evil_sample_inputs(src: Path, dst: Path, marker: Path) -> Path:
+    return rewrite(src, dst, {"data/sample_inputs/model.pt": torch_zip_with(system_pickle(marker))})
+
+
+def evil_weight(src: Path, dst: Path, marker: Path) -> Path:
+    cfg = read_json(src, "data/weights/model_weights_config.json")
+    fqn, meta = next(iter(cfg["config"].items()))
+    meta["use_pickle"] = True
+    return rewrite(
+        src,
+        dst,
+        {
+            "data/weights/model_weights_config.json": json.dumps(cfg).encode(),
+            f"data/weights/{meta['path_name']}": torch_zip_with(exec_pickle(marker)),
+        },
+    )
+
+
+def evil_opaque_constant(src: Path, dst: Path, marker: Path) -> Path:
+    cfg = {"config": {"obj": {"path_name": "opaque_obj_0", "is_param": False, "use_pickle": True, "tensor_meta": None}}}
+    return rewrite(
+        src,
+        dst,
+        {"data/constants/model_constants_config.json": json.dumps(cfg).encode()},
+        add={"data/constants/opaque_obj_0": system_pickle(marker)},
+    )
+
+
+def evil_sympify(src: Path, dst: Path, marker: Path) -> Path:
+    with zipfile.ZipFile(src) as z:
+        root = z.namelist()[0].split("/")[0]
+        body = z.read(f"{root}/models/model.json").decode()
+    sym = "Symbol('" + body.split("Symbol('", 1)[1].split("'", 1)[0] + "', positive=True, integer=True)"
+    evil = body.replace(sym, f"__import__('os').system('touch {marker}') or {sym}", 1)
+    assert evil != body
+    return rewrite(src, dst, {"models/model.json": evil.encode()})
+
+
+def evil_guard(src: Path, dst: Path, marker: Path) -> Path:
+    doc = read_json(src, "models/model.json")
+    doc["guards_code"] = [*doc.get("guards_code", []), f"__import__('os').system('touch {marker}') == 0"]
+    return rewrite(src, dst, {"models/model.json": json.dumps(doc).encode()})
+
+
+EVIL: dict[str, Callable[[Path, Path, Path], Path]] = {
+    "sample_inputs": evil_sample_inputs,
+    "use_pickle_weight": evil_weight,
+    "opaque_constant": evil_opaque_constant,
+    "sympify": evil_sympify,
+    "guards_code": evil_guard,
+}
+
+
+# -- good archives ------------------------------------------------------------------------------------------------
+
+
+def test_loads_and_runs_like_the_original(models: dict[str, Path]) -> None:
+    ep = load_program(str(models["conv"]))
+    assert isinstance(ep, torch.export.ExportedProgram)
+    x = torch.randn(5, 3, 16, 16)
+    reference = torch.export.load(str(models["conv"])).module()(x)
+    torch.testing.assert_close(ep.module()(x), reference)
+    assert torch.load is torch.serialization.load  # guard undone
+
+
+def test_dynamic_pair(models: dict[str, Path]) -> None:
+    ep = load_program(str(models["pair"]))
+    a, b = torch.randn(7, 5), torch.randn(7, 5)
+    torch.testing.assert_close(ep.module()(a, b), a * 2 + b)
+
+
+def test_static_mlp(models: dict[str, Path]) -> None:
+    ep = load_program(str(models["mlp"]))
+    assert len(ep.state_dict) == 4
+
+
+def test_pickled_real_tensor_weight_loads(models: dict[str, Path], tmp_path: Path) -> None:
+    """use_pickle weights are fine when they are plain tensors: they load under weights_only=True."""
+    src = models["mlp"]
+    cfg = read_json(src, "data/weights/model_weights_config.json")
+    fqn, meta = next(iter(cfg["config"].items()))
+    meta["use_pickle"] = True
+    original = torch.export.load(str(src)).state_dict[fqn]
+    buf = io.BytesIO()
+    torch.save(torch.nn.Parameter(original.detach().clone()), buf)
+    p = rewrite(
+        src,
+        tmp_path / "pickled.pt2",
+        {
+            "data/weights/model_weights_config.json": json.dumps(cfg).encode(),
+            f"data/weights/{meta['path_name']}": buf.getvalue(),
+        },
+    )
+    ep = load_program(str(p))
+    torch.testing.assert_close(ep.state_dict[fqn], original)
+
+
+# -- refusals -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(EVIL))
+def test_hostile_archive_refused_by_api_and_loader(kind: str, models: dict[str, Path], tmp_path: Path) -> None:
+    marker = tmp_path / "PWNED"
+    src = models["pair"]
+    path = EVIL[kind](src, tmp_path / "evil.pt2", marker)
+    with pytest.raises(UnsafeArchive):
+        inspect_archive(str(path))
+    with pytest.raises(UnsafeModel) as info:
+        load_program(str(path))
+    assert info.value.stage == "load"
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("kind", ["sample_inputs", "use_pickle_weight", "opaque_constant", "sympify"])
+def test_control_plain_torch_export_load_runs_the_payload(kind: str, models: dict[str, Path], tmp_path: Path) -> None:
+    marker = tmp_path / "PWNED"
+    path = EVIL[kind](models["pair"], tmp_path / "evil.pt2", marker)
+    try:
+        torch.export.load(str(path))
+    except Exception:
+        pass
+    assert marker.exists(), "the hostile archive did not exploit torch.export.load; the refusal tests prove nothing"
+
+
+def test_control_guards_code_runs_when_the_program_runs(models: dict[str, Path], tmp_path: Path) -> None:
+    marker = tmp_path / "PWNED"
+    path = evil_guard(models["pair"], tmp_path / "evil.pt2", marker)
+    torch.export.load(str(path)).module()(torch.randn(3, 5), torch.randn(3, 5))
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("kind", ["sample_inputs", "use_pickle_weight", "opaque_constant", "sympify"])
+def test_guard_alone_blocks_the_payload(kind: str, models: dict[str, Path], tmp_path: Path) -> None:
+    """Defence in depth: with the static checks skipped, the guard by itself keeps the payload from running."""
+    marker = tmp_path / "PWNED"
+    path = EVIL[kind](models["pair"], tmp_path / "evil.pt2", marker)
+    original_load, original_pickle_load_obj = torch.load, torch._C._pickle_load_obj
+    with torch_compat.guarded_export_load(check_sym_expr) as events:
+        with pytest.raises(Exception):
+            torch.export.load(str(path))
+    assert not marker.exists()
+    assert any(e.startswith("refused") for e in events), events
+    assert torch.load is original_load and torch._C._pickle_load_obj is original_pickle_load_obj
+
+
+def test_guard_keeps_good_archives_loading(models: dict[str, Path]) -> None:
+    with torch_compat.guarded_export_load(check_sym_expr) as events:
+        ep = torch.export.load(str(models["conv"]))
+    assert isinstance(ep, torch.export.ExportedProgram)
+    assert not any(e.startswith("refused") for e in events)
+
+
+def test_custom_obj_constant_refused(models: dict[str, Path], tmp_path: Path) -> None:
+    cfg = {"config": {"obj": {"path_name": "custom_obj_0", "is_param": False, "use_pickle": True, "tensor_meta": None}}}
+    path = rewrite(
+        models["mlp"],
+        tmp_path / "obj.pt2",
+        {"data/constants/model_constants_config.json": json.dumps(cfg).encode()},
+        add={"data/constants/custom_obj_0": b"PK\x03\x04"},
+    )
+    with pytest.raises(UnsafeModel, match="custom"):
+        load_program(str(path))
+
+
+def test_not_a_zip_is_bad_model(tmp_path: Path) -> None:
+    p = tmp_path / "x.pt2"
+    p.write_bytes(b"definitely not a zip")
+    with pytest.raises(BadModel, match="not a zip"):
+        load_program(str(p))
+
+
+def test_zip_without_program_is_bad_model(tmp_path: Path) -> None:
+    p = tmp_path / "x.pt2"
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("x/archive_format", "pt2")
+    with pytest.raises(BadModel, match="torch.export"):
+        load_program(str(p))
+
+
+def test_unreadable_by_torch_is_bad_model(models: dict[str, Path], tmp_path: Path) -> None:
+    """Passes the static checks but torch cannot build a program from it: BadModel, not a crash."""
+    doc = read_json(models["mlp"], "models/model.json")
+    doc["graph_module"]["graph"]["nodes"][0]["target"] = "torch.ops.aten.no_such_op.default"
+    p = rewrite(models["mlp"], tmp_path / "bad.pt2", {"models/model.json": json.dumps(doc).encode()})
+    with pytest.raises(BadModel):
+        load_program(str(p))
+
+
+def test_loader_without_static_checks_still_refuses(
+    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Layers 2 and 3 of load_program on their own: the guard's refusal becomes UnsafeModel, nothing runs."""
+    from compiler import loading
+
+    monkeypatch.setattr(loading, "_validate", lambda path: [])
+    for kind in ("sample_inputs", "use_pickle_weight", "opaque_constant", "sympify"):
+        marker = tmp_path / f"PWNED-{kind}"
+        path = EVIL[kind](models["pair"], tmp_path / f"{kind}.pt2", marker)
+        with pytest.raises(UnsafeModel):
+            load_program(str(path))
+        assert not marker.exists(), kind
+
+
+def test_loaded_guards_are_checked_again(models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the static check were bypassed, guards_code on the loaded program is still checked before use."""
+    from compiler import loading
+
+    marker = tmp_path / "PWNED"
+    path = evil_guard(models["pair"], tmp_path / "evil.pt2", marker)
+    monkeypatch.setattr(loading, "_validate", lambda path: [])
+    with pytest.raises(UnsafeModel, match="guard"):
+        load_program(str(path))
+    assert not marker.exists()

@@ -1,0 +1,688 @@
+"""service.archive / service.pickles against real torch.export archives and hand-built hostile ones.
+
+The test process imports torch to build archives; the modules under test must not (checked in a subprocess).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import random
+import subprocess
+import sys
+import warnings
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.export import Dim
+
+from service import archive, pickles
+from service.archive import check_guard, check_sym_expr, inspect_archive
+from service.errors import AotcError, UnsafeArchive, Unprocessable, UnsupportedMedia
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- models -------------------------------------------------------------------------------------------------------
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.bn = torch.nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class SharedBatch(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.fc(a) + b, ids * 2
+
+
+class Unbounded(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.cumsum(0)
+
+
+class Derived(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, x]) + y
+
+
+class SymIntInput(torch.nn.Module):
+    def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return x * n
+
+
+def export(model: torch.nn.Module, args: tuple[Any, ...], path: Path, dynamic_shapes: Any = None) -> Path:
+    ep = torch.export.export(model.eval(), args, dynamic_shapes=dynamic_shapes)
+    torch.export.save(ep, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("zoo")
+    batch = Dim("batch", min=1, max=64)
+    shared = Dim("shared", min=2, max=32)
+    half = Dim("half", min=1, max=16)
+    return {
+        "conv": export(ConvNet(), (torch.randn(2, 3, 16, 16),), d / "conv.pt2", {"x": {0: batch}}),
+        "mlp": export(MLP(), (torch.randn(4, 16),), d / "mlp.pt2"),
+        "shared": export(
+            SharedBatch(),
+            (torch.randn(4, 8), torch.randn(4, 8), torch.ones(4, dtype=torch.int64)),
+            d / "shared.pt2",
+            {"a": {0: shared}, "b": {0: shared}, "ids": None},
+        ),
+        "unbounded": export(Unbounded(), (torch.randn(5, 3),), d / "unbounded.pt2", {"x": {0: Dim("n")}}),
+        "derived": export(
+            Derived(), (torch.randn(3, 2), torch.randn(6, 2)), d / "derived.pt2", {"x": {0: half}, "y": {0: 2 * half}}
+        ),
+        "symint": export(SymIntInput(), (torch.randn(3), 3), d / "symint.pt2", {"x": None, "n": Dim.DYNAMIC}),
+    }
+
+
+# -- hostile archive builders -------------------------------------------------------------------------------------
+
+
+class _Reduce:
+    """Pickles as a call of `fn(*args)`; the pickle names fn's module and name as its global."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return self.fn, self.args
+
+
+def system_pickle(marker: Path, protocol: int = 2) -> bytes:
+    return pickle.dumps(_Reduce(os.system, f"touch {marker}"), protocol=protocol)
+
+
+def exec_pickle(marker: Path, protocol: int = 4) -> bytes:
+    return pickle.dumps(_Reduce(exec, f"open({str(marker)!r}, 'w').write('pwned')"), protocol=protocol)
+
+
+def torch_zip_with(payload: bytes) -> bytes:
+    """A torch.save zip whose data.pkl is `payload` (what torch.load would unpickle)."""
+    buf = io.BytesIO()
+    torch.save(torch.zeros(2), buf)
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for info in src.infolist():
+            z.writestr(info, payload if info.filename.endswith("data.pkl") else src.read(info))
+    return out.getvalue()
+
+
+def rewrite(
+    src: Path, dst: Path, replace: dict[str, bytes | None] | None = None, add: dict[str, bytes] | None = None
+) -> Path:
+    """Copy an archive, replacing (None: dropping) entries by path below the root and adding new ones."""
+    replace, add = replace or {}, add or {}
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        root = zin.namelist()[0].split("/")[0]
+        for info in zin.infolist():
+            rel = info.filename[len(root) + 1 :]
+            if rel in replace:
+                if replace[rel] is not None:
+                    zout.writestr(info, replace[rel])  # type: ignore[arg-type]
+            else:
+                zout.writestr(info, zin.read(info))
+        for rel, data in add.items():
+            zout.writestr(f"{root}/{rel}", data)
+    return dst
+
+
+def edit_json(src: Path, dst: Path, rel: str, fn: Callable[[Any], Any]) -> Path:
+    with zipfile.ZipFile(src) as z:
+        root = z.namelist()[0].split("/")[0]
+        doc = json.loads(z.read(f"{root}/{rel}"))
+    return rewrite(src, dst, {rel: json.dumps(fn(doc)).encode()})
+
+
+def weight_use_pickle(payload: bytes) -> Callable[[Path, Path], Path]:
+    def build(src: Path, dst: Path) -> Path:
+        tmp = dst.with_suffix(".tmp.pt2")
+
+        def flip(doc: dict[str, Any]) -> dict[str, Any]:
+            first = next(iter(doc["config"].values()))
+            first["use_pickle"] = True
+            return doc
+
+        edit_json(src, tmp, "data/weights/model_weights_config.json", flip)
+        with zipfile.ZipFile(tmp) as z:
+            root = z.namelist()[0].split("/")[0]
+            cfg = json.loads(z.read(f"{root}/data/weights/model_weights_config.json"))
+        first_path = next(iter(cfg["config"].values()))["path_name"]
+        return rewrite(tmp, dst, {f"data/weights/{first_path}": payload})
+
+    return build
+
+
+def constant(prefix: str, payload: bytes) -> Callable[[Path, Path], Path]:
+    def build(src: Path, dst: Path) -> Path:
+        tmp = dst.with_suffix(".tmp.pt2")
+        cfg = {"config": {"obj": {"path_name": f"{prefix}0", "is_param": False, "use_pickle": True, "tensor_meta": None}}}
+        rewrite(src, tmp, {"data/constants/model_constants_config.json": json.dumps(cfg).encode()})
+        return rewrite(tmp, dst, add={f"data/constants/{prefix}0": payload})
+
+    return build
+
+
+def refuse(path: Path, error: type[AotcError], *needles: str, **kwargs: Any) -> AotcError:
+    with pytest.raises(error) as info:
+        inspect_archive(str(path), **kwargs)
+    for needle in needles:
+        assert needle in info.value.message, info.value.message
+    return info.value
+
+
+# -- good archives ------------------------------------------------------------------------------------------------
+
+
+def test_conv_net_dynamic_batch(zoo: dict[str, Path]) -> None:
+    info = inspect_archive(str(zoo["conv"]))
+    assert info["root"] == "conv"
+    assert info["torch_version"] == torch.__version__
+    assert info["schema_version"].count(".") == 1
+    assert info["outputs"] == 1
+    [x] = info["inputs"]
+    assert x["name"] == "x" and x["dtype"] == "float32"
+    batch, *rest = x["shape"]
+    assert rest == [3, 16, 16]
+    assert batch["min"] == 1 and batch["max"] == 64 and batch["symbol"].startswith("s")
+    n_state = len(ConvNet().state_dict())
+    assert info["params"]["count"] == n_state
+    assert info["params"]["bytes"] >= sum(t.numel() * t.element_size() for t in ConvNet().parameters())
+    assert info["pickles"] == ["conv/data/sample_inputs/model.pt"]
+    json.dumps(info)  # JSON-able
+
+
+def test_mlp_static(zoo: dict[str, Path]) -> None:
+    info = inspect_archive(str(zoo["mlp"]))
+    assert info["inputs"] == [{"name": "x", "dtype": "float32", "shape": [4, 16]}]
+    assert info["params"] == {"count": 4, "bytes": (16 * 32 + 32 + 32 * 4 + 4) * 4}
+
+
+def test_shared_dim_same_symbol_and_int64(zoo: dict[str, Path]) -> None:
+    info = inspect_archive(str(zoo["shared"]))
+    a, b, ids = info["inputs"]
+    assert [a["name"], b["name"], ids["name"]] == ["a", "b", "ids"]
+    assert a["shape"][0] == b["shape"][0]
+    assert a["shape"][0]["min"] == 2 and a["shape"][0]["max"] == 32
+    assert ids == {"name": "ids", "dtype": "int64", "shape": [4]}
+    assert info["outputs"] == 2
+
+
+def test_dim_without_max_is_unbounded(zoo: dict[str, Path]) -> None:
+    [x] = inspect_archive(str(zoo["unbounded"]))["inputs"]
+    assert x["shape"][0]["max"] is None
+    assert x["shape"][1] == 3
+
+
+def test_derived_dim_is_an_expression(zoo: dict[str, Path]) -> None:
+    x, y = inspect_archive(str(zoo["derived"]))["inputs"]
+    sym = x["shape"][0]["symbol"]
+    assert y["shape"][0] == {"expr": f"2*{sym}", "min": 2, "max": 32}
+
+
+def test_non_tensor_input_refused(zoo: dict[str, Path]) -> None:
+    err = refuse(zoo["symint"], Unprocessable, "non-tensor", "n (as_sym_int)")
+    assert not isinstance(err, UnsafeArchive)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.bool, torch.int32, torch.uint8, torch.float64])
+def test_dtype_names(dtype: torch.dtype, tmp_path: Path) -> None:
+    class Id(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+    path = export(Id(), (torch.zeros(2, 3, dtype=dtype),), tmp_path / "id.pt2")
+    [x] = inspect_archive(str(path))["inputs"]
+    assert x["dtype"] == str(dtype).removeprefix("torch.")
+
+
+def test_scalar_type_table_matches_torch() -> None:
+    from torch._export.serde.schema import ScalarType
+    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
+
+    for st, dt in _SERIALIZE_TO_TORCH_DTYPE.items():
+        if st != ScalarType.UNKNOWN:
+            assert archive.SCALAR_TYPES[int(st)] == str(dt).removeprefix("torch."), st
+
+
+# -- not an export archive ----------------------------------------------------------------------------------------
+
+
+def test_not_a_zip(tmp_path: Path) -> None:
+    for i, data in enumerate([b"", b"hello world", b"\x80\x02K\x01.", b"PK\x03\x04garbage"]):
+        p = tmp_path / f"x{i}.pt2"
+        p.write_bytes(data)
+        refuse(p, UnsupportedMedia, "not a zip", "torch.export.save")
+
+
+def test_truncated_zip(zoo: dict[str, Path], tmp_path: Path) -> None:
+    p = tmp_path / "cut.pt2"
+    p.write_bytes(zoo["mlp"].read_bytes()[:-100])
+    # Without its end record the outer zip is gone; zipfile may then find the nested sample-input zip's end
+    # record instead (torch stores it uncompressed). Either way it is a refusal, not a crash.
+    with pytest.raises((UnsupportedMedia, Unprocessable)):
+        inspect_archive(str(p))
+
+
+def test_zip_without_program(tmp_path: Path) -> None:
+    p = tmp_path / "x.pt2"
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("x/readme.txt", "hi")
+    refuse(p, Unprocessable, "not a torch.export archive")
+    rewrite_dst = tmp_path / "nomodel.pt2"
+    with zipfile.ZipFile(rewrite_dst, "w") as z:
+        z.writestr("m/archive_format", "pt2")
+        z.writestr("m/archive_version", "0")
+    refuse(rewrite_dst, Unprocessable, "not a torch.export archive", "models/model.json")
+
+
+def test_torchscript_archive(tmp_path: Path) -> None:
+    p = tmp_path / "ts.pt2"
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("ts/data.pkl", pickle.dumps({}, protocol=2))
+        z.writestr("ts/constants.pkl", pickle.dumps((), protocol=2))
+        z.writestr("ts/code/__torch__.py", "def forward(self, x): return x\n")
+        z.writestr("ts/version", "3")
+    refuse(p, Unprocessable, "TorchScript")
+
+
+def test_torch_save_checkpoint(tmp_path: Path) -> None:
+    p = tmp_path / "ckpt.pt2"
+    torch.save(MLP().state_dict(), p)
+    refuse(p, Unprocessable, "torch.save checkpoint")
+
+
+def test_model_json_not_json(zoo: dict[str, Path], tmp_path: Path) -> None:
+    for i, bad in enumerate([b"{not json", b"\xff\xfe\x00", b"[" * 100_000]):
+        p = rewrite(zoo["mlp"], tmp_path / f"bad{i}.pt2", {"models/model.json": bad})
+        refuse(p, Unprocessable, "models/model.json")
+
+
+def test_model_json_missing_keys(zoo: dict[str, Path], tmp_path: Path) -> None:
+    for key in ("graph_module", "range_constraints", "schema_version"):
+        p = edit_json(zoo["mlp"], tmp_path / f"no_{key}.pt2", "models/model.json", lambda d: {k: v for k, v in d.items() if k != key})
+        refuse(p, Unprocessable, key)
+    p = rewrite(zoo["mlp"], tmp_path / "list.pt2", {"models/model.json": b"[1, 2]"})
+    refuse(p, Unprocessable, "graph_module")
+    p = edit_json(zoo["mlp"], tmp_path / "sig.pt2", "models/model.json", lambda d: {**d, "graph_module": {"graph": 3}})
+    refuse(p, Unprocessable)
+
+
+def test_json_size_cap(zoo: dict[str, Path], tmp_path: Path) -> None:
+    refuse(zoo["mlp"], Unprocessable, "limit", max_json_bytes=1000)
+    bomb = b'{"x": "' + b"a" * (20 * 2**20) + b'"}'
+    p = tmp_path / "bomb.pt2"
+    with zipfile.ZipFile(zoo["mlp"]) as zin, zipfile.ZipFile(p, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            data = bomb if info.filename.endswith("models/model.json") else zin.read(info)
+            zout.writestr(info.filename, data)
+    assert p.stat().st_size < 1 * 2**20
+    refuse(p, Unprocessable, "limit", max_json_bytes=2**20)
+
+
+def test_path_traversal_and_duplicates(zoo: dict[str, Path], tmp_path: Path) -> None:
+    for i, name in enumerate(["mlp/../../etc/passwd", "/mlp/abs", "mlp/a\\..\\b", "C:/x"]):
+        p = rewrite(zoo["mlp"], tmp_path / f"t{i}.pt2")
+        with zipfile.ZipFile(p, "a") as z:
+            z.writestr(name, b"x")
+        refuse(p, Unprocessable)
+    p = rewrite(zoo["mlp"], tmp_path / "dup.pt2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with zipfile.ZipFile(p, "a") as z:
+            z.writestr("mlp/models/model.json", b"{}")
+    refuse(p, Unprocessable, "twice")
+
+
+def test_second_program_refused(zoo: dict[str, Path], tmp_path: Path) -> None:
+    with zipfile.ZipFile(zoo["mlp"]) as z:
+        body = z.read("mlp/models/model.json")
+    p = rewrite(zoo["mlp"], tmp_path / "two.pt2", add={"models/other.json": body})
+    refuse(p, Unprocessable, "exactly one program")
+
+
+# -- pickles ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_malicious_sample_inputs(zoo: dict[str, Path], tmp_path: Path, protocol: int) -> None:
+    marker = tmp_path / "PWNED"
+    payload = torch_zip_with(system_pickle(marker, protocol))
+    p = rewrite(zoo["mlp"], tmp_path / "evil.pt2", {"data/sample_inputs/model.pt": payload})
+    err = refuse(p, UnsafeArchive, "mlp/data/sample_inputs/model.pt", f"{os.system.__module__}.system")
+    assert err.detail["globals"] == [f"{os.system.__module__}.system"]
+    assert not marker.exists()
+
+
+def test_malicious_sample_inputs_exec_raw_pickle(zoo: dict[str, Path], tmp_path: Path) -> None:
+    marker = tmp_path / "PWNED"
+    p = rewrite(zoo["mlp"], tmp_path / "evil.pt2", {"data/sample_inputs/model.pt": exec_pickle(marker)})
+    refuse(p, UnsafeArchive, "sample_inputs", "builtins.exec")
+    assert not marker.exists()
+
+
+def test_use_pickle_weight(zoo: dict[str, Path], tmp_path: Path) -> None:
+    marker = tmp_path / "PWNED"
+    p = weight_use_pickle(torch_zip_with(system_pickle(marker)))(zoo["mlp"], tmp_path / "evil.pt2")
+    refuse(p, UnsafeArchive, "data/weights/weight_", ".system")
+    assert not marker.exists()
+
+
+def test_use_pickle_weight_that_is_a_real_tensor_is_fine(zoo: dict[str, Path], tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    torch.save(torch.nn.Parameter(torch.zeros(32, 16)), buf)
+    p = weight_use_pickle(buf.getvalue())(zoo["mlp"], tmp_path / "ok.pt2")
+    info = inspect_archive(str(p))
+    assert any(e.startswith("mlp/data/weights/weight_") for e in info["pickles"])
+
+
+def test_legacy_weights_file(zoo: dict[str, Path], tmp_path: Path) -> None:
+    p = rewrite(zoo["mlp"], tmp_path / "legacy.pt2", add={"data/weights/model.pt": torch_zip_with(system_pickle(tmp_path / "x"))})
+    refuse(p, UnsafeArchive, "data/weights/model.pt")
+
+
+@pytest.mark.parametrize("prefix", ["opaque_obj_", "custom_obj_"])
+def test_custom_object_constants(zoo: dict[str, Path], tmp_path: Path, prefix: str) -> None:
+    p = constant(prefix, pickle.dumps({"harmless": 1}))(zoo["mlp"], tmp_path / "obj.pt2")
+    refuse(p, UnsafeArchive, prefix, "custom")
+
+
+def test_unreferenced_pickle_entry(zoo: dict[str, Path], tmp_path: Path) -> None:
+    p = rewrite(zoo["mlp"], tmp_path / "extra.pt2", add={"extra/blob.bin": system_pickle(tmp_path / "x")})
+    refuse(p, UnsafeArchive, "extra/blob.bin")
+
+
+def test_aotinductor_code_refused(zoo: dict[str, Path], tmp_path: Path) -> None:
+    p = rewrite(zoo["mlp"], tmp_path / "aoti.pt2", add={"data/aotinductor/model/model.so": b"\x7fELF"})
+    refuse(p, UnsafeArchive, "AOTInductor")
+
+
+def test_scan_what_torch_save_writes() -> None:
+    objects: list[Any] = [
+        torch.randn(3),
+        torch.nn.Parameter(torch.randn(2)),
+        torch.nn.Parameter(torch.randn(2), requires_grad=False),
+        MLP().state_dict(),
+        ((torch.randn(2, 3), torch.ones(2, dtype=torch.int64)), {}),
+        ((torch.randn(1),), {"y": torch.randn(1), "d": torch.device("cpu"), "t": torch.float16}),
+        ((torch.randn(2), 3, 2.5, True, None, "s", torch.Size([2])), {}),
+        torch.randn(4, 4).t(),
+        torch.randn(2).bfloat16(),
+        torch.randn(2).to(torch.float8_e4m3fn),
+        torch.ones(2, dtype=torch.uint16),
+        {f"w{i}": torch.randn(1) for i in range(2000)},  # enough to need memo gets and frames
+    ]
+    for obj in objects:
+        for protocol in (2, 3, 4, 5):
+            buf = io.BytesIO()
+            torch.save(obj, buf, pickle_protocol=protocol)
+            found = pickles.scan_pickle(buf.getvalue())
+            assert found and not pickles.disallowed(found), (obj, protocol, found)
+            pickles.check_pickle(buf.getvalue(), "x")
+
+
+def _sbu(s: str) -> bytes:
+    return b"\x8c" + bytes([len(s)]) + s.encode()
+
+
+def test_stack_global_through_memo_is_resolved() -> None:
+    data = (
+        b"\x80\x04" + _sbu("posix") + b"\x94" + b"0" + _sbu("system") + b"\x94" + b"0"
+        + b"h\x00h\x01\x93" + _sbu("true") + b"\x85R."
+    )
+    assert pickles.scan_pickle(data) == ["posix.system"]
+    with pytest.raises(UnsafeArchive, match="posix.system"):
+        pickles.check_pickle(data, "entry")
+
+
+def test_unresolvable_stack_global_is_unsafe() -> None:
+    data = b"\x80\x04" + _sbu("posix") + _sbu("system") + b")0\x93" + _sbu("true") + b"\x85R."
+    with pytest.raises(pickles.PickleError):
+        pickles.scan_pickle(data)
+    with pytest.raises(UnsafeArchive, match="entry: the pickle cannot be verified"):
+        pickles.check_pickle(data, "entry")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pickle.dumps(1, protocol=0),  # protocol 0/1: no header to recognise, refused outright
+        b"\x80\x02K\x01",  # no STOP
+        b"\x80\x02K\x01.garbage",  # trailing bytes
+        b"\x80\x02\x82\x01R.",  # EXT1
+        b"\x80\x02cos system\n.",  # GLOBAL os.system
+        b"\x80\x02cos x\nsystem\n.",  # GLOBAL whose module has a space
+        b"\x80\x02cposix\n.",  # truncated GLOBAL
+        b"\x80\x09.",  # unknown protocol
+        b"PK\x03\x04 not really a zip",
+    ],
+)
+def test_malformed_pickles_are_unsafe(data: bytes) -> None:
+    with pytest.raises(UnsafeArchive):
+        pickles.check_pickle(data, "entry")
+
+
+def test_second_pickle_in_stream_is_scanned() -> None:
+    data = pickle.dumps(1, protocol=2) + system_pickle(Path("/nonexistent"))
+    assert f"{os.system.__module__}.system" in pickles.scan_pickle(data)
+
+
+def test_nested_zip_every_pkl_is_scanned() -> None:
+    good = io.BytesIO()
+    torch.save(torch.zeros(1), good)
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(good.getvalue())) as src, zipfile.ZipFile(out, "w") as z:
+        for info in src.infolist():
+            z.writestr(info, src.read(info))
+        z.writestr("archive/other.pkl", exec_pickle(Path("/nonexistent")))
+    with pytest.raises(UnsafeArchive, match="builtins.exec"):
+        pickles.check_pickle(out.getvalue(), "nested")
+
+
+# -- expressions, guards, tree specs ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Symbol('s77', positive=True, integer=True)",
+        "Mul(Integer(2), Symbol('s17', positive=True, integer=True))",
+        "Add(Symbol('s52', positive=True, integer=True), Integer(-1))",
+        "FloorDiv(Symbol('s77', positive=True, integer=True), Integer(2))",
+        "Pow(Symbol('s0', integer=True), Integer(2))",
+        "Max(Integer(1), Symbol('s0'))",
+        "Equality(Mod(Symbol('s0'), Integer(2)), Integer(0))",
+        "Float('1.5', precision=53)",
+        "Rational(1, 2)",
+        "true",
+        "int_oo",
+    ],
+)
+def test_plain_sym_exprs_pass(text: str) -> None:
+    check_sym_expr(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__import__('os').system('touch /tmp/x') or Symbol('s0')",
+        "Max('__import__(\"os\").system(\"x\")', 1)",  # Max sympifies string arguments
+        "Symbol('s0').__class__",
+        "exec(chr(49))",
+        "Symbol('a b')",
+        "Integer(1) + Integer(2)",
+        "(lambda: 1)()",
+        "Pow(Integer(10), Integer(100000000))",
+        "Symbol('s', **{'x': 1})",
+        "Symbol(s0)",
+        "[Symbol('s0')]",
+        "x" * 200_000,
+        "Add(" * 300 + ")" * 300,
+    ],
+)
+def test_hostile_sym_exprs_fail(text: str) -> None:
+    with pytest.raises(UnsafeArchive):
+        check_sym_expr(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "L['a'].size()[0] == L['b'].size()[0]",
+        "(L['x'].size()[0] % 2) == 0",
+        "(L['x'].size()[0] // 2) != 1",
+        "L['z'].size()[0] == (2*L['y'].size()[0])",
+        "L['x'].size()[0] <= 64 and 2 <= L['x'].size()[0]",
+        "L['args'][0].stride()[1] == 1",
+    ],
+)
+def test_plain_guards_pass(text: str) -> None:
+    check_guard(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__import__('os').system('touch /tmp/x') == 0",
+        "L['x'].size()[0] == 1, \"\"); import os; (\"",
+        "L['x'].__class__ == 1",
+        "L['x\"'].size()[0] == 1",
+        "getattr(L, 'x') == 1",
+        "L['x'].size()[0] == 1 # comment",
+        "L['x'].size()[0] ==\n1",
+        "math.system(1) == 0",
+        "[L['x']] == 1",
+    ],
+)
+def test_hostile_guards_fail(text: str) -> None:
+    with pytest.raises(UnsafeArchive):
+        check_guard(text)
+
+
+def test_sympify_injection_in_archive(zoo: dict[str, Path], tmp_path: Path) -> None:
+    with zipfile.ZipFile(zoo["shared"]) as z:
+        body = z.read("shared/models/model.json").decode()
+    sym = "Symbol('" + body.split("Symbol('", 1)[1].split("'", 1)[0] + "', positive=True, integer=True)"
+    evil = body.replace(sym, f"__import__('os').system('touch {tmp_path}/PWNED') or {sym}", 1)
+    p = rewrite(zoo["shared"], tmp_path / "sym.pt2", {"models/model.json": evil.encode()})
+    refuse(p, UnsafeArchive, "symbolic expression")
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_guard_injection_in_archive(zoo: dict[str, Path], tmp_path: Path) -> None:
+    def add_guard(doc: dict[str, Any]) -> dict[str, Any]:
+        doc["guards_code"] = [*doc.get("guards_code", []), "__import__('os').system('touch /tmp/x') == 0"]
+        return doc
+
+    p = edit_json(zoo["shared"], tmp_path / "guard.pt2", "models/model.json", add_guard)
+    refuse(p, UnsafeArchive, "guards_code")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        [1, {"type": "collections.defaultdict", "context": "{}", "children_spec": []}],
+        [1, {"type": "builtins.dict", "context": json.dumps({"__enum__": True, "fqn": "os:environ", "name": "x"}), "children_spec": []}],
+    ],
+)
+def test_importing_treespecs_refused(zoo: dict[str, Path], tmp_path: Path, spec: Any) -> None:
+    def set_spec(doc: dict[str, Any]) -> dict[str, Any]:
+        doc["graph_module"]["module_call_graph"][0]["signature"]["in_spec"] = json.dumps(spec)
+        return doc
+
+    p = edit_json(zoo["mlp"], tmp_path / "spec.pt2", "models/model.json", set_spec)
+    refuse(p, UnsafeArchive, "tree spec")
+
+
+def test_odd_node_target_refused(zoo: dict[str, Path], tmp_path: Path) -> None:
+    with zipfile.ZipFile(zoo["mlp"]) as z:
+        body = z.read("mlp/models/model.json")
+    evil = body.replace(b'"target": "torch.ops.aten.linear.default"', b'"target": "builtins.eval"', 1)
+    assert evil != body
+    p = rewrite(zoo["mlp"], tmp_path / "target.pt2", {"models/model.json": evil})
+    refuse(p, Unprocessable, "builtins.eval")
+
+
+# -- robustness ---------------------------------------------------------------------------------------------------
+
+
+def test_mutated_archives_fail_cleanly(zoo: dict[str, Path], tmp_path: Path) -> None:
+    """Random corruption never escapes as anything but an AotcError."""
+    rng = random.Random(1234)
+    original = zoo["shared"].read_bytes()
+    p = tmp_path / "m.pt2"
+    for _ in range(300):
+        data = bytearray(original)
+        for _ in range(rng.randint(1, 8)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        p.write_bytes(bytes(data))
+        try:
+            inspect_archive(str(p))
+        except AotcError:
+            pass
+
+
+def test_json_structure_mutations_fail_cleanly(zoo: dict[str, Path], tmp_path: Path) -> None:
+    """Replacing any JSON subtree of model.json with junk gives a result or an AotcError, nothing else."""
+    with zipfile.ZipFile(zoo["shared"]) as z:
+        doc = json.loads(z.read("shared/models/model.json"))
+    paths: list[list[Any]] = []
+    stack: list[tuple[list[Any], Any]] = [([], doc)]
+    while stack:
+        path, node = stack.pop()
+        paths.append(path)
+        if isinstance(node, dict):
+            stack.extend((path + [k], v) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((path + [i], v) for i, v in enumerate(node))
+    rng = random.Random(99)
+    for n, path in enumerate(rng.sample(paths, min(150, len(paths)))):
+        junk = rng.choice([None, 7, "x", [], {}, True, -1, 2**70, "Symbol('s1')"])
+        mutated = json.loads(json.dumps(doc))
+        if not path:
+            mutated = junk
+        else:
+            node = mutated
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = junk
+        p = rewrite(zoo["shared"], tmp_path / f"j{n}.pt2", {"models/model.json": json.dumps(mutated).encode()})
+        try:
+            inspect_archive(str(p))
+        except AotcError:
+            pass
+
+
+def test_api_modules_do_not_import_torch() -> None:
+    code = "import service.archive, service.pickles, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
