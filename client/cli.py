@@ -169,6 +169,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
         else:
             worker = subprocess.Popen([sys.executable, "-m", "worker"], env=env)
             print(f"aotc: worker pid {worker.pid} for device {a.device}", file=sys.stderr)
+    # uvicorn re-raises the SIGTERM it caught once it has drained; turn it into SystemExit so the worker
+    # and Redis below are stopped too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         uvicorn.run(create_app(settings), host=a.host, port=a.port, log_level=a.log_level, timeout_graceful_shutdown=30)
     finally:
@@ -228,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if a.cmd in ("serve", "worker"):  # long-running processes log; client commands print only what they report
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if a.cmd == "serve":
         return cmd_serve(a)
     if a.cmd == "worker":

@@ -119,6 +119,17 @@ class Store:
         raw = self.r.get(keys.model(model_id))
         return json.loads(raw) if raw else None
 
+    def find_models(self, prefix: str, limit: int = 2) -> list[str]:
+        """Model ids starting with `prefix` (at most `limit`), so people can use the short ids the CLI prints."""
+        if len(prefix) == 64:
+            return [prefix] if self.r.exists(keys.model(prefix)) else []
+        found: list[str] = []
+        for member, _ in self.r.zscan_iter(keys.MODELS_INDEX, match=f"{prefix}*"):
+            found.append(member)
+            if len(found) >= limit:
+                break
+        return found
+
     def list_models(self, limit: int = 100) -> list[dict[str, Any]]:
         ids = self.r.zrevrange(keys.MODELS_INDEX, 0, limit - 1)
         return [m for m in (self.get_model(i) for i in ids) if m]

@@ -9,6 +9,7 @@ from service import specs, targets
 from service.deps import StoreDep
 from service.errors import NotFound, Unprocessable
 from service.lookup import find_artifact
+from service.routes.models import resolve_model
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
 
@@ -38,9 +39,8 @@ def lookup(
 
     Static artifacts win over dynamic ones that cover the shapes; among dynamic ones, the narrowest range.
     """
-    model = store.get_model(model_id)
-    if model is None:
-        raise NotFound(f"no model {model_id!r}")
+    model = resolve_model(store, model_id)
+    model_id = model["id"]
     requested = dict(specs.parse_shape_arg(s) for s in shape)
     spec = specs.canonical_spec(model["inputs"], requested)
     target = targets.validate(target)

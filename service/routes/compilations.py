@@ -9,8 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from compiler.options import CompileOptions
 from service import cachekey, specs, targets
 from service.deps import SettingsDep, StoreDep
-from service.errors import NotFound, Unavailable
+from service.errors import Unavailable
 from service.lookup import find_artifact
+from service.routes.models import resolve_model
 
 router = APIRouter(prefix="/v1/compilations", tags=["compilations"])
 
@@ -34,9 +35,7 @@ def request_compilation(req: CompilationRequest, store: StoreDep, settings: Sett
     200 with the artifact when one is cached; otherwise 202 with the job (identical requests share one job).
     422 when the shapes contradict the exported program; 503 when no live worker serves the target.
     """
-    model = store.get_model(req.model_id)
-    if model is None:
-        raise NotFound(f"no model {req.model_id!r}; upload it with POST /v1/models")
+    model = resolve_model(store, req.model_id)
     spec = specs.canonical_spec(model["inputs"], req.shapes)
     target = targets.validate(req.target)
     options = req.options.canonical()

@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse
 
 from service.archive import inspect_archive
 from service.deps import SettingsDep, StoreDep
-from service.errors import BadRequest, NotFound, PayloadTooLarge
+from service.errors import BadRequest, NotFound, PayloadTooLarge, Unprocessable
+from service.store import Store
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
@@ -67,6 +68,17 @@ async def upload_model(request: Request, store: StoreDep, settings: SettingsDep,
         os.unlink(path)
 
 
+def resolve_model(store: Store, model_id: str) -> dict[str, Any]:
+    """The model with this id, or with this unique id prefix (8+ hex digits, as `aotc models` prints)."""
+    ids = store.find_models(model_id) if len(model_id) >= 8 and all(c in "0123456789abcdef" for c in model_id) else []
+    if len(ids) > 1:
+        raise Unprocessable(f"model id prefix {model_id!r} is ambiguous; give more digits")
+    model = store.get_model(ids[0]) if ids else None
+    if model is None:
+        raise NotFound(f"no model {model_id!r}; upload it with POST /v1/models")
+    return model
+
+
 @router.get("")
 def list_models(store: StoreDep, limit: int = 100) -> dict[str, Any]:
     """Uploaded models, newest first."""
@@ -75,8 +87,5 @@ def list_models(store: StoreDep, limit: int = 100) -> dict[str, Any]:
 
 @router.get("/{model_id}")
 def get_model(model_id: str, store: StoreDep) -> dict[str, Any]:
-    """One model: its inputs as the exported program declares them."""
-    model = store.get_model(model_id)
-    if model is None:
-        raise NotFound(f"no model {model_id!r}; upload it with POST /v1/models")
-    return model
+    """One model: its inputs as the exported program declares them. A unique id prefix works too."""
+    return resolve_model(store, model_id)
