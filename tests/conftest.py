@@ -14,36 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from procs import MAX_UPLOAD_MB, ROOT, start_worker, stop, wait_http, wait_workers
 from service.embedded_redis import EmbeddedRedis, free_port
 from service.store import Store
-
-ROOT = Path(__file__).resolve().parent.parent
-MAX_UPLOAD_MB = 8  # the API under test refuses larger uploads; every test model is far smaller
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up in {timeout} s")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
@@ -83,24 +56,9 @@ def api_url(service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactor
         env=service_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-    _wait_http(url, proc)
+    wait_http(url, proc)
     yield url
-    _stop(proc)
-
-
-def start_worker(env: dict[str, str], log_path: Path, **extra: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "worker"], env={**env, **extra}, cwd=ROOT,
-                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
-
-
-def wait_workers(store: Store, n: int = 1, timeout: float = 60.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        live = store.live_workers()
-        if len(live) >= n:
-            return live
-        time.sleep(0.2)
-    raise RuntimeError(f"{n} worker(s) did not register in {timeout} s")
+    stop(proc)
 
 
 @pytest.fixture(scope="session")
@@ -109,7 +67,7 @@ def worker(service_env: dict[str, str], store: Store, tmp_path_factory: pytest.T
     proc = start_worker(service_env, tmp_path_factory.mktemp("logs") / "worker.log")
     live = wait_workers(store)
     yield live[0]
-    _stop(proc)
+    stop(proc)
 
 
 @pytest.fixture

@@ -78,7 +78,7 @@ def test_zip_that_is_not_an_exported_program(api_url):
 
 
 def test_upload_over_the_size_limit(api_url):
-    from conftest import MAX_UPLOAD_MB
+    from procs import MAX_UPLOAD_MB
 
     r = httpx.post(f"{api_url}/v1/models", content=b"PK" + b"\0" * (MAX_UPLOAD_MB * 2**20 + 10))
     assert r.status_code == 413 and "limit" in r.json()["error"]["message"]

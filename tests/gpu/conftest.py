@@ -1,0 +1,41 @@
+"""The GPU suite: `pytest -m gpu` on a machine with CUDA. It runs the whole service there: the session Redis and
+API from tests/conftest.py, plus one worker on cuda:0."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from procs import start_worker, stop
+from service.store import Store
+
+LIBSTDCXX = "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/gpu/" in str(item.fspath):
+            item.add_marker(pytest.mark.gpu)
+            if not torch.cuda.is_available():
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+@pytest.fixture(scope="session")
+def gpu_worker(service_env: dict[str, str], store: Store, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    import os
+
+    extra = {"AOTC_DEVICE": "cuda:0"}
+    # Some images crash inside AOTInductor's package loader unless the system libstdc++ is preloaded
+    # (see README, GPU notes). The check child must load packages, so give it the same preload.
+    if os.environ.get("LD_PRELOAD"):
+        extra["AOTC_CHILD_LD_PRELOAD"] = os.environ["LD_PRELOAD"]
+    proc = start_worker(service_env, tmp_path_factory.mktemp("logs") / "gpu-worker.log", **extra)
+    deadline = time.monotonic() + 120
+    while not (gpu := [w for w in store.live_workers() if w["target"].startswith("cuda-")]):
+        assert time.monotonic() < deadline and proc.poll() is None, "the GPU worker did not register"
+        time.sleep(0.2)
+    yield gpu[0]
+    stop(proc)
