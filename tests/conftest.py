@@ -37,7 +37,7 @@ def service_env(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFa
     data = tmp_path_factory.mktemp("aotc")
     return {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
         "AOTC_REDIS_URL": redis_server.url,
         "AOTC_DATA_DIR": str(data),
         "AOTC_WORK_DIR": str(data / "work"),
