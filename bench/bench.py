@@ -68,10 +68,10 @@ def child_torch_compile(name: str) -> dict[str, Any]:
 
 def child_artifact(name: str, key: str, url: str) -> dict[str, Any]:
     import torch
-    import torch._inductor
 
     from bench.zoo import MODELS
     from client import Client
+    from compiler.torch_compat import aoti_load_package
 
     t_import = time.perf_counter() - T_START
     inputs = MODELS[name][1]()
@@ -79,7 +79,7 @@ def child_artifact(name: str, key: str, url: str) -> dict[str, Any]:
         t0 = time.perf_counter()
         path = c.pull(key)
         t_pull = time.perf_counter() - t0
-        fn = torch._inductor.aoti_load_package(str(path))
+        fn = aoti_load_package(str(path), "cuda:0")
         t_load = time.perf_counter() - t0 - t_pull
         with torch.inference_mode():
             fn(*inputs)

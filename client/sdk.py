@@ -234,15 +234,33 @@ class Client:
 
     def load(self, artifact: Artifact | str, device: str | None = None) -> Callable[..., Any]:
         """Pull an artifact and load it with AOTInductor; returns a callable taking the model's inputs."""
-        path = self.pull(artifact)
-        import torch._inductor  # only to load
+        art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
+        path = self.pull(art)
+        from compiler.torch_compat import aoti_load_package  # imports torch: only to load
 
-        if device and device.startswith("cuda") and ":" in device:
-            return torch._inductor.aoti_load_package(str(path), device_index=int(device.split(":")[1]))
-        return torch._inductor.aoti_load_package(str(path))
+        target = str(art.meta.get("target", ""))
+        device = device or ("cuda:0" if target.startswith("cuda") else "cpu")
+        _check_target(target, device)
+        return aoti_load_package(str(path), device)  # type: ignore[no-any-return]
 
     def workers(self) -> list[dict[str, Any]]:
         return list(self._json("GET", "/v1/workers")["workers"])
+
+
+def _check_target(target: str, device: str) -> None:
+    """Refuse to load an artifact built for another device than the one here: a clear error beats a crash."""
+    import torch
+
+    if target.startswith("cuda"):
+        if not device.startswith("cuda") or not torch.cuda.is_available():
+            raise ClientError(409, f"artifact was built for {target}; load it on a CUDA device")
+        major, minor = torch.cuda.get_device_capability(torch.device(device).index or 0)
+        if target.startswith("cuda-sm") and target != f"cuda-sm{major}{minor}":
+            raise ClientError(409, f"artifact was built for {target}; this GPU is cuda-sm{major}{minor}")
+    elif target.startswith("cpu-"):
+        isa = torch.backends.cpu.get_cpu_capability().lower()
+        if device != "cpu" or (target.split("-")[-1] == "avx512" and isa != "avx512"):
+            raise ClientError(409, f"artifact was built for {target}; this machine's CPU supports {isa}")
 
 
 def _sha256(path: Path) -> str:

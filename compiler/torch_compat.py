@@ -7,6 +7,7 @@ version check; code elsewhere in compiler/ and worker/ uses only these wrappers 
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree as _pytree
 
 TORCH_VERSION: tuple[int, int] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])  # type: ignore[assignment]
 
@@ -21,14 +22,48 @@ def aoti_compile_and_package(ep: torch.export.ExportedProgram, package_path: str
     return str(_compile(ep, package_path=package_path, inductor_configs=inductor_configs))
 
 
-def aoti_load_package(package_path: str, device: str = "cpu"):  # type: ignore[no-untyped-def]
-    """Load a package for `device`; device_index picks the GPU on multi-GPU hosts (argument since torch 2.7)."""
-    from torch._inductor import aoti_load_package as _load
+class LoadedPackage:
+    """A loaded AOTInductor package, callable like the model.
 
-    index = torch.device(device).index
-    if device.startswith("cuda") and index is not None:
-        return _load(package_path, device_index=index)
-    return _load(package_path)
+    torch's `aoti_load_package` goes through `_load_aoti`, which calls `get_device_information` only to print a
+    warning, and that builds and runs a test program per CPU vector ISA with g++: 30 s in a fresh process on
+    the GPU machine (torch 2.11), for every package, CPU or CUDA. This wrapper goes straight to the C++ loader
+    and the package's own call spec, which is what `AOTICompiledModel` does after that check.
+    """
+
+    def __init__(self, package_path: str, device: str = "cpu") -> None:
+        index = -1
+        if device.startswith("cuda"):
+            index = torch.device(device).index or 0
+        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(package_path), "model", False, 1, index)
+        in_spec, out_spec = self.loader.get_call_spec()
+        self.in_spec = _pytree.treespec_loads(in_spec)
+        self.out_spec = _pytree.treespec_loads(out_spec)
+
+    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if kwargs:
+            from torch.export._tree_utils import reorder_kwargs
+
+            kwargs = reorder_kwargs(kwargs, self.in_spec)
+        flat = [x for x in _pytree.tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+        return _pytree.tree_unflatten(self.loader.boxed_run(flat), self.out_spec)
+
+    def get_metadata(self) -> dict[str, str]:
+        return dict(self.loader.get_metadata())
+
+
+def aoti_load_package(package_path: str, device: str = "cpu"):  # type: ignore[no-untyped-def]
+    """Load a package for `device` (cuda:N picks the GPU). Falls back to torch's own loader if the C++ loader's
+    signature differs in this torch version."""
+    try:
+        return LoadedPackage(package_path, device)
+    except (AttributeError, TypeError):
+        from torch._inductor import aoti_load_package as _load
+
+        index = torch.device(device).index
+        if device.startswith("cuda") and index is not None:
+            return _load(package_path, device_index=index)
+        return _load(package_path)
 
 
 # -- Safe loading of untrusted exported programs ---------------------------------------------------------------
