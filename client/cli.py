@@ -4,6 +4,8 @@
     aotc worker                                   one worker (one per GPU, or one for the CPU)
     aotc compile model.pt2 --shape x=8x3x224x224 --target cpu   progress on stderr; the key is stdout's last line
     aotc pull KEY -o model.so.pt2                 fetch an artifact, verified against its sha256
+    aotc report KEY                               a table of the compiler's stages for one artifact
+    aotc source KEY [PATH]                        its generated code and graphs
     aotc models | jobs | workers | lookup | cancel
 """
 
@@ -68,7 +70,7 @@ def cmd_compile(c: Client, a: argparse.Namespace) -> int:
         print(job["id"])
         return 0
     art = c.wait(job["id"], progress=Progress())
-    check = art.meta.get("check", {})
+    check = art.meta.get("check") or {}
     print(f"artifact {art.key}: {art.meta['size']} bytes, compiled in {art.meta['timings'].get('compile_total', 0):.1f} s, "
           f"max error vs eager {check.get('max_rel_err', 0):.2g}, {check.get('eager_ms')} ms eager -> "
           f"{check.get('compiled_ms')} ms compiled on the worker", file=sys.stderr)
@@ -129,6 +131,76 @@ def cmd_lookup(c: Client, a: argparse.Namespace) -> int:
 def cmd_cancel(c: Client, a: argparse.Namespace) -> int:
     job = c.cancel(a.job_id)
     print(f"job {job['id']}: {job['state']}{' (cancelling)' if job.get('cancel_requested') else ''}")
+    return 0
+
+
+def _fmt_s(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f} s"
+
+
+def _dash(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
+def cmd_report(c: Client, a: argparse.Namespace) -> int:
+    from compiler.report import summary_rows  # torch-free
+
+    if a.json:
+        print(json.dumps(c.report(a.key), indent=1))
+        return 0
+    art, rep = c.artifact(a.key), c.report(a.key)
+    st = rep.get("stages", {})
+    from service.specs import format_shape
+
+    shapes = " ".join(f"{i['name']}={format_shape(i['shape'])}" for i in rep.get("spec", []))
+    print(f"artifact {a.key}: model {art.meta['model_id'][:12]} on {art.meta['target']}, torch {rep.get('torch')}, "
+          f"mode {rep.get('mode')}, shapes {shapes}")
+    print()
+    _table([[r["stage"], r["status"], _fmt_s(r["seconds"]), _dash(r["nodes_before"]), _dash(r["nodes_after"]),
+             r["detail"]] for r in summary_rows(rep)], ["STAGE", "STATUS", "TIME", "NODES IN", "NODES OUT", "DETAIL"])
+    print()
+    cap = st.get("capture", {})
+    for d in cap.get("dynamic_dims") or []:
+        state = f"stayed dynamic as {d['symbol']} in {d.get('min')}..{d.get('max')}" if d.get("stayed_dynamic") \
+            else f"was specialised to {d.get('specialized_to')}"
+        print(f"dynamic dim: {d['input']} dim {d['dim']} (asked {d['requested']['min']}..{d['requested']['max']}) {state}")
+    ag = st.get("autograd", {})
+    if ag.get("inplace_ops"):
+        print("in-place ops removed by functionalisation: "
+              + ", ".join(f"{op} x{n}" for op, n in ag["inplace_ops"].items()))
+    tr = ag.get("training")
+    if tr:
+        print(f"training: joint graph {tr['joint']['nodes']} nodes -> forward {tr['forward']['nodes']} + backward "
+              f"{tr['backward']['nodes']} ({tr['partitioner']}); {tr['saved_for_backward']} tensors saved for backward, "
+              f"{tr['saved_activations']} of them activations")
+    low = st.get("lowering", {})
+    if low.get("decomposed"):
+        print("decomposed to core ATen: " + ", ".join(
+            f"{d['op']} -> {' + '.join(d['into']) or '(nothing)'}" for d in low["decomposed"]))
+    fu, cg = st.get("fusion", {}), st.get("codegen", {})
+    if cg.get("status") == "ok":
+        names = cg.get("kernels") or []
+        print(f"kernels generated: {cg.get('kernel_count')} ({cg.get('language')}): " + ", ".join(names[:8])
+              + (f", ... {len(names) - 8} more" if len(names) > 8 else ""))
+    if fu.get("status") == "ok" and fu.get("externs"):
+        print(f"extern calls: {fu['extern_calls']}: " + ", ".join(
+            f"{e['kernel']} ({e['library']})" for e in fu["externs"][:8]))
+    check = st.get("package", {}).get("check") or {}
+    if check:
+        print(f"on the worker ({check.get('device')}): {check.get('eager_ms')} ms eager -> {check.get('compiled_ms')} ms "
+              f"compiled, speedup {check.get('speedup')}x; max error vs eager {check.get('max_rel_err', 0):.2g}")
+    missing = {k: v for k, v in (rep.get("hooks") or {}).items() if v.startswith("not in torch")}
+    if missing:
+        print("not available in this torch: " + ", ".join(f"{k} ({v})" for k, v in missing.items()))
+    print(f"generated code and graphs: aotc source {a.key[:12]}... (GET /v1/artifacts/{a.key}/source)")
+    return 0
+
+
+def cmd_source(c: Client, a: argparse.Namespace) -> int:
+    if a.path:
+        sys.stdout.write(c.source(a.key, a.path))
+        return 0
+    _table([[f["path"], f["kind"], str(f["bytes"])] for f in c.sources(a.key)], ["PATH", "KIND", "BYTES"])
     return 0
 
 
@@ -208,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shape", action="append", default=[], required=True,
                    help="NAME=SHAPE, once per input: 8x3x224x224, or 1..32x3x224x224 for a dynamic dim")
     s.add_argument("--target", default="cpu", help="cpu, cuda, or a concrete target such as cuda-sm90")
-    s.add_argument("--mode", default="default", choices=["default", "max-autotune"])
+    s.add_argument("--mode", default="default", choices=["default", "max-autotune", "training"])
     s.add_argument("--name", default=None)
     s.add_argument("--no-wait", action="store_true", help="print the job id and return")
 
@@ -226,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--target", default="cpu")
     s = sub.add_parser("cancel", help="cancel a job")
     s.add_argument("job_id")
+    s = sub.add_parser("report", help="what each compiler stage saw and took, for one artifact")
+    s.add_argument("key")
+    s.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    s = sub.add_parser("source", help="list an artifact's generated code and graphs, or print one file")
+    s.add_argument("key")
+    s.add_argument("path", nargs="?", default=None, help="a path from the listing, e.g. code/kernel.cpp")
     return p
 
 
@@ -238,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "worker":
         return cmd_worker(a)
     handlers = {"compile": cmd_compile, "pull": cmd_pull, "models": cmd_models, "jobs": cmd_jobs,
-                "workers": cmd_workers, "lookup": cmd_lookup, "cancel": cmd_cancel}
+                "workers": cmd_workers, "lookup": cmd_lookup, "cancel": cmd_cancel,
+                "report": cmd_report, "source": cmd_source}
     try:
         with Client(a.url) as c:
             return handlers[a.cmd](c, a)

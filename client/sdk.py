@@ -20,6 +20,8 @@ from typing import Any
 
 import httpx
 
+from client.buckets import BucketedModel, Bundle
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
@@ -127,13 +129,17 @@ class Client:
         *,
         target: str = "cpu",
         dynamic_shapes: Any = None,
+        buckets: Sequence[Sequence[Any] | Mapping[str, Any]] | None = None,
         progress: Callable[[dict[str, Any]], None] | None = None,
         timeout: float | None = None,
         **options: Any,
-    ) -> Artifact:
+    ) -> Artifact | Bundle:
         """Upload (or export and upload) a model, compile it for the given shapes, wait, and return the artifact.
 
         `example_inputs_or_shapes` is a sequence of tensors or shapes in input order, or {input name: shape}.
+        With `buckets` (each like `example_inputs_or_shapes`, static, e.g. batch 1, 8 and 32), every bucket gets its
+        own artifact too, and a Bundle comes back: `load` it for a callable that picks the smallest bucket that fits
+        each call, else the main artifact.
         """
         by_name = isinstance(example_inputs_or_shapes, Mapping)
         if isinstance(model, (str, Path)):
@@ -156,6 +162,16 @@ class Client:
                         {"min": d["min"], "max": d["max"]} if isinstance(d, dict) and d.get("max") is not None else s
                         for d, s in zip(inp["shape"], shapes[inp["name"]])
                     ]
+        if buckets is not None:
+            names = [i["name"] for i in record["inputs"]]
+            body = {"model_id": record["id"], "shapes": shapes, "target": target, "options": options,
+                    "buckets": [{k: _shape_of(v) for k, v in (b.items() if isinstance(b, Mapping) else zip(names, b))}
+                                for b in buckets]}
+            answer = dict(self._json("POST", "/v1/compilations", json=body))
+            parts = [answer, *answer.get("buckets", [])]
+            arts = [Artifact(a["key"], a["artifact"]) if a["status"] == "cached"
+                    else self.wait(a["job"]["id"], progress=progress, timeout=timeout) for a in parts]
+            return Bundle(arts[0], arts[1:])
         answer = self.submit(record["id"], shapes, target, **options)
         if answer["status"] == "cached":
             return Artifact(answer["key"], answer["artifact"])
@@ -232,8 +248,27 @@ class Client:
             os.replace(tmp, dest)
         return dest
 
-    def load(self, artifact: Artifact | str, device: str | None = None) -> Callable[..., Any]:
-        """Pull an artifact and load it with AOTInductor; returns a callable taking the model's inputs."""
+    def report(self, key: str) -> dict[str, Any]:
+        """The artifact's stage report (GET /v1/artifacts/{key}/report)."""
+        return dict(self._json("GET", f"/v1/artifacts/{key}/report"))
+
+    def sources(self, key: str) -> list[dict[str, Any]]:
+        """The generated code and stage graphs of an artifact: [{'path', 'kind', 'bytes', 'url'}]."""
+        return list(self._json("GET", f"/v1/artifacts/{key}/source")["files"])
+
+    def source(self, key: str, path: str) -> str:
+        resp = self.http.get(f"/v1/artifacts/{key}/source/{path}")
+        _raise_for(resp)
+        return resp.text
+
+    def load(self, artifact: Artifact | Bundle | str, device: str | None = None, *,
+             pad: bool = True) -> Callable[..., Any]:
+        """Pull an artifact and load it with AOTInductor; returns a callable taking the model's inputs. A Bundle
+        loads every artifact in it, and the callable picks the smallest bucket that fits each call (padding the
+        batch, dim 0, unless `pad=False`), else the main artifact."""
+        if isinstance(artifact, Bundle):
+            main = (artifact.main, self.load(artifact.main, device)) if artifact.main.meta.get("package", True) else None
+            return BucketedModel(main, [(b, self.load(b, device)) for b in artifact.buckets], pad=pad)
         art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
         path = self.pull(art)
         from compiler.torch_compat import aoti_load_package  # imports torch: only to load

@@ -24,6 +24,9 @@ TOLERANCE: dict[torch.dtype, float] = {
     torch.float16: 1e-2,
     torch.bfloat16: 5e-2,
 }
+# A package compiled with precision=bf16/fp16 computes in that dtype whatever its outputs' dtype: the tolerance is
+# at least that of the compute dtype.
+PRECISION_TOLERANCE: dict[str, float] = {"keep": 0.0, "bf16": TOLERANCE[torch.bfloat16], "fp16": TOLERANCE[torch.float16]}
 
 
 def _sync(device: str) -> None:
@@ -46,7 +49,7 @@ def time_ms(fn: Callable[[], Any], device: str, *, warmup: int = 3, runs: int = 
     return statistics.median(samples)
 
 
-def compare(expected: Any, actual: Any) -> dict[str, Any]:
+def compare(expected: Any, actual: Any, min_tolerance: float = 0.0) -> dict[str, Any]:
     exp, exp_spec = pytree.tree_flatten(expected)
     act, act_spec = pytree.tree_flatten(actual)
     if len(exp) != len(act):
@@ -70,7 +73,7 @@ def compare(expected: Any, actual: Any) -> dict[str, Any]:
         e64, a64 = torch.nan_to_num(e64), torch.nan_to_num(a64)
         abs_err = float((e64 - a64).abs().max()) if e64.numel() else 0.0
         rel_err = abs_err / max(float(e64.abs().max()) if e64.numel() else 0.0, 1.0)
-        tol = TOLERANCE.get(e.dtype, 1e-4)
+        tol = max(TOLERANCE.get(e.dtype, 1e-4), min_tolerance)
         worst["max_abs_err"] = max(worst["max_abs_err"], abs_err)
         if rel_err >= worst["max_rel_err"]:
             worst["max_rel_err"], worst["tolerance"] = rel_err, tol
@@ -80,7 +83,8 @@ def compare(expected: Any, actual: Any) -> dict[str, Any]:
     return worst
 
 
-def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, seed: int = 0) -> dict[str, Any]:
+def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, seed: int = 0,
+                   precision: str = "keep") -> dict[str, Any]:
     ep = load_program(model_path)
     eager = ep.module()
     eager.to(device)
@@ -99,7 +103,7 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     results = []
     for label, shapes, args, kwargs, expected, eager_ms in cases:
         with torch.inference_mode():
-            cmp = compare(expected, compiled(*args, **kwargs))
+            cmp = compare(expected, compiled(*args, **kwargs), PRECISION_TOLERANCE.get(precision, 0.0))
             compiled_ms = time_ms(lambda: compiled(*args, **kwargs), device)
         results.append({"point": label, "shapes": {i["name"]: s for i, s in zip(spec, shapes)}, **cmp,
                         "eager_ms": round(eager_ms, 4), "compiled_ms": round(compiled_ms, 4),
@@ -108,6 +112,7 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     summary = {
         "passed": not failed,
         "device": device,
+        "precision": precision,
         "points": results,
         "max_abs_err": max(r.get("max_abs_err", 0.0) for r in results),
         "max_rel_err": max(r.get("max_rel_err", 0.0) for r in results),

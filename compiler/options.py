@@ -1,6 +1,8 @@
 """Compile options: one frozen, typed model, turned into Inductor's config dict in exactly one place.
 
-This module imports no torch, so the API can validate options and hash them into cache keys.
+This module imports no torch, so the API can validate options and hash them into cache keys. Every option is part
+of the cache key (with its default spelled out). Inductor settings beyond `mode` are reachable only through the
+small allow-list in `InductorSettings`: a user never passes config strings through to torch.
 """
 
 from __future__ import annotations
@@ -8,13 +10,61 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Mode = Literal["default", "max-autotune", "training"]
+Precision = Literal["keep", "bf16", "fp16"]
+GemmBackends = Literal["ATEN", "TRITON", "ATEN,TRITON", "CPP", "ATEN,CPP", "ATEN,TRITON,CPP"]
+
+
+class InductorSettings(BaseModel):
+    """The Inductor settings a request may change. Unset (null) leaves torch's default in place.
+
+    Each entry names a `torch._inductor.config` attribute that exists in every torch this service supports; the
+    values are typed and bounded, so no request can reach code execution, file paths or debug dumps through here.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    coordinate_descent_tuning: bool | None = Field(
+        default=None, description="After autotuning, search neighbouring Triton configs (slower compile)."
+    )
+    epilogue_fusion: bool | None = Field(default=None, description="Fuse pointwise ops into matmul epilogues.")
+    shape_padding: bool | None = Field(default=None, description="Pad matmul shapes to aligned sizes.")
+    aggressive_fusion: bool | None = Field(default=None, description="Fuse even without shared memory reads.")
+    max_fusion_size: int | None = Field(default=None, ge=1, le=256, description="Most nodes in one fused kernel.")
+    split_reductions: bool | None = Field(default=None, description="Split large reductions across kernels.")
+    max_autotune_gemm_backends: GemmBackends | None = Field(
+        default=None, description="Matmul backends max-autotune chooses among."
+    )
+
+    def configs(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
 class CompileOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mode: Literal["default", "max-autotune"] = "default"
+    mode: Mode = Field(
+        default="default",
+        description="default; max-autotune (slower compile, faster kernels); training (forward and backward "
+        "through AOTAutograd: a report with the joint graph and its partition, no package yet).",
+    )
+    precision: Precision = Field(
+        default="keep",
+        description="keep the program's dtypes, or compute in bf16/fp16 for inference: weights are cast, and "
+        "floating inputs and outputs are cast at the edges, so the artifact takes and returns the same dtypes.",
+    )
+    freezing: bool = Field(default=False, description="Fold weights into the graph as constants (inference).")
+    inductor: InductorSettings = Field(default_factory=InductorSettings)
+    prims_view: bool = Field(default=False, description="Also record the graph decomposed to prims in the report.")
+
+    @model_validator(mode="after")
+    def _inference_only_options(self) -> "CompileOptions":
+        if self.mode == "training" and (self.precision != "keep" or self.freezing):
+            raise ValueError("precision casts and freezing are for inference; mode=training keeps the program's "
+                             "dtypes and weights")
+        return self
 
     def canonical(self) -> dict[str, Any]:
         """Every option with its value, defaults included, so equal options hash equal."""
@@ -23,9 +73,16 @@ class CompileOptions(BaseModel):
     def canonical_json(self) -> str:
         return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
 
+    @property
+    def training(self) -> bool:
+        return self.mode == "training"
+
     def inductor_configs(self) -> dict[str, Any]:
         """The `inductor_configs` passed to aoti_compile_and_package. Global torch config is never touched."""
         configs: dict[str, Any] = {}
         if self.mode == "max-autotune":
             configs["max_autotune"] = True
+        if self.freezing:
+            configs["freezing"] = True
+        configs.update(self.inductor.configs())
         return configs

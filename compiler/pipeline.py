@@ -1,24 +1,41 @@
-"""The compile pipeline as named stages: load -> specialize -> compile (Inductor + AOTInductor packaging).
+"""The compile pipeline as named stages: load -> capture -> autograd -> lowering -> fusion -> codegen -> package.
 
-Each stage is reported through `on_stage` before it runs and timed; the result says which dims stayed dynamic.
+Each stage is reported through `on_stage` before it runs and timed; compiler.stages says what each one records.
+The stage report (report.json) and the sources archive (sources.zip: every stage's FX graph and the generated
+code) are written beside the package. For mode=training the pipeline stops after lowering: the report and the
+graphs are the result, and there is no package yet.
+
 This module knows nothing of HTTP or Redis: the worker runs it in a child process and relays the stages.
 """
 
 from __future__ import annotations
 
+import json
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from compiler import torch_compat
+import torch
+
+from compiler import report as rep
+from compiler import stages
 from compiler.errors import CompileError
 from compiler.inputs import Spec
 from compiler.loading import load_program
 from compiler.options import CompileOptions
-from compiler.specialize import specialize
 
 StageHook = Callable[[str], None]
+T = TypeVar("T")
+
+
+def write_sources(path: Path, files: dict[str, str]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, text in sorted(files.items()):
+            zf.writestr(name, text)
+    tmp.rename(path)
 
 
 def compile_model(
@@ -32,7 +49,7 @@ def compile_model(
 ) -> dict[str, Any]:
     timings: dict[str, float] = {}
 
-    def run(stage: str, fn: Callable[[], Any]) -> Any:
+    def run(stage: str, fn: Callable[[], T]) -> T:
         on_stage(stage)
         t0 = time.perf_counter()
         try:
@@ -45,16 +62,99 @@ def compile_model(
         finally:
             timings[stage] = round(time.perf_counter() - t0, 3)
 
+    out_dir = Path(out_path).parent
+    report: dict[str, Any] = {
+        "schema": rep.SCHEMA, "torch": torch.__version__, "device": device, "mode": options.mode,
+        "options": options.canonical(), "spec": spec, "stages": {}, "notes": [],
+    }
+    files: dict[str, str] = {}
+
+    def observe(stage: str, fn: Callable[[], dict[str, Any]]) -> None:
+        """A stage that only observes: if torch cannot show it, the report says so and the compile goes on."""
+        try:
+            report["stages"][stage] = fn()
+        except Exception as e:
+            report["stages"][stage] = rep.unavailable(f"{type(e).__name__}: {str(e)[:1000]}")
+
     ep = run("load", lambda: load_program(model_path))
-    special = run("specialize", lambda: specialize(ep, spec, program_inputs, device))
-    package = run(
-        "compile",
-        lambda: torch_compat.aoti_compile_and_package(special, out_path, options.inductor_configs()),
-    )
+    captured = run("capture", lambda: stages.capture(ep, spec, program_inputs, device, options.precision))
+    report["stages"]["capture"] = captured.facts
+    files.update(captured.graphs)
+
+    def autograd() -> stages.Functional:
+        try:
+            return stages.autograd(captured, training=options.training)
+        except Exception as e:
+            if options.training:
+                raise  # for mode=training the joint graph is the result: its failure is the job's
+            why = rep.unavailable(f"{type(e).__name__}: {str(e)[:1000]}")
+            return stages.Functional(None, why)
+
+    functional = run("autograd", autograd)
+    report["stages"]["autograd"] = functional.facts
+    files.update(functional.graphs)
+
+    def lowering() -> dict[str, Any]:
+        if functional.program is None:
+            return rep.unavailable("needs the functional graph, which the autograd stage could not produce")
+        lowered = stages.lowering(functional, captured, prims_view=options.prims_view)
+        files.update(lowered.graphs)
+        return lowered.facts
+
+    run("lowering", lambda: observe("lowering", lowering))
+
+    result: dict[str, Any] = {"package": None, "size": 0}
+    if options.training:
+        why = "mode=training stops after AOTAutograd and lowering: the report and the graphs are the result (no package yet)"
+        for name in ("fusion", "codegen", "package"):
+            report["stages"][name] = rep.skipped(why)
+    else:
+        # One Inductor compile covers fusion, codegen and package; the stage hooks inside report progress and
+        # split its time.
+        current = ["fusion"]  # the stage a failure is charged to
+
+        def progress(stage: str) -> None:
+            current[0] = stage
+            on_stage(stage)
+
+        t0 = time.perf_counter()
+        try:
+            compiled = stages.inductor(captured, options, out_path, device, progress)
+        except CompileError as e:
+            e.stage = e.stage or current[0]
+            raise
+        except Exception as e:
+            raise CompileError(f"{type(e).__name__}: {e}", stage=current[0]) from e
+        timings["compile"] = round(time.perf_counter() - t0, 3)
+        for name in ("fusion", "codegen", "package"):
+            if compiled.phases.get(name) is not None:
+                timings[name] = compiled.phases[name]  # type: ignore[assignment]
+        observe("fusion", lambda: stages.fusion(compiled))
+
+        def codegen() -> dict[str, Any]:
+            generated = stages.codegen(compiled)
+            files.update(generated.files)
+            return generated.facts
+
+        observe("codegen", codegen)
+        if compiled.observation.graphs:
+            files["graphs/inductor_post_grad.py"] = compiled.observation.graphs[-1]["code"]
+        observe("package", lambda: stages.package(compiled, captured))
+        report["hooks"] = compiled.observation.hooks
+        if compiled.observation.errors:
+            report["notes"] += [f"observer error (the compile carried on): {e}" for e in compiled.observation.errors]
+        result = {"package": compiled.package, "size": Path(compiled.package).stat().st_size}
+
+    report["timings"] = timings
+    report_path = out_dir / "report.json"
+    report_path.write_text(json.dumps(report, default=str))
+    sources_path = out_dir / "sources.zip"
+    write_sources(sources_path, files)
     dynamic = [
         {"input": i["name"], "dim": j, "min": d["min"], "max": d["max"]}
         for i in spec
         for j, d in enumerate(i["shape"])
         if isinstance(d, dict)
     ]
-    return {"package": str(package), "size": Path(package).stat().st_size, "timings": timings, "dynamic_dims": dynamic}
+    return {**result, "timings": timings, "dynamic_dims": dynamic, "report": str(report_path),
+            "sources": str(sources_path)}

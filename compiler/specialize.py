@@ -1,7 +1,9 @@
 """Specialise an exported program to the requested shapes by re-exporting its module.
 
 Static dims become constants; each requested range becomes a torch.export.Dim (one per exported symbol, so dims
-that share a size keep sharing it) and stays dynamic in the compiled artifact.
+that share a size keep sharing it) and stays dynamic in the compiled artifact. With a precision other than "keep",
+weights are cast and floating inputs/outputs are cast at the graph's edges, so the artifact keeps the program's
+interface while computing in bf16/fp16.
 """
 
 from __future__ import annotations
@@ -33,10 +35,43 @@ def dynamic_shapes(spec: inputs_mod.Spec, program_inputs: list[dict[str, Any]]) 
     return out
 
 
+PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cast_edges(module: torch.fx.GraphModule, dtype: torch.dtype) -> torch.fx.GraphModule:
+    """Cast floating weights to `dtype`; insert casts after floating inputs and before floating outputs (back to
+    the dtype each output had), so callers pass and get the same dtypes as before."""
+    graph = module.graph
+    out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
+    out_dtypes = {}
+    for n in out_node.all_input_nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.is_floating_point():
+            out_dtypes[n] = val.dtype
+    module.to(dtype)
+    for ph in [n for n in graph.nodes if n.op == "placeholder"]:
+        val = ph.meta.get("val")
+        if not (isinstance(val, torch.Tensor) and val.is_floating_point() and val.dtype != dtype):
+            continue
+        with graph.inserting_after(ph):
+            cast = graph.call_function(torch.ops.aten._to_copy.default, (ph,), {"dtype": dtype})
+        ph.replace_all_uses_with(cast, delete_user_cb=lambda user: user is not cast)
+    with graph.inserting_before(out_node):
+        back = {n: graph.call_function(torch.ops.aten._to_copy.default, (n,), {"dtype": d})
+                for n, d in out_dtypes.items() if d != dtype}
+    out_node.args = tuple(pytree.tree_map(lambda a: back.get(a, a) if isinstance(a, torch.fx.Node) else a, out_node.args))
+    graph.lint()
+    module.recompile()
+    return module
+
+
 def specialize(
-    ep: torch.export.ExportedProgram, spec: inputs_mod.Spec, program_inputs: list[dict[str, Any]], device: str
+    ep: torch.export.ExportedProgram, spec: inputs_mod.Spec, program_inputs: list[dict[str, Any]], device: str,
+    precision: str = "keep",
 ) -> torch.export.ExportedProgram:
     module = ep.module()
+    if precision != "keep":
+        cast_edges(module, PRECISIONS[precision])
     module.to(device)
     shapes = inputs_mod.hint_shapes(spec, program_inputs)
     example = inputs_mod.random_inputs(spec, shapes, device, inputs_mod.int_ranges(ep))

@@ -10,7 +10,7 @@ import hashlib
 import json
 from typing import Any
 
-KEY_FORMAT = 1  # bump when what a key covers changes
+KEY_FORMAT = 2  # bump when what a key covers changes (2: options gained precision, freezing, inductor, prims_view)
 
 
 def factors(

@@ -13,6 +13,8 @@ All keys live under one prefix so a shared Redis can host aotc beside other tena
     queue:{target}                stream of job ids for one concrete target, group `workers`
     deadletter                    list  ids of jobs that failed for good
     artifact:{key}                str   artifact record (JSON): factors, sizes, timings, check
+    report:{key}                  str   the artifact's stage report (JSON, compiler.report schema)
+    blob:sources:{key}            blob  zip of the artifact's stage graphs and generated code
     artifacts:index               zset  artifact key -> creation time
     artifacts:by-model:{model}    set   artifact keys built from one model (deploy-time lookup)
     worker:{id}                   str   worker record (JSON), expires unless heartbeats renew it
@@ -68,6 +70,10 @@ def artifact(key: str) -> str:
 
 
 ARTIFACTS_INDEX = f"{PREFIX}artifacts:index"
+
+
+def report(key: str) -> str:
+    return f"{PREFIX}report:{key}"
 
 
 def artifacts_by_model(model_id: str) -> str:

@@ -17,13 +17,14 @@ def find_artifact(
     store: Store, model_id: str, target: str, spec: list[dict[str, Any]], options: dict[str, Any] | None = None
 ) -> dict[str, Any] | None:
     """The best artifact of `model_id` for `target` whose spec covers `spec`: static before dynamic, then the
-    narrowest range, then the newest. `options`, when given, must match exactly."""
+    narrowest range, then the newest. `options`, when given, must match exactly; without them, report-only records
+    (mode=training, no package) are never picked."""
     fits = [
         a
         for a in store.artifacts_for_model(model_id)
         if targets.matches(target, a["factors"]["target"])
         and specs.covers(a["factors"]["spec"], spec)
-        and (options is None or a["factors"]["options"] == options)
+        and (a["factors"]["options"] == options if options is not None else a.get("package", True))
     ]
     if not fits:
         return None

@@ -265,18 +265,30 @@ class Store:
 
     # -- artifacts ---------------------------------------------------------------------------------------------
 
-    def put_artifact(self, record: dict[str, Any], package: Path) -> dict[str, Any]:
-        """Publish an artifact: blob first, record last, so a reader never sees a record without its bytes.
+    def put_artifact(self, record: dict[str, Any], package: Path | None, *, report: dict[str, Any] | None = None,
+                     sources: Path | None = None) -> dict[str, Any]:
+        """Publish an artifact: blobs first, record last, so a reader never sees a record without its bytes.
 
-        Idempotent: a job that ran twice finds its own result and stores nothing again.
+        `report` (the stage report) and `sources` (a zip of the graphs and generated code) are stored before the
+        record too. `package=None` publishes a report-only record (mode=training): "package" is false and there
+        are no bytes to pull. Idempotent: a job that ran twice finds its own result and stores nothing again.
         """
         key = record["key"]
         existing = self.get_artifact(key)
         if existing:
             return existing
-        with open(package, "rb") as f:
-            manifest = self.put_blob("artifact", key, f)
-        record = {**record, "size": manifest["size"], "sha256": manifest["sha256"], "created": time.time()}
+        if report is not None:
+            self.r.set(keys.report(key), _dumps(report))
+        if sources is not None:
+            with open(sources, "rb") as f:
+                self.put_blob("sources", key, f)
+        if package is None:
+            record = {**record, "package": False, "size": 0, "sha256": None, "created": time.time()}
+        else:
+            with open(package, "rb") as f:
+                manifest = self.put_blob("artifact", key, f)
+            record = {**record, "package": True, "size": manifest["size"], "sha256": manifest["sha256"],
+                      "created": time.time()}
         pipe = self.r.pipeline()
         pipe.set(keys.artifact(key), _dumps(record), nx=True)
         pipe.zadd(keys.ARTIFACTS_INDEX, {key: record["created"]})
@@ -287,6 +299,19 @@ class Store:
     def get_artifact(self, key: str) -> dict[str, Any] | None:
         raw = self.r.get(keys.artifact(key))
         return json.loads(raw) if raw else None
+
+    def get_report(self, key: str) -> dict[str, Any] | None:
+        raw = self.r.get(keys.report(key))
+        return json.loads(raw) if raw else None
+
+    def read_blob(self, kind: str, blob_id: str, limit: int) -> bytes | None:
+        """A whole blob in memory (None when absent); ValueError when it is over `limit` bytes."""
+        m = self.blob_manifest(kind, blob_id)
+        if m is None:
+            return None
+        if m["size"] > limit:
+            raise ValueError(f"blob {kind}:{blob_id} is {m['size']} bytes, over the {limit}-byte limit")
+        return b"".join(self.iter_blob(kind, blob_id))
 
     def artifacts_for_model(self, model_id: str) -> list[dict[str, Any]]:
         ks = sorted(self.r.smembers(keys.artifacts_by_model(model_id)))

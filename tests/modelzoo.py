@@ -43,3 +43,20 @@ def seeded(cls: type[torch.nn.Module], seed: int, **kw: Any) -> torch.nn.Module:
     """A model with weights fixed by `seed`: a different seed gives a different model id."""
     torch.manual_seed(seed)
     return cls(**kw).eval()
+
+
+class InplaceReduce(torch.nn.Module):
+    """Stage-report model: an in-place op (functionalisation removes it), a reduction followed by pointwise ops
+    (Inductor fuses them into fewer kernels than graph nodes), and rows that never mix, so its batch dim can be
+    dynamic and padded into shape buckets."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        y.add_(1.0)  # in place on an intermediate whose grad does not need it: trainable too
+        y = torch.relu(y)
+        s = y.sum(dim=-1, keepdim=True)
+        return torch.nn.functional.gelu(y / (s + 1.0)) * 2.0

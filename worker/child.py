@@ -38,7 +38,9 @@ def main(workdir: str) -> int:
             from compiler.check import check_artifact
 
             on_stage("check")
-            result = check_artifact(task["model_path"], task["package_path"], task["spec"], task["device"])
+            precision = (task.get("options") or {}).get("precision", "keep")
+            result = check_artifact(task["model_path"], task["package_path"], task["spec"], task["device"],
+                                    precision=precision)
         else:
             raise ValueError(f"unknown task kind {task['kind']!r}")
         out: dict[str, Any] = {"ok": True, "result": result}

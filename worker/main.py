@@ -8,6 +8,7 @@ is counted at claim time, so a job that keeps killing workers still stops at max
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -18,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from compiler.report import attach_check  # torch-free
 from service import keys
 from service.store import TERMINAL, Store
 from worker.sandbox import Outcome, run_child
@@ -204,16 +206,21 @@ class Worker:
         )
         if not compiled.ok:
             return compiled, {}
-        checked = run_child(
-            {"kind": "check", "model_path": str(model_path), "package_path": compiled.result["package"],
-             "spec": job["spec"], "device": device},
-            workdir, timeout_s=self.settings.check_timeout_s, on_stage=on_stage, should_cancel=cancelled, env=env,
-        )
-        if not checked.ok:
-            return checked, {}
+        check: dict[str, Any] | None = None
+        timings = {**compiled.result["timings"], "compile_total": round(compiled.seconds, 3)}
+        if compiled.result.get("package"):  # mode=training produces a report and graphs only: nothing to check
+            checked = run_child(
+                {"kind": "check", "model_path": str(model_path), "package_path": compiled.result["package"],
+                 "spec": job["spec"], "device": device, "options": job["options"]},
+                workdir, timeout_s=self.settings.check_timeout_s, on_stage=on_stage, should_cancel=cancelled, env=env,
+            )
+            if not checked.ok:
+                return checked, {}
+            check, timings["check"] = checked.result, round(checked.seconds, 3)
         on_stage("publish")
-        timings = {**compiled.result["timings"], "compile_total": round(compiled.seconds, 3),
-                   "check": round(checked.seconds, 3)}
+        # The stage report and the generated sources go in before the record, which is written last.
+        report = attach_check(json.loads(Path(compiled.result["report"]).read_text()), check)
+        report["key"] = job["key"]
         artifact = store.put_artifact({
             "key": job["key"],
             "factors": job["factors"],
@@ -223,11 +230,12 @@ class Worker:
             "options": job["options"],
             "dynamic_dims": compiled.result["dynamic_dims"],
             "timings": timings,
-            "check": checked.result,
+            "check": check,
             "job_id": job_id,
             "worker": {"id": self.id, "device_name": self.info["device_name"], "host": self.info["host"]},
-        }, Path(compiled.result["package"]))
-        return Outcome(True), {"key": artifact["key"], "timings": timings, "check": checked.result}
+        }, Path(compiled.result["package"]) if compiled.result.get("package") else None,
+            report=report, sources=Path(compiled.result["sources"]))
+        return Outcome(True), {"key": artifact["key"], "timings": timings, "check": check}
 
 
 def serve(settings: WorkerSettings, max_jobs: int | None = None) -> None:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import io
+import zipfile
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -7,11 +9,12 @@ from fastapi.responses import Response, StreamingResponse
 
 from service import specs, targets
 from service.deps import StoreDep
-from service.errors import NotFound, Unprocessable
+from service.errors import Conflict, NotFound, Unprocessable
 from service.lookup import find_artifact
 from service.routes.models import resolve_model
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
+SOURCES_LIMIT = 512 * 2**20  # the sources archive is read whole; the worker writes text, far below this
 
 
 def _artifact_or_404(store: Any, key: str) -> dict[str, Any]:
@@ -59,10 +62,62 @@ def meta(key: str, store: StoreDep) -> dict[str, Any]:
     return _artifact_or_404(store, key)
 
 
+@router.get("/{key}/report")
+def report(key: str, store: StoreDep) -> dict[str, Any]:
+    """The stage report: what each compiler stage (capture, autograd, lowering, fusion, codegen, package) saw and
+    how long it took: graphs with node counts and op histograms, in-place ops removed, decompositions, fused
+    kernels and extern calls, the generated code's files, and the artifact check."""
+    _artifact_or_404(store, key)
+    rep = store.get_report(key)
+    if rep is None:
+        raise NotFound(f"artifact {key} has no stage report (it was built before reports existed)")
+    return rep
+
+
+def _sources(store: Any, key: str) -> zipfile.ZipFile:
+    _artifact_or_404(store, key)
+    data = store.read_blob("sources", key, SOURCES_LIMIT)
+    if data is None:
+        raise NotFound(f"artifact {key} has no stored sources (it was built before reports existed)")
+    return zipfile.ZipFile(io.BytesIO(data))
+
+
+def _kind(path: str) -> str:
+    if path.startswith("graphs/"):
+        return "graph"
+    if path.startswith("code/triton/") or path.startswith("code/kernel"):
+        return "kernels"
+    return "wrapper" if path.startswith("code/wrapper") else "other"
+
+
+@router.get("/{key}/source")
+def source_listing(key: str, store: StoreDep) -> dict[str, Any]:
+    """The generated code (C++ kernels and wrapper on CPUs; Triton kernels and the wrapper on GPUs) and each
+    stage's FX graph: a listing, each file fetchable at its `url`."""
+    with _sources(store, key) as zf:
+        files = [{"path": i.filename, "kind": _kind(i.filename), "bytes": i.file_size,
+                  "url": f"/v1/artifacts/{key}/source/{i.filename}"} for i in zf.infolist() if not i.is_dir()]
+    return {"key": key, "files": files}
+
+
+@router.get("/{key}/source/{path:path}", response_model=None)
+def source_file(key: str, path: str, store: StoreDep) -> Response:
+    """One generated file or graph, as text."""
+    with _sources(store, key) as zf:
+        try:
+            data = zf.read(path)
+        except KeyError:
+            raise NotFound(f"artifact {key} has no source file {path!r}; GET /v1/artifacts/{key}/source lists them") from None
+    return Response(data, media_type="text/plain; charset=utf-8")
+
+
 @router.api_route("/{key}", methods=["GET", "HEAD"], response_model=None)
 def download(key: str, request: Request, store: StoreDep) -> Response:
     """The AOTInductor package (.pt2), streamed; its sha256 is the ETag."""
     art = _artifact_or_404(store, key)
+    if art.get("package", True) is False:
+        raise Conflict(f"artifact {key} is a report only (mode=training has no package yet); see "
+                       f"/v1/artifacts/{key}/report and /v1/artifacts/{key}/source")
     etag = f'"{art["sha256"]}"'
     headers = {
         "ETag": etag,

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from compiler.options import CompileOptions
 from service import cachekey, specs, targets
 from service.deps import SettingsDep, StoreDep
-from service.errors import Unavailable
+from service.errors import Unavailable, Unprocessable
 from service.lookup import find_artifact
 from service.routes.models import resolve_model
 
@@ -26,38 +26,24 @@ class CompilationRequest(BaseModel):
     )
     target: str = Field(default="cpu", description="'cpu', 'cuda', or a concrete target such as 'cuda-sm90'.")
     options: CompileOptions = Field(default_factory=CompileOptions)
+    buckets: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Extra static shape buckets, each {input: dims} like `shapes` (e.g. batch 1, 8, 32). Each gets "
+        "its own artifact under its own key; a client picks the smallest bucket that fits at run time, else the "
+        "artifact for `shapes`.",
+        examples=[[{"x": [1, 3, 224, 224]}, {"x": [8, 3, 224, 224]}, {"x": [32, 3, 224, 224]}]],
+    )
 
 
-@router.post("", status_code=202, responses={200: {"description": "A matching artifact is cached"}})
-def request_compilation(req: CompilationRequest, store: StoreDep, settings: SettingsDep) -> JSONResponse:
-    """Compile a model for some shapes and a target.
-
-    200 with the artifact when one is cached; otherwise 202 with the job (identical requests share one job).
-    422 when the shapes contradict the exported program; 503 when no live worker serves the target.
-    """
-    model = resolve_model(store, req.model_id)
-    spec = specs.canonical_spec(model["inputs"], req.shapes)
-    target = targets.validate(req.target)
-    options = req.options.canonical()
-
-    worker = targets.pick_worker(target, store.live_workers())
-    if worker is None:
-        cached = find_artifact(store, model["id"], target, spec, options)
-        if cached and cached["factors"]["spec"] == spec:
-            return JSONResponse({"status": "cached", "key": cached["key"], "artifact": cached}, status_code=200)
-        live = sorted({w["target"] for w in store.live_workers()})
-        raise Unavailable(
-            f"no live worker serves target {target!r} (live targets: {live or 'none'}); "
-            f"start one on a matching machine with `aotc worker`, or ask for one of the live targets",
-            live_targets=live,
-        )
-
+def _answer(store: Any, settings: Any, model: dict[str, Any], spec: list[dict[str, Any]], worker: dict[str, Any],
+            options: dict[str, Any]) -> dict[str, Any]:
+    """The answer for one spec: {"status": "cached", "key", "artifact"} or {"status": "queued"|"joined", "key", "job"}."""
     factors = cachekey.factors(model["id"], spec, worker["target"], worker["toolchain"], options)
     key = cachekey.cache_key(factors)
     artifact = store.get_artifact(key)
     if artifact:
-        return JSONResponse({"status": "cached", "key": key, "artifact": artifact}, status_code=200)
-
+        return {"status": "cached", "key": key, "artifact": artifact}
     job_id, created = store.submit_job(
         key,
         worker["target"],
@@ -70,9 +56,58 @@ def request_compilation(req: CompilationRequest, store: StoreDep, settings: Sett
             "max_attempts": settings.job_max_attempts,
         },
     )
-    job = store.get_job(job_id)
-    return JSONResponse(
-        {"status": "queued" if created else "joined", "key": key, "job": job},
-        status_code=202,
-        headers={"Location": f"/v1/jobs/{job_id}"},
-    )
+    return {"status": "queued" if created else "joined", "key": key, "job": store.get_job(job_id)}
+
+
+def _bucket_specs(model: dict[str, Any], buckets: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    out: list[list[dict[str, Any]]] = []
+    for n, b in enumerate(buckets):
+        try:
+            spec = specs.canonical_spec(model["inputs"], b)
+        except Unprocessable as e:
+            raise Unprocessable(f"bucket {n}: {e.message}") from None
+        if specs.is_dynamic(spec):
+            raise Unprocessable(f"bucket {n} has a range; buckets are static shapes (put the range in `shapes`)")
+        if spec not in out:
+            out.append(spec)
+    return out
+
+
+@router.post("", status_code=202, responses={200: {"description": "Matching artifacts are cached"}})
+def request_compilation(req: CompilationRequest, store: StoreDep, settings: SettingsDep) -> JSONResponse:
+    """Compile a model for some shapes and a target, and optionally for extra static shape buckets.
+
+    200 with the artifact when one is cached; otherwise 202 with the job (identical requests share one job).
+    With `buckets`, the answer also lists one entry per bucket (its spec, key, and artifact or job); each bucket is
+    cached under its own key, and the answer is 200 only when every one is cached.
+    422 when the shapes contradict the exported program; 503 when no live worker serves the target.
+    """
+    model = resolve_model(store, req.model_id)
+    spec = specs.canonical_spec(model["inputs"], req.shapes)
+    bucket_specs = _bucket_specs(model, req.buckets)
+    target = targets.validate(req.target)
+    options = req.options.canonical()
+
+    worker = targets.pick_worker(target, store.live_workers())
+    if worker is None:
+        answers = []
+        for s in [spec, *bucket_specs]:
+            cached = find_artifact(store, model["id"], target, s, options)
+            if not (cached and cached["factors"]["spec"] == s):
+                live = sorted({w["target"] for w in store.live_workers()})
+                raise Unavailable(
+                    f"no live worker serves target {target!r} (live targets: {live or 'none'}); "
+                    f"start one on a matching machine with `aotc worker`, or ask for one of the live targets",
+                    live_targets=live,
+                )
+            answers.append({"status": "cached", "key": cached["key"], "artifact": cached})
+    else:
+        answers = [_answer(store, settings, model, s, worker, options) for s in [spec, *bucket_specs]]
+
+    body = dict(answers[0])
+    if req.buckets:
+        body["buckets"] = [{"spec": s, **a} for s, a in zip(bucket_specs, answers[1:])]
+    if all(a["status"] == "cached" for a in answers):
+        return JSONResponse(body, status_code=200)
+    headers = {"Location": f"/v1/jobs/{body['job']['id']}"} if "job" in body else {}
+    return JSONResponse(body, status_code=202, headers=headers)
