@@ -36,16 +36,37 @@ def _shapes(args: list[str]) -> dict[str, str]:
 
 
 class Progress:
-    """One status line on stderr: rewritten in place on a terminal, one line per change otherwise."""
+    """A live progress bar on stderr, fed by the job's server-sent events: rewritten in place on a terminal,
+    one line per change otherwise."""
+
+    # The stages a job goes through, in order (older workers report specialize/compile in place of
+    # capture..package); the bar stays put on a stage it does not know.
+    STAGES = ("queued", "fetch", "load", "specialize", "capture", "autograd", "lowering", "compile", "fusion",
+              "codegen", "package", "check", "publish")
+    WIDTH = 20
 
     def __init__(self) -> None:
         self.tty = sys.stderr.isatty()
         self.t0 = time.monotonic()
         self.last = ""
+        self.done = 0
+
+    def bar(self, state: str, stage: str) -> str:
+        if state == "succeeded":
+            self.done = len(self.STAGES)
+        elif state == "queued":
+            self.done = 0
+        elif stage in self.STAGES:
+            self.done = self.STAGES.index(stage)
+        n = round(self.WIDTH * self.done / len(self.STAGES))
+        return "[" + "#" * n + "-" * (self.WIDTH - n) + "]"
 
     def __call__(self, job: dict[str, Any]) -> None:
         attempt = f", attempt {job['attempts']}" if job.get("attempts", 0) > 1 else ""
-        line = f"job {job['id'][:8]} {job['state']}: {job.get('stage', '')}{attempt}"
+        stage = job.get("stage", "")
+        if job["state"] == "queued" and job.get("reason"):
+            stage = f"queued again after: {job['reason']}"
+        line = f"job {job['id'][:8]} {self.bar(job['state'], job.get('stage', ''))} {job['state']}: {stage}{attempt}"
         if self.tty:
             sys.stderr.write(f"\r[{time.monotonic() - self.t0:6.1f}s] {line}\033[K")
             if job["state"] in ("succeeded", "failed", "cancelled"):
@@ -59,7 +80,7 @@ class Progress:
 def cmd_compile(c: Client, a: argparse.Namespace) -> int:
     model = c.upload(a.model, name=a.name)
     print(f"uploaded {a.model} as model {model['id'][:12]} ({model['size']} bytes)", file=sys.stderr)
-    answer = c.submit(model["id"], _shapes(a.shape), a.target, mode=a.mode)
+    answer = c.submit(model["id"], _shapes(a.shape), a.target, priority=a.priority, mode=a.mode)
     if answer["status"] == "cached":
         print("cache hit: already compiled", file=sys.stderr)
         print(answer["key"])
@@ -281,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NAME=SHAPE, once per input: 8x3x224x224, or 1..32x3x224x224 for a dynamic dim")
     s.add_argument("--target", default="cpu", help="cpu, cuda, or a concrete target such as cuda-sm90")
     s.add_argument("--mode", default="default", choices=["default", "max-autotune", "training"])
+    s.add_argument("--priority", default="interactive", choices=["interactive", "batch"],
+                   help="interactive jobs are served before batch jobs")
     s.add_argument("--name", default=None)
     s.add_argument("--no-wait", action="store_true", help="print the job id and return")
 

@@ -10,10 +10,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,27 @@ def _raise_for(resp: httpx.Response) -> None:
     except ValueError:
         body, message = None, resp.text[:500]
     raise ClientError(resp.status_code, message, body)
+
+
+def _sse(lines: Iterable[str]) -> Iterator[tuple[str, str | None, str]]:
+    """Server-Sent Events as (event, id, data), from the lines of a text/event-stream body."""
+    event, event_id, data = "message", None, []
+    for line in lines:
+        if not line:
+            if data:
+                yield event, event_id, "\n".join(data)
+            event, event_id, data = "message", None, []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
+        elif name == "id":
+            event_id = value
 
 
 def _shape_of(x: Any) -> list[Any]:
@@ -117,9 +139,12 @@ class Client:
 
     # -- compile ------------------------------------------------------------------------------------------------
 
-    def submit(self, model_id: str, shapes: Mapping[str, Any], target: str = "cpu", **options: Any) -> dict[str, Any]:
-        """POST /v1/compilations: {'status': 'cached', 'artifact'} or {'status': 'queued'|'joined', 'job'}."""
-        body = {"model_id": model_id, "shapes": dict(shapes), "target": target, "options": options}
+    def submit(self, model_id: str, shapes: Mapping[str, Any], target: str = "cpu", *,
+               priority: str = "interactive", **options: Any) -> dict[str, Any]:
+        """POST /v1/compilations: {'status': 'cached', 'artifact'} or {'status': 'queued'|'joined', 'job'}.
+        `priority` is 'interactive' (served first) or 'batch'."""
+        body = {"model_id": model_id, "shapes": dict(shapes), "target": target, "options": options,
+                "priority": priority}
         return dict(self._json("POST", "/v1/compilations", json=body))
 
     def compile(
@@ -132,6 +157,7 @@ class Client:
         buckets: Sequence[Sequence[Any] | Mapping[str, Any]] | None = None,
         progress: Callable[[dict[str, Any]], None] | None = None,
         timeout: float | None = None,
+        priority: str = "interactive",
         **options: Any,
     ) -> Artifact | Bundle:
         """Upload (or export and upload) a model, compile it for the given shapes, wait, and return the artifact.
@@ -165,6 +191,7 @@ class Client:
         if buckets is not None:
             names = [i["name"] for i in record["inputs"]]
             body = {"model_id": record["id"], "shapes": shapes, "target": target, "options": options,
+                    "priority": priority,
                     "buckets": [{k: _shape_of(v) for k, v in (b.items() if isinstance(b, Mapping) else zip(names, b))}
                                 for b in buckets]}
             answer = dict(self._json("POST", "/v1/compilations", json=body))
@@ -172,7 +199,7 @@ class Client:
             arts = [Artifact(a["key"], a["artifact"]) if a["status"] == "cached"
                     else self.wait(a["job"]["id"], progress=progress, timeout=timeout) for a in parts]
             return Bundle(arts[0], arts[1:])
-        answer = self.submit(record["id"], shapes, target, **options)
+        answer = self.submit(record["id"], shapes, target, priority=priority, **options)
         if answer["status"] == "cached":
             return Artifact(answer["key"], answer["artifact"])
         return self.wait(answer["job"]["id"], progress=progress, timeout=timeout)
@@ -188,18 +215,55 @@ class Client:
 
     def wait(self, job_id: str, *, progress: Callable[[dict[str, Any]], None] | None = None,
              timeout: float | None = None, poll_s: float = 0.5) -> Artifact:
+        """Wait for a job by following its Server-Sent Events (GET /v1/jobs/{id}/events): no polling.
+
+        `progress` gets {'id', 'state', 'stage', 'attempts', 'reason'} at each change, then the final job record.
+        A dropped stream, an API restart or a 503 (Redis down) is retried with backoff (from `poll_s` up to 5 s),
+        resuming after the last event seen. Returns the artifact; raises JobFailed if the job failed or was
+        cancelled, TimeoutError after `timeout` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        view: dict[str, Any] = {"id": job_id, "state": "queued", "stage": "queued", "attempts": 0}
+        last_id: str | None = None
+        delay = poll_s
         while True:
-            job = self.job(job_id)
-            if progress:
-                progress(job)
-            if job["state"] == "succeeded":
-                return self.artifact(job["artifact"])
-            if job["state"] in ("failed", "cancelled"):
-                raise JobFailed(job)
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {job['state']} after {timeout} s")
-            time.sleep(poll_s)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"job {job_id} still {view['state']} after {timeout} s")
+            headers = {"Accept": "text/event-stream", **({"Last-Event-ID": last_id} if last_id else {})}
+            read_s = 30.0 if left is None else max(0.1, min(30.0, left))  # the server sends a keepalive every 10 s
+            try:
+                with self.http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers,
+                                      timeout=httpx.Timeout(10.0, read=read_s)) as resp:
+                    if resp.status_code not in (502, 503, 504):
+                        if not resp.is_success:
+                            resp.read()
+                        _raise_for(resp)
+                        for event, event_id, data in _sse(resp.iter_lines()):
+                            last_id = event_id or last_id
+                            delay = poll_s
+                            if event == "state":
+                                ev = json.loads(data)
+                                view.update(state=ev.get("state", view["state"]), stage=ev.get("stage", view["stage"]),
+                                            reason=ev.get("reason"))
+                                if ev.get("attempt"):
+                                    view["attempts"] = int(ev["attempt"])
+                                if progress:
+                                    progress(dict(view))
+                            elif event == "end":
+                                job = json.loads(data)
+                                if job is None:
+                                    raise ClientError(404, f"job {job_id} is gone")
+                                if progress:
+                                    progress(job)
+                                if job["state"] == "succeeded":
+                                    return self.artifact(job["artifact"])
+                                raise JobFailed(job)
+                            elif event == "unavailable":
+                                break  # the API is shutting down, or lost Redis: reconnect
+            except httpx.TransportError:
+                pass  # a dropped stream or an API restart: reconnect and resume
+            time.sleep(delay if left is None else max(0.0, min(delay, deadline - time.monotonic())))
+            delay = min(delay * 2, 5.0)
 
     # -- artifacts ----------------------------------------------------------------------------------------------
 

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from service.errors import AotcError
+from service.leases import reap_all
 from service.routes import artifacts, compilations, health, jobs, models, workers
 from service.settings import Settings, get_settings
 from service.store import Store
@@ -23,9 +31,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not settings.redis_url:
             raise RuntimeError("AOTC_REDIS_URL is not set: run `aotc serve`, which starts an embedded Redis, or set it")
-        app.state.store = Store(settings.redis_url, chunk_bytes=settings.chunk_mb * 2**20)
+        app.state.store = store = Store(settings.redis_url, chunk_bytes=settings.chunk_mb * 2**20)
+        app.state.aredis = aioredis.Redis.from_url(settings.redis_url, decode_responses=True,
+                                                   socket_connect_timeout=2.0, socket_timeout=10.0)
+        _watch_shutdown(app.state.draining)
+        reaper = asyncio.create_task(_reap_forever(store, settings)) if settings.reaper else None
         yield
-        app.state.store.close()
+        if reaper:
+            reaper.cancel()
+        await app.state.aredis.aclose()
+        store.close()
 
     app = FastAPI(
         title="aotc",
@@ -34,6 +49,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.draining = threading.Event()  # set on SIGTERM/SIGINT: event streams end so the drain can finish
 
     @app.exception_handler(AotcError)
     async def _aotc_error(request: Request, exc: AotcError) -> JSONResponse:
@@ -60,3 +76,41 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (health, models, compilations, jobs, artifacts, workers):
         app.include_router(module.router)
     return app
+
+
+log = logging.getLogger("aotc.api")
+
+
+def _watch_shutdown(draining: threading.Event) -> None:
+    """Set `draining` when the server is told to stop, then let the server's own handler run.
+
+    uvicorn drains on SIGTERM: it stops accepting and waits for open responses to end. Event streams never end by
+    themselves, so they watch this flag and close (clients reconnect elsewhere with Last-Event-ID). Installed
+    during lifespan startup, after the server has installed its handlers; it restores its own on exit.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+
+        def handler(signum: int, frame: Any, previous: Any = previous) -> None:
+            draining.set()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
+
+        signal.signal(sig, handler)
+
+
+async def _reap_forever(store: Store, settings: Settings) -> None:
+    """Requeue jobs whose worker was lost, wherever they are. Safe beside any number of other reapers."""
+    while True:
+        await asyncio.sleep(settings.reap_interval_s)
+        try:
+            for job_id, what in await run_in_threadpool(reap_all, store, settings.lease_s):
+                log.warning("reaper: job %s %s", job_id, what)
+        except Exception as e:  # Redis down: try again next round
+            log.warning("reaper: %s", e)
+

@@ -10,7 +10,8 @@ All keys live under one prefix so a shared Redis can host aotc beside other tena
     jobs:index                    zset  job id -> creation time
     job:{id}:events               stream of state/stage changes (for SSE and the CLI)
     inflight:{cache key}          str   job id of the one job computing that key (single-flight)
-    queue:{target}                stream of job ids for one concrete target, group `workers`
+    queue:{target}:{priority}     stream of job ids for one concrete target and priority, group `workers`
+    queues                        set   every queue stream, so a reaper anywhere can find expired leases
     deadletter                    list  ids of jobs that failed for good
     artifact:{key}                str   artifact record (JSON): factors, sizes, timings, check
     report:{key}                  str   the artifact's stage report (JSON, compiler.report schema)
@@ -26,6 +27,10 @@ from __future__ import annotations
 
 PREFIX = "aotc:"
 QUEUE_GROUP = "workers"
+# Priorities, most urgent first: a worker serves every interactive job before any batch job.
+PRIORITIES = ("interactive", "batch")
+# The consumer name reapers claim expired leases under (shared, so reapers never pile up consumer names).
+REAPER = "reaper"
 
 
 def model(model_id: str) -> str:
@@ -58,8 +63,11 @@ def inflight(cache_key: str) -> str:
     return f"{PREFIX}inflight:{cache_key}"
 
 
-def queue(target: str) -> str:
-    return f"{PREFIX}queue:{target}"
+def queue(target: str, priority: str) -> str:
+    return f"{PREFIX}queue:{target}:{priority}"
+
+
+QUEUES = f"{PREFIX}queues"
 
 
 DEADLETTER = f"{PREFIX}deadletter"

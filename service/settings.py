@@ -22,6 +22,11 @@ class Settings(BaseSettings):
     worker_ttl_s: float = Field(default=15.0, gt=0, description="A worker without a heartbeat this long is gone.")
     job_max_attempts: int = Field(default=3, ge=1, description="Claims before a job fails for good.")
     job_ttl_days: float = Field(default=30.0, gt=0, description="How long finished job records are kept.")
+    lease_s: float = Field(
+        default=30.0, gt=0, description="A job whose worker has not renewed its lease this long is requeued; "
+        "the same AOTC_LEASE_S the workers use.")
+    reap_interval_s: float = Field(default=5.0, gt=0, description="How often the API looks for expired leases.")
+    reaper: bool = Field(default=True, description="Run a reaper in this API process (any number may run).")
 
     @field_validator("redis_url")
     @classmethod

@@ -15,11 +15,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 
-from service import keys
+from service import jobstate, keys
+from service.leases import Lease
 
 TERMINAL = ("succeeded", "failed", "cancelled")
-_JSON_FIELDS = ("spec", "options", "toolchain", "factors", "error", "timings", "check")
+_JSON_FIELDS = ("spec", "options", "toolchain", "factors", "error", "timings", "check", "failures")
 
 # Single-flight submit: join the live job for this cache key, or create, index and enqueue a new one, atomically.
 _SUBMIT = """
@@ -31,29 +34,41 @@ end
 redis.call('HSET', KEYS[2], unpack(cjson.decode(ARGV[4])))
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
-redis.call('XADD', KEYS[4], '*', 'job', ARGV[1])
+redis.call('HSET', KEYS[2], 'msg', redis.call('XADD', KEYS[4], '*', 'job', ARGV[1]))
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', 500, '*', 'state', 'queued', 'stage', 'queued', 'ts', ARGV[2])
 return {ARGV[1], 1}
 """
-
-# Release the single-flight slot only if it still belongs to this job.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
 
 def _dumps(v: Any) -> str:
     return json.dumps(v, sort_keys=True, separators=(",", ":"))
 
 
+def _flat(fields: dict[str, Any]) -> str:
+    out: list[str] = []
+    for k, v in fields.items():
+        if v is not None:
+            out += [k, _dumps(v) if k in _JSON_FIELDS else str(v)]
+    return json.dumps(out)
+
+
 class Store:
     def __init__(self, url: str, *, chunk_bytes: int = 64 * 2**20) -> None:
         self.url = url
-        self.r = redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
-        self.raw = redis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+        # A few quick retries ride over a blip; a Redis that stays down fails a call within about a second, so
+        # the API answers 503 promptly and the worker's own backoff takes over. Reads block at most a few seconds
+        # (queue polls, SSE), well under the socket timeout.
+        conn = {"health_check_interval": 30, "socket_connect_timeout": 2.0, "socket_timeout": 10.0,
+                "retry": Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=3)}
+        self.r = redis.Redis.from_url(url, decode_responses=True, **conn)
+        self.raw = redis.Redis.from_url(url, decode_responses=False, **conn)
         self.chunk_bytes = chunk_bytes
         self._submit = self.r.register_script(_SUBMIT)
-        self._release = self.r.register_script(_RELEASE)
+        self._start = self.r.register_script(jobstate.START)
+        self._finish = self.r.register_script(jobstate.FINISH)
+        self._requeue = self.r.register_script(jobstate.REQUEUE)
+        self._renew = self.r.register_script(jobstate.RENEW)
+        self._cancel = self.r.register_script(jobstate.CANCEL)
+        self._stage = self.r.register_script(jobstate.STAGE)
 
     def ping(self) -> bool:
         return bool(self.r.ping())
@@ -160,19 +175,27 @@ class Store:
 
     # -- jobs and the queue -------------------------------------------------------------------------------------
 
-    def ensure_group(self, target: str) -> None:
-        try:
-            self.r.xgroup_create(keys.queue(target), keys.QUEUE_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as e:
-            if "BUSYGROUP" not in str(e):
-                raise
+    def ensure_group(self, target: str) -> list[str]:
+        """Create the queue streams of a target (one per priority) with their consumer group; returns them."""
+        streams = [keys.queue(target, p) for p in keys.PRIORITIES]
+        for stream in streams:
+            try:
+                self.r.xgroup_create(stream, keys.QUEUE_GROUP, id="0", mkstream=True)
+            except redis.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+        self.r.sadd(keys.QUEUES, *streams)
+        return streams
 
-    def submit_job(self, cache_key: str, target: str, fields: dict[str, Any]) -> tuple[str, bool]:
+    def submit_job(self, cache_key: str, target: str, fields: dict[str, Any],
+                   priority: str = keys.PRIORITIES[0]) -> tuple[str, bool]:
         """Create and enqueue a job for `cache_key`, or join the one already queued or running.
 
         Returns (job id, created). Atomic in Redis, so concurrent identical requests on any number of API
-        processes make exactly one job.
+        processes make exactly one job. A request that joins a job keeps that job's priority.
         """
+        if priority not in keys.PRIORITIES:
+            raise ValueError(f"unknown priority {priority!r}")
         self.ensure_group(target)
         job_id = uuid.uuid4().hex
         now = time.time()
@@ -184,17 +207,17 @@ class Store:
             "target": target,
             "created": now,
             "attempts": 0,
+            "priority": priority,
             **fields,
         }
         flat: list[str] = []
         for k, v in record.items():
             flat += [k, _dumps(v) if k in _JSON_FIELDS else str(v)]
         got, created = self._submit(
-            keys=[keys.inflight(cache_key), keys.job(job_id), keys.JOBS_INDEX, keys.queue(target)],
-            args=[job_id, now, keys.job(""), json.dumps(flat)],
+            keys=[keys.inflight(cache_key), keys.job(job_id), keys.JOBS_INDEX, keys.queue(target, priority),
+                  keys.job_events(job_id)],
+            args=[job_id, f"{now:.3f}", keys.job(""), json.dumps(flat)],
         )
-        if created:
-            self.job_event(job_id, state="queued", stage="queued")
         return got, bool(created)
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
@@ -208,10 +231,10 @@ class Store:
         for k in ("created", "started", "finished"):
             if k in job:
                 job[k] = float(job[k])
-        for k in ("attempts", "max_attempts"):
+        for k in ("attempts", "attempt", "max_attempts"):
             if k in job:
                 job[k] = int(job[k])
-        job.pop("cancel", None)
+        job["cancel_requested"] = job.pop("cancel", None) == "1"
         return job
 
     def update_job(self, job_id: str, **fields: Any) -> None:
@@ -229,22 +252,100 @@ class Store:
         res = self.r.xread({keys.job_events(job_id): after}, block=block_ms, count=100)
         return [(eid, ev) for _, entries in res for eid, ev in entries] if res else []
 
-    def claim_attempt(self, job_id: str) -> int:
-        """Count an attempt when a job is claimed, not when it ends: a job that crashes workers still stops."""
-        return int(self.r.hincrby(keys.job(job_id), "attempts", 1))
+    # State transitions (service.jobstate draws the machine). A worker or a reaper passes the lease it holds;
+    # the transition happens only while that lease is still held.
 
-    def finish_job(self, job_id: str, state: str, **fields: Any) -> None:
+    def start_job(self, job_id: str, lease: Lease) -> tuple[str, int]:
+        """queued -> running, counting the attempt now (at claim, not at the end: a job that kills its workers
+        still stops at max_attempts). Returns ('running', attempt), ('cancel', 0) for a job cancelled while
+        queued, or (why, 0) when the entry was stale and has been dropped."""
+        outcome, attempt = self._start(
+            keys=[keys.job(job_id), keys.job_events(job_id), lease.stream],
+            args=[keys.QUEUE_GROUP, lease.msg_id, lease.holder, f"{time.time():.3f}"],
+        )
+        return str(outcome), int(attempt)
+
+    def finish_job(self, job_id: str, state: str, *, lease: Lease | None = None, expect_state: str | None = None,
+                   **fields: Any) -> bool:
+        """End a job: record it, release its single-flight slot, dead-letter a failure, drop its queue entry.
+
+        With a lease, only while the lease is held. Returns False when it did nothing (the job had already
+        ended, was not in `expect_state`, or the lease was lost)."""
         assert state in TERMINAL
-        job = self.get_job(job_id)
-        self.update_job(job_id, state=state, stage=state, finished=time.time(), **fields)
-        if job:
-            self._release(keys=[keys.inflight(job["key"])], args=[job_id])
-        if state == "failed":
-            self.r.lpush(keys.DEADLETTER, job_id)
-            self.r.ltrim(keys.DEADLETTER, 0, 9999)
+        job_key = fields.pop("_cache_key", None) or self.r.hget(keys.job(job_id), "key") or ""
+        msg_id = lease.msg_id if lease else (self.r.hget(keys.job(job_id), "msg") or "")
+        stream = lease.stream if lease else self._stream_of(job_id)
+        event: list[str] = []
+        if isinstance(fields.get("error"), dict) and fields["error"].get("message"):
+            event = ["reason", str(fields["error"]["message"])[:500]]
+        done = self._finish(
+            keys=[keys.job(job_id), keys.job_events(job_id), stream, keys.inflight(job_key), keys.DEADLETTER],
+            args=[keys.QUEUE_GROUP, msg_id, lease.holder if lease else "", expect_state or "", state,
+                  f"{time.time():.3f}", job_id, _flat(fields), json.dumps(event)],
+        )
+        return int(done) == 1
 
-    def request_cancel(self, job_id: str) -> None:
-        self.r.hset(keys.job(job_id), "cancel", "1")
+    def requeue_job(self, job_id: str, lease: Lease, *, refund: bool = False, expect_state: str | None = None,
+                    reason: str = "", **fields: Any) -> bool:
+        """Put a held job back at the tail of its stream; `refund` gives back the attempt it was charged."""
+        done = self._requeue(
+            keys=[keys.job(job_id), keys.job_events(job_id), lease.stream],
+            args=[keys.QUEUE_GROUP, lease.msg_id, lease.holder, expect_state or "", "1" if refund else "0",
+                  f"{time.time():.3f}", job_id, _flat(fields), json.dumps(["reason", reason[:500]] if reason else [])],
+        )
+        return int(done) == 1
+
+    def retry_or_fail(self, job: dict[str, Any], lease: Lease, failure: dict[str, Any]) -> str:
+        """After a failed attempt: requeue when the failure is retryable and attempts are left, else fail the job
+        for good with the reason. `job` is the record as the attempt saw it. Returns 'requeued', 'failed' or
+        'stale' (the lease was lost meanwhile, so someone else decides)."""
+        attempt = int(job.get("attempt") or job.get("attempts") or 0)
+        max_attempts = int(job.get("max_attempts", 3))
+        summary = {k: failure.get(k) for k in ("type", "message", "stage")}
+        failures = [*(job.get("failures") or []), {"attempt": attempt, "worker": job.get("worker"), **summary}]
+        worker = job.get("worker")
+        if failure.get("retryable") and attempt < max_attempts:
+            ok = self.requeue_job(job["id"], lease, expect_state="running", reason=failure.get("message", ""),
+                                  failures=failures, last_worker=worker)
+            return "requeued" if ok else "stale"
+        final = {**failure, "attempts": attempt, "failures": failures}
+        if failure.get("retryable"):
+            final["message"] = f"{failure.get('message')} (attempt {attempt} of {max_attempts}; no attempts left)"
+        ok = self.finish_job(job["id"], "failed", lease=lease, expect_state="running", _cache_key=job.get("key"),
+                             error=final, failures=failures, last_worker=worker)
+        return "failed" if ok else "stale"
+
+    def renew_lease(self, lease: Lease) -> bool:
+        """Reset a held entry's idle time. False: the lease is gone (a reaper took it, or the job ended)."""
+        return int(self._renew(keys=[lease.stream], args=[keys.QUEUE_GROUP, lease.msg_id, lease.holder])) == 1
+
+    def drop_entry(self, lease: Lease) -> None:
+        pipe = self.r.pipeline()
+        pipe.xack(lease.stream, keys.QUEUE_GROUP, lease.msg_id)
+        pipe.xdel(lease.stream, lease.msg_id)
+        pipe.execute()
+
+    def set_stage(self, job_id: str, worker: str, stage: str) -> bool:
+        """A stage change, recorded only while `worker` runs the job."""
+        return int(self._stage(keys=[keys.job(job_id), keys.job_events(job_id)],
+                               args=[worker, stage, f"{time.time():.3f}"])) == 1
+
+    def _stream_of(self, job_id: str) -> str:
+        target, priority = self.r.hmget(keys.job(job_id), ["target", "priority"])
+        return keys.queue(target or "", priority or keys.PRIORITIES[0])
+
+    def request_cancel(self, job_id: str) -> str | None:
+        """Cancel a job: a queued one ends now; a running one is flagged and its worker kills the compile within
+        seconds. Returns the job's state after the call (None: no such job)."""
+        st = self._cancel(keys=[keys.job(job_id)])
+        if st is None:
+            return None
+        if st == "queued":
+            if self.finish_job(job_id, "cancelled", expect_state="queued",
+                               error={"type": "Cancelled", "message": "cancelled before it started"}):
+                return "cancelled"
+            st = self.r.hget(keys.job(job_id), "state")  # a worker started it meanwhile: it sees the flag
+        return str(st)
 
     def cancel_requested(self, job_id: str) -> bool:
         return self.r.hget(keys.job(job_id), "cancel") == "1"

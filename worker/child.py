@@ -7,7 +7,10 @@ from the exit status. Compiler output goes to the parent's log file through stdo
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
+import signal
 import sys
 import time
 import traceback
@@ -15,7 +18,33 @@ from pathlib import Path
 from typing import Any
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the worker dies (kill -9 included), so a lost worker leaves no
+    compile running on; then check the worker did not die before the request took effect."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    parent = os.environ.get("AOTC_PARENT_PID")
+    if parent and os.getppid() != int(parent):
+        os._exit(1)
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """MemoryError or torch's (CUDA) OutOfMemoryError anywhere in the cause chain: worth another attempt."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, MemoryError) or type(seen).__name__ == "OutOfMemoryError":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def main(workdir: str) -> int:
+    _die_with_parent()
+    faulthandler.enable()  # a segfault leaves the Python stack in the log, hence in the job's error excerpt
     d = Path(workdir)
     task: dict[str, Any] = json.loads((d / "task.json").read_text())
     events = open(d / "events.jsonl", "a", buffering=1)
@@ -44,11 +73,16 @@ def main(workdir: str) -> int:
         else:
             raise ValueError(f"unknown task kind {task['kind']!r}")
         out: dict[str, Any] = {"ok": True, "result": result}
-    except CompileError as e:
-        out = {"ok": False, "error": e.to_json()}
     except Exception as e:
-        out = {"ok": False, "error": {"type": type(e).__name__, "message": str(e), "stage": task["kind"],
-                                      "excerpt": traceback.format_exc()[-4000:], "retryable": False}}
+        if isinstance(e, CompileError):
+            error = e.to_json()
+        else:
+            error = {"type": type(e).__name__, "message": str(e), "stage": task["kind"],
+                     "excerpt": traceback.format_exc()[-4000:], "retryable": False}
+        if _out_of_memory(e):  # not the model's fault: another attempt (maybe on another worker) may fit
+            error = {**error, "type": "OutOfMemory", "retryable": True,
+                     "message": f"{task['kind']} ran out of memory: {error['message']}"}
+        out = {"ok": False, "error": error}
     sys.stdout.flush()
     sys.stderr.flush()
     tmp = d / "result.json.tmp"

@@ -1,9 +1,14 @@
 """The worker: reads jobs for its concrete target from a Redis stream, compiles and checks each in a child
 process, and publishes checked artifacts.
 
-Delivery is at least once. A claimed job is a lease that the heartbeat thread renews (XCLAIM resets the idle
-time); any worker reclaims leases left to expire (XAUTOCLAIM), so a worker that dies loses no job. The attempt
-is counted at claim time, so a job that keeps killing workers still stops at max_attempts.
+Delivery is at least once. A claimed job is a lease (service.leases) that the heartbeat thread renews; a reaper
+in any worker or API process takes back leases left to expire and requeues their jobs, so a worker that dies
+loses no job. The attempt is counted at claim time, so a job that keeps killing workers still stops at
+max_attempts. Interactive jobs are read before batch jobs.
+
+Signals never interrupt Redis calls: SIGTERM/SIGINT only set a flag. The loop stops reading, the sandbox's poll
+loop sees the flag and kills the compile, and the job is handed back with its attempt refunded. A second signal
+forces the exit (the job's lease then expires and the reaper requeues it).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import threading
@@ -19,9 +25,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from compiler.report import attach_check  # torch-free
 from service import keys
-from service.store import TERMINAL, Store
+from service.leases import Lease, Reaper, forget_consumer
+from service.store import Store
 from worker.sandbox import Outcome, run_child
 from worker.settings import WorkerSettings
 
@@ -35,10 +44,14 @@ class Worker:
         self.target: str = info["target"]
         self.id = f"{info['host']}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.store = Store(settings.redis_url, chunk_bytes=settings.chunk_mb * 2**20)
-        self.stream = keys.queue(self.target)
+        self.streams = [keys.queue(self.target, p) for p in keys.PRIORITIES]  # most urgent first
         self.started = time.time()
-        self.current: tuple[str, str] | None = None  # (job id, stream message id) under lease
-        self.stopping = threading.Event()
+        self.current: tuple[str, Lease] | None = None  # (job id, the lease on its queue entry)
+        self._lost: Lease | None = None  # a lease the heartbeat found taken by a reaper
+        self.stopping = threading.Event()  # shutdown requested (SIGTERM/SIGINT)
+        self._hb_stop = threading.Event()
+        self._next_cancel_check = 0.0
+        self.reaper = Reaper(self.store, settings.lease_s, settings.reap_interval_s)
         self.jobs_done = 0
 
     # -- registry and leases --------------------------------------------------------------------------------
@@ -53,129 +66,227 @@ class Worker:
             **self.info,
         }
 
+    @property
+    def lease_lost(self) -> bool:
+        """The current job's lease was taken by a reaper: the job is someone else's now, abandon it."""
+        current = self.current
+        return current is not None and self._lost == current[1]
+
     def heartbeat(self) -> None:
+        current = self.current
+        if current and self._lost != current[1]:
+            # Renew the lease (resets the entry's idle time so no reaper takes it), but only while it is ours.
+            if not self.store.renew_lease(current[1]):
+                self._lost = current[1]
+                if self.current is current:
+                    log.warning("lost the lease on job %s (a reaper took it); abandoning the job", current[0])
         self.store.heartbeat_worker(self.record(), self.settings.worker_ttl_s)
-        if self.current:
-            # Renew the lease: resets the pending entry's idle time so no reaper takes it.
-            self.store.r.xclaim(self.stream, keys.QUEUE_GROUP, self.id, 0, [self.current[1]], justid=True)
 
     def _heartbeat_loop(self) -> None:
-        while not self.stopping.wait(self.settings.heartbeat_s):
+        failing = False
+        while not self._hb_stop.wait(self.settings.heartbeat_s):
             try:
                 self.heartbeat()
+                if failing:
+                    log.info("heartbeat works again")
+                failing = False
             except Exception as e:  # Redis blips must not kill the heartbeat
-                log.warning("heartbeat failed: %s", e)
+                if not failing:
+                    log.warning("heartbeat failed: %s", e)
+                failing = True
 
     # -- the loop ----------------------------------------------------------------------------------------------
 
-    def next_message(self) -> tuple[str, str] | None:
-        """A reclaimed expired lease first, else a new message. Returns (message id, job id)."""
-        lease_ms = int(self.settings.lease_s * 1000)
-        _, claimed, *_ = self.store.r.xautoclaim(
-            self.stream, keys.QUEUE_GROUP, self.id, lease_ms, start_id="0-0", count=1
-        )
-        if claimed:
-            msg_id, fields = claimed[0]
-            if fields:  # deleted entries come back empty
-                log.info("reclaimed job %s after its lease expired", fields.get("job"))
-                return msg_id, fields["job"]
-            self.store.r.xack(self.stream, keys.QUEUE_GROUP, msg_id)
-        res = self.store.r.xreadgroup(
-            keys.QUEUE_GROUP, self.id, {self.stream: ">"}, count=1, block=self.settings.poll_ms
-        )
-        if not res:
+    def next_message(self) -> tuple[Lease, str] | None:
+        """The next job, interactive before batch. Returns (lease, job id), or None after poll_ms without one.
+
+        Reaps expired leases first (at most every reap_interval_s), so lost jobs are back in line."""
+        self.reaper.maybe_run()
+        r = self.store.r
+        got: list[tuple[str, str, str]] = []  # (stream, msg id, job id)
+        for stream in self.streams:  # a non-blocking look at each stream, most urgent first
+            res = r.xreadgroup(keys.QUEUE_GROUP, self.id, {stream: ">"}, count=1)
+            if res:
+                got = [(stream, *self._entry(res[0][1][0]))]
+                break
+        else:  # all empty: block on all of them at once
+            res = r.xreadgroup(keys.QUEUE_GROUP, self.id, {s: ">" for s in self.streams}, count=1,
+                               block=self.settings.poll_ms)
+            got = sorted(((s, *self._entry(entries[0])) for s, entries in res or [] if entries),
+                         key=lambda g: self.streams.index(g[0]))
+        if not got:
             return None
-        msg_id, fields = res[0][1][0]
-        return msg_id, fields["job"]
+        for stream, msg_id, job_id in got[1:]:  # a multi-stream read can return one entry per stream
+            self.store.requeue_job(job_id, Lease(stream, msg_id, self.id), expect_state="queued")
+        stream, msg_id, job_id = got[0]
+        return Lease(stream, msg_id, self.id), job_id
+
+    @staticmethod
+    def _entry(entry: Any) -> tuple[str, str]:
+        msg_id, fields = entry
+        return msg_id, (fields or {}).get("job", "")
 
     def run(self, max_jobs: int | None = None) -> None:
-        self.store.ensure_group(self.target)
-        self.heartbeat()
+        self._until_redis(lambda: self.store.ensure_group(self.target), "create the queue")
+        self._until_redis(self.heartbeat, "register")
         hb = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         hb.start()
         log.info("worker %s serving %s (%s)", self.id, self.target, self.info["device_name"])
         try:
             while not self.stopping.is_set():
                 try:
-                    msg = self.next_message()
-                except Exception as e:  # Redis down: back off and retry, never exit
-                    log.warning("queue read failed (%s); retrying", e)
+                    msg = self._until_redis(self.next_message, "read the queue")
+                except Exception:  # a bug or an odd reply must not take the worker down: log it, go on
+                    log.exception("reading the queue failed")
                     self.stopping.wait(2.0)
                     continue
                 if msg is None:
                     continue
+                if self.stopping.is_set():  # read just as the shutdown began: put it back untouched
+                    self._until_redis(lambda: self.store.requeue_job(msg[1], msg[0], expect_state="queued"),
+                                      "hand back")
+                    break
                 self.process(*msg)
                 if max_jobs is not None and self.jobs_done >= max_jobs:
                     break
         finally:
-            self.stopping.set()
+            self._hb_stop.set()
             try:
                 self.store.remove_worker(self.id)
+                forget_consumer(self.store, self.streams, self.id)
             except Exception:
                 pass
 
-    def ack(self, msg_id: str) -> None:
-        self.store.r.xack(self.stream, keys.QUEUE_GROUP, msg_id)
+    def _until_redis(self, fn: Any, what: str) -> Any:
+        """Call `fn`, retrying with capped exponential backoff while Redis is unreachable (never exits for that).
+        Returns None if a shutdown begins while waiting."""
+        delay, down_since = 0.5, None
+        while True:
+            try:
+                out = fn()
+            except (redis.ConnectionError, redis.TimeoutError) as e:
+                if down_since is None:
+                    down_since = time.monotonic()
+                    log.warning("cannot reach Redis to %s (%s); retrying with backoff", what, e)
+                if self.stopping.wait(delay * random.uniform(0.8, 1.2)):
+                    return None
+                delay = min(delay * 2, 10.0)
+                continue
+            except redis.ResponseError as e:
+                if "NOGROUP" not in str(e):  # Redis came back empty (no persistence): recreate the queue
+                    raise
+                self.store.ensure_group(self.target)
+                continue
+            if down_since is not None:
+                log.info("Redis is back after %.1f s", time.monotonic() - down_since)
+            return out
 
     # -- one job -----------------------------------------------------------------------------------------------
 
-    def process(self, msg_id: str, job_id: str) -> None:
+    def process(self, lease: Lease, job_id: str) -> None:
+        try:
+            self._process(lease, job_id)
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            # Redis went away mid-job: once it is back, hand the job back unspent (it was not the job's fault).
+            # If that cannot happen within a lease, the reaper requeues it as a lost worker's job.
+            log.warning("lost Redis during job %s (%s); handing it back when Redis returns", job_id, e)
+            deadline = time.monotonic() + self.settings.lease_s
+            while time.monotonic() < deadline and not self.lease_lost:
+                try:
+                    if self.store.renew_lease(lease):
+                        self.hand_back(job_id, lease)
+                    break
+                except (redis.ConnectionError, redis.TimeoutError):
+                    time.sleep(1.0)
+        except Exception as e:
+            # A fault in the worker itself, not in the compile (which runs in a child): fail this attempt with
+            # what happened, rather than leaving the lease to expire as if the worker were lost.
+            log.exception("job %s: the worker failed", job_id)
+            job = self.store.get_job(job_id) or {}
+            if job.get("state") == "running" and job.get("worker") == self.id:
+                self.store.retry_or_fail(job, lease, {
+                    "type": "WorkerError", "message": f"the worker failed: {type(e).__name__}: {e}",
+                    "stage": job.get("stage", ""), "retryable": True, "excerpt": ""})
+        finally:
+            self.current = None
+
+    def _process(self, lease: Lease, job_id: str) -> None:
         store = self.store
-        job = store.get_job(job_id)
-        if job is None or job["state"] in TERMINAL:
-            self.ack(msg_id)
+        job = store.get_job(job_id) if job_id else None
+        if job is None:
+            store.drop_entry(lease)
             return
-        attempt = store.claim_attempt(job_id)
+        started, attempt = store.start_job(job_id, lease)
+        if started == "cancel":
+            store.finish_job(job_id, "cancelled", lease=lease,
+                             error={"type": "Cancelled", "message": "cancelled before it started"})
+            return
+        if started != "running":  # ended meanwhile, or a stale duplicate entry: start_job dropped it
+            log.info("skipped job %s (%s)", job_id, started)
+            return
+        job = {**job, "state": "running", "attempt": attempt, "worker": self.id}
         max_attempts = int(job.get("max_attempts", 3))
-        if attempt > max_attempts:
-            last = job.get("error") or {}
-            store.finish_job(job_id, "failed", error={
-                **last, "message": f"gave up after {max_attempts} attempts; last: {last.get('message', 'worker lost')}"})
-            self.ack(msg_id)
+        if attempt > max_attempts:  # only reachable through odd histories (e.g. refunds racing a reaper)
+            last = (job.get("failures") or [{}])[-1]
+            store.retry_or_fail(job, lease, {**last, "retryable": False, "excerpt": "",
+                                             "message": f"gave up after {max_attempts} attempts; "
+                                                        f"last: {last.get('message', 'worker lost')}"})
             return
         if job["toolchain"] != self.info["toolchain"]:
-            store.finish_job(job_id, "failed", error={
+            store.finish_job(job_id, "failed", lease=lease, error={
                 "type": "ToolchainMismatch", "stage": "claim", "retryable": False, "excerpt": "",
                 "message": f"job was keyed for toolchain {job['toolchain']}, but this worker runs {self.info['toolchain']}"})
-            self.ack(msg_id)
             return
         if store.get_artifact(job["key"]):  # an earlier delivery already finished the work
-            store.finish_job(job_id, "succeeded", artifact=job["key"])
-            self.ack(msg_id)
+            store.finish_job(job_id, "succeeded", lease=lease, artifact=job["key"])
             return
 
-        self.current = (job_id, msg_id)
-        store.update_job(job_id, state="running", stage="fetch", started=time.time(), worker=self.id, attempt=attempt)
+        self.current = (job_id, lease)
+        log.info("job %s attempt %d of %d (%s)", job_id, attempt, max_attempts, lease.stream.rsplit(":", 1)[-1])
         workdir = self.settings.work_dir / f"{job_id}-{attempt}"
         try:
             outcome, result = self._compile_and_check(job, workdir)
-            if outcome.cancelled:
-                store.finish_job(job_id, "cancelled", error=outcome.error)
+            if self.lease_lost:  # a reaper requeued the job: it is someone else's now
+                log.warning("job %s: lease lost mid-job; result discarded", job_id)
+            elif outcome.cancelled and self.stopping.is_set() and not store.cancel_requested(job_id):
+                self.hand_back(job_id, lease)
+            elif outcome.cancelled:
+                store.finish_job(job_id, "cancelled", lease=lease, error=outcome.error)
             elif outcome.ok:
-                store.finish_job(job_id, "succeeded", artifact=result["key"], timings=result["timings"],
+                store.finish_job(job_id, "succeeded", lease=lease, artifact=result["key"], timings=result["timings"],
                                  check=result["check"])
-            elif outcome.error.get("retryable") and attempt < max_attempts:
-                store.update_job(job_id, state="queued", stage="queued", error=outcome.error)
-                store.r.xadd(self.stream, {"job": job_id})  # back in line for any worker of this target
             else:
-                store.finish_job(job_id, "failed", error=outcome.error)
-            self.ack(msg_id)
-        except KeyboardInterrupt:  # SIGTERM/SIGINT mid-job: the child is dead already (run_child kills it)
-            self.hand_back(job_id, msg_id)
-            raise
+                what = store.retry_or_fail(job, lease, outcome.error)
+                log.info("job %s attempt %d: %s (%s)", job_id, attempt, outcome.error.get("message"), what)
         finally:
-            self.current = None
             self.jobs_done += 1
             if not self.settings.keep_work:
                 shutil.rmtree(workdir, ignore_errors=True)
 
-    def hand_back(self, job_id: str, msg_id: str) -> None:
+    def hand_back(self, job_id: str, lease: Lease) -> None:
         """Put a job back in line and refund the attempt it was charged: a shutdown wastes no attempt."""
-        self.store.r.hincrby(keys.job(job_id), "attempts", -1)
-        self.store.update_job(job_id, state="queued", stage="queued")
-        self.store.r.xadd(self.stream, {"job": job_id})
-        self.ack(msg_id)
-        log.info("handed job %s back on shutdown", job_id)
+        if self.store.requeue_job(job_id, lease, refund=True, expect_state="running",
+                                  reason=f"handed back by {self.id} (shutting down)"):
+            log.info("handed job %s back on shutdown", job_id)
+
+    def _set_stage(self, job_id: str, stage: str) -> None:
+        try:
+            self.store.set_stage(job_id, self.id, stage)
+        except redis.RedisError as e:  # progress is best effort: a Redis blip must not fail the compile
+            log.warning("could not record stage %s of job %s: %s", stage, job_id, e)
+
+    def _should_stop(self, job_id: str) -> bool:
+        """Polled by the sandbox while a child runs: shutdown, a lost lease, or a cancel (Redis at most 1/s)."""
+        if self.stopping.is_set() or self.lease_lost:
+            return True
+        now = time.monotonic()
+        if now < self._next_cancel_check:
+            return False
+        self._next_cancel_check = now + 1.0
+        try:
+            return self.store.cancel_requested(job_id)
+        except redis.RedisError:
+            return False
 
     def _compile_and_check(self, job: dict[str, Any], workdir: Path) -> tuple[Outcome, dict[str, Any]]:
         store, job_id = self.store, job["id"]
@@ -188,10 +299,10 @@ class Worker:
         store.blob_to_file("model", job["model_id"], model_path)
 
         def on_stage(stage: str) -> None:
-            store.update_job(job_id, stage=stage)
+            self._set_stage(job_id, stage)
 
         def cancelled() -> bool:
-            return store.cancel_requested(job_id)
+            return self._should_stop(job_id)
 
         env = {"TORCHINDUCTOR_CACHE_DIR": str((self.settings.work_dir / "inductor-cache").resolve())}
         if self.settings.child_ld_preload:
@@ -246,8 +357,10 @@ def serve(settings: WorkerSettings, max_jobs: int | None = None) -> None:
     w = Worker(settings, info)
 
     def _stop(signum: int, frame: Any) -> None:
+        if w.stopping.is_set():  # the second signal: leave now; the lease expires and the reaper requeues
+            raise KeyboardInterrupt
+        log.info("worker %s: %s received; finishing up", w.id, signal.Signals(signum).name)
         w.stopping.set()
-        raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)

@@ -38,6 +38,19 @@ def excerpt(log: Path, limit: int = 4000) -> str:
         return ""
 
 
+def crash_excerpt(log: Path, limit: int = 4000) -> str:
+    """For a crash, faulthandler's report from its start (innermost frames first) rather than the log's tail."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4 * 2**20))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    at = text.rfind("Fatal Python error:")
+    return text[at:at + limit] if at >= 0 else text[-limit:]
+
+
 def _signal_name(sig: int) -> str:
     try:
         return signal.Signals(sig).name
@@ -62,6 +75,7 @@ def run_child(
     log_path = workdir / f"{task['kind']}.log"
     child_env = {**os.environ, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, child_env.get("PYTHONPATH", "")) if p)
+    child_env["AOTC_PARENT_PID"] = str(os.getpid())  # the child dies with its parent (see worker.child)
     kind = task["kind"]
     t0 = time.monotonic()
     with open(log_path, "ab") as log:
@@ -70,7 +84,6 @@ def run_child(
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env, start_new_session=True,
         )
         seen = 0
-        next_cancel_check = 0.0
         try:
             while True:
                 rc = proc.poll()
@@ -84,13 +97,11 @@ def run_child(
                         "type": "Timeout", "message": f"{kind} timed out after {timeout_s:g} s and was killed",
                         "stage": kind, "excerpt": excerpt(log_path), "retryable": True,
                     }, seconds=now - t0)
-                if now >= next_cancel_check:
-                    next_cancel_check = now + 1.0
-                    if should_cancel():
-                        _kill(proc)
-                        return Outcome(False, cancelled=True, error={
-                            "type": "Cancelled", "message": f"cancelled while running ({kind})", "stage": kind,
-                            "excerpt": "", "retryable": False}, seconds=now - t0)
+                if should_cancel():  # cheap to call each poll: the caller rate-limits what costs a round trip
+                    _kill(proc)
+                    return Outcome(False, cancelled=True, error={
+                        "type": "Cancelled", "message": f"cancelled while running ({kind})", "stage": kind,
+                        "excerpt": "", "retryable": False}, seconds=now - t0)
                 time.sleep(poll_s)
         except BaseException:
             _kill(proc)  # the worker is going down (SIGTERM, Ctrl-C): never leave an orphan compile behind
@@ -107,7 +118,7 @@ def run_child(
     else:
         message = f"{kind} child exited with status {rc} without a result"
     return Outcome(False, error={"type": "Crashed", "message": message, "stage": kind,
-                                 "excerpt": excerpt(log_path), "retryable": True, "signal": -rc if rc and rc < 0 else None},
+                                 "excerpt": crash_excerpt(log_path), "retryable": True, "signal": -rc if rc and rc < 0 else None},
                    seconds=seconds)
 
 

@@ -19,6 +19,7 @@ class WorkerSettings(BaseSettings):
     check_timeout_s: float = Field(default=600.0, gt=0, description="An artifact check running longer is killed.")
     heartbeat_s: float = Field(default=5.0, gt=0, description="Registry and lease renewal period.")
     lease_s: float = Field(default=30.0, gt=0, description="A claimed job whose lease is not renewed this long is reclaimed.")
+    reap_interval_s: float = Field(default=5.0, gt=0, description="How often this worker looks for expired leases.")
     worker_ttl_s: float = Field(default=15.0, gt=0, description="Registry entry lifetime without a heartbeat.")
     poll_ms: int = Field(default=2000, gt=0, description="How long one queue read blocks.")
     chunk_mb: int = Field(default=64, gt=0, le=512)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
@@ -34,10 +34,15 @@ class CompilationRequest(BaseModel):
         "artifact for `shapes`.",
         examples=[[{"x": [1, 3, 224, 224]}, {"x": [8, 3, 224, 224]}, {"x": [32, 3, 224, 224]}]],
     )
+    priority: Literal["interactive", "batch"] = Field(
+        default="interactive",
+        description="Workers serve every queued interactive job before any batch job. A request that joins a job "
+        "already queued keeps that job's priority.",
+    )
 
 
 def _answer(store: Any, settings: Any, model: dict[str, Any], spec: list[dict[str, Any]], worker: dict[str, Any],
-            options: dict[str, Any]) -> dict[str, Any]:
+            options: dict[str, Any], priority: str) -> dict[str, Any]:
     """The answer for one spec: {"status": "cached", "key", "artifact"} or {"status": "queued"|"joined", "key", "job"}."""
     factors = cachekey.factors(model["id"], spec, worker["target"], worker["toolchain"], options)
     key = cachekey.cache_key(factors)
@@ -55,6 +60,7 @@ def _answer(store: Any, settings: Any, model: dict[str, Any], spec: list[dict[st
             "factors": factors,
             "max_attempts": settings.job_max_attempts,
         },
+        priority=priority,
     )
     return {"status": "queued" if created else "joined", "key": key, "job": store.get_job(job_id)}
 
@@ -102,7 +108,7 @@ def request_compilation(req: CompilationRequest, store: StoreDep, settings: Sett
                 )
             answers.append({"status": "cached", "key": cached["key"], "artifact": cached})
     else:
-        answers = [_answer(store, settings, model, s, worker, options) for s in [spec, *bucket_specs]]
+        answers = [_answer(store, settings, model, s, worker, options, req.priority) for s in [spec, *bucket_specs]]
 
     body = dict(answers[0])
     if req.buckets:

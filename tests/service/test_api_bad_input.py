@@ -34,7 +34,7 @@ def two_input_model(api_url: str, tmp_path_factory: pytest.TempPathFactory) -> d
 
 
 def _queue_state(store) -> tuple[int, int]:
-    streams = sum(store.r.xlen(k) for k in store.r.scan_iter(keys.queue("*")))
+    streams = sum(store.r.xlen(k) for k in store.r.scan_iter(keys.queue("*", "*")))
     return streams, store.r.zcard(keys.JOBS_INDEX)
 
 

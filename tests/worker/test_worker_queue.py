@@ -1,0 +1,73 @@
+"""The worker's queue reading, in-process against a real Redis, without compiles: priorities and reaping."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from service import keys
+from service.store import Store
+from worker.main import Worker
+from worker.settings import WorkerSettings
+
+
+def _worker(store: Store, target: str, **settings: float) -> Worker:
+    info = {"target": target, "host": "test", "device": "cpu", "device_name": "test", "toolchain": {"torch": "x"}}
+    w = Worker(WorkerSettings(redis_url=store.url, poll_ms=100, **settings), info)
+    w.store.ensure_group(target)
+    return w
+
+
+def _submit(store: Store, target: str, priority: str) -> str:
+    job_id, _ = store.submit_job(uuid.uuid4().hex, target, {
+        "model_id": "m", "spec": [], "options": {}, "toolchain": {"torch": "x"}, "factors": {}, "max_attempts": 3},
+        priority=priority)
+    return job_id
+
+
+def test_interactive_jobs_are_served_before_batch_jobs(store):
+    target = f"cpu-test-{uuid.uuid4().hex[:8]}"
+    w = _worker(store, target)
+    order = [("batch", _submit(store, target, "batch")), ("interactive", _submit(store, target, "interactive")),
+             ("batch", _submit(store, target, "batch")), ("interactive", _submit(store, target, "interactive"))]
+    served = []
+    while (msg := w.next_message()) is not None:
+        lease, job_id = msg
+        served.append(job_id)
+        assert store.start_job(job_id, lease)[0] == "running"
+        assert store.finish_job(job_id, "succeeded", lease=lease, artifact="k")
+    assert served == [order[1][1], order[3][1], order[0][1], order[2][1]]
+
+
+def test_a_batch_entry_read_together_with_an_interactive_one_goes_back_in_line(store):
+    target = f"cpu-test-{uuid.uuid4().hex[:8]}"
+    w = _worker(store, target)
+    # Entries land on both streams between the non-blocking looks and the blocking read: simulate that read.
+    b = _submit(store, target, "batch")
+    i = _submit(store, target, "interactive")
+    res = store.r.xreadgroup(keys.QUEUE_GROUP, w.id, {s: ">" for s in w.streams}, count=1)
+    assert len(res) == 2  # one entry per stream: the case next_message handles
+    from service.leases import Lease
+
+    got = {s: entries[0] for s, entries in res}
+    batch_stream = keys.queue(target, "batch")
+    msg_id, fields = got[batch_stream]
+    assert store.requeue_job(fields["job"], Lease(batch_stream, msg_id, w.id), expect_state="queued")
+    assert store.get_job(b)["attempts"] == 0 and store.get_job(b)["state"] == "queued"
+    assert store.get_job(i)["state"] == "queued"
+    assert int(store.r.xpending(batch_stream, keys.QUEUE_GROUP)["pending"]) == 0
+
+
+def test_an_idle_worker_reaps_a_lost_job_and_then_takes_it(store):
+    target = f"cpu-test-{uuid.uuid4().hex[:8]}"
+    lost = _worker(store, target)
+    job_id = _submit(store, target, "interactive")
+    lease, got = lost.next_message()
+    assert got == job_id and store.start_job(job_id, lease)[0] == "running"
+
+    rescuer = _worker(store, target, lease_s=0.3, heartbeat_s=0.1, reap_interval_s=0.1)
+    time.sleep(0.4)
+    msg = rescuer.next_message()  # reaps first (requeue), then reads the requeued entry
+    assert msg is not None and msg[1] == job_id
+    assert store.start_job(job_id, msg[0]) == ("running", 2)
+    assert store.get_job(job_id)["failures"][0]["worker"] == lost.id
