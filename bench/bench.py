@@ -103,26 +103,70 @@ def _fresh(args: list[str], env: dict[str, str], timeout: float) -> dict[str, An
 # -- the driver ----------------------------------------------------------------------------------------------
 
 
-def start_service(port: int, data_dir: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "AOTC_DATA_DIR": str(data_dir), "AOTC_CHILD_LD_PRELOAD": os.environ.get("LD_PRELOAD", ""),
-           "AOTC_COMPILE_TIMEOUT_S": "900", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+def start_service(port: int, data_dir: Path, workers: int) -> list[subprocess.Popen[bytes]]:
+    """Embedded Redis (AOF, so artifacts survive a restart), the API, and `workers` worker processes on cuda:0.
+    Several workers share the GPU to overlap compiles, which are mostly CPU work; compile times then include
+    that contention (recorded as parallel_compiles)."""
+    from service.embedded_redis import EmbeddedRedis
+
+    redis_srv = EmbeddedRedis(data_dir / "redis", port=port + 1).start()
+    env = {**os.environ, "AOTC_REDIS_URL": redis_srv.url, "AOTC_DATA_DIR": str(data_dir), "AOTC_DEVICE": "cuda:0",
+           "AOTC_WORK_DIR": str(data_dir / "work"), "AOTC_CHILD_LD_PRELOAD": os.environ.get("LD_PRELOAD", ""),
+           "AOTC_COMPILE_TIMEOUT_S": "900",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     log = open(data_dir / "serve.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "client.cli", "serve", "--port", str(port), "--device", "cuda:0",
-                             "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    procs = [subprocess.Popen([sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--port",
+                               str(port), "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)]
+    procs += [subprocess.Popen([sys.executable, "-m", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+              for _ in range(workers)]
     import httpx
 
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         try:
-            r = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
-            if r.status_code == 200 and any(t.startswith("cuda-") for t in r.json()["targets"]):
-                return proc
+            r = httpx.get(f"http://127.0.0.1:{port}/v1/workers", timeout=2)
+            if r.status_code == 200 and len(r.json()["workers"]) >= workers:
+                procs.append(redis_srv.proc)  # type: ignore[arg-type]
+                return procs
         except httpx.TransportError:
             pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"aotc serve exited: {(data_dir / 'serve.log').read_text()[-3000:]}")
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"service exited: {(data_dir / 'serve.log').read_text()[-3000:]}")
         time.sleep(0.5)
-    raise RuntimeError("aotc serve did not become ready with a cuda worker")
+    raise RuntimeError("the service did not come up with its cuda workers")
+
+
+def prefetch(names: list[str], url: str, work: Path, budget_s: float) -> dict[str, str]:
+    """Export and submit every model first, so the workers compile them side by side; then wait for the jobs."""
+    import torch
+
+    from bench.zoo import build
+    from client import Client
+
+    jobs: dict[str, str] = {}
+    with Client(url, cache_dir=work / "client-cache", timeout=300) as c:
+        for name in names:
+            path = work / f"{name}.pt2"
+            try:
+                if not path.exists():
+                    model, inputs = build(name)
+                    torch.export.save(torch.export.export(model, inputs), str(path))
+                    del model
+                    torch.cuda.empty_cache()
+                rec = c.upload(path)
+                shapes = {i["name"]: i["shape"] for i in rec["inputs"]}
+                ans = c.submit(rec["id"], shapes, "cuda")
+                if ans["status"] != "cached":
+                    jobs[name] = ans["job"]["id"]
+                print(f"prefetch {name}: {ans['status']}", flush=True)
+            except Exception as e:
+                print(f"prefetch {name} failed: {type(e).__name__}: {e}"[:500], flush=True)
+        while jobs and time.perf_counter() - T_START < budget_s:
+            states = {n: c.job(j)["state"] for n, j in jobs.items()}
+            if all(s in ("succeeded", "failed", "cancelled") for s in states.values()):
+                break
+            time.sleep(2)
+    return jobs
 
 
 def bench_model(name: str, url: str, work: Path, *, warm_timeout: float) -> dict[str, Any]:
@@ -139,12 +183,11 @@ def bench_model(name: str, url: str, work: Path, *, warm_timeout: float) -> dict
         expected = model(*inputs)
     row["eager_ms"] = _bench_ms(lambda: model(*inputs))
 
-    t0 = time.perf_counter()
-    ep = torch.export.export(model, inputs)
     path = work / f"{name}.pt2"
-    torch.export.save(ep, str(path))
-    row["export_s"] = time.perf_counter() - t0
-    del ep
+    if not path.exists():  # --prefetch exported it already
+        t0 = time.perf_counter()
+        torch.export.save(torch.export.export(model, inputs), str(path))
+        row["export_s"] = time.perf_counter() - t0
 
     with Client(url, cache_dir=work / "client-cache", timeout=300) as c:
         t0 = time.perf_counter()
@@ -198,6 +241,8 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8123)
     ap.add_argument("--state", default=".bench-state", help="service data and exported models (kept for resuming)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop before starting a model after this long")
+    ap.add_argument("--workers", type=int, default=1, help="GPU worker processes (compiles overlap when > 1)")
+    ap.add_argument("--prefetch", action="store_true", help="submit every model's compile before measuring any")
     ap.add_argument("--child", nargs="+", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
 
@@ -219,9 +264,11 @@ def main() -> int:
     state = Path(a.state).resolve()
     (state / "aotc").mkdir(parents=True, exist_ok=True)
     names = [n for n in (a.models.split(",") if a.models else MODELS) if n not in results["models"]]
-    service = None if a.url else start_service(a.port, state / "aotc")
+    service = [] if a.url else start_service(a.port, state / "aotc", a.workers)
     url = a.url or f"http://127.0.0.1:{a.port}"
     try:
+        if a.prefetch:
+            prefetch(names, url, state, a.budget_s)
         for name in names:
             if time.perf_counter() - T_START > a.budget_s:
                 print(f"budget reached; {len(names) - names.index(name)} models left", flush=True)
@@ -232,14 +279,16 @@ def main() -> int:
             except Exception as e:  # a model we cannot even build or export is a result too
                 row = {"ok": False, "stage": "bench", "error": f"{type(e).__name__}: {e}"[:2000]}
             row["bench_s"] = time.perf_counter() - t0
+            row["parallel_compiles"] = a.workers
             results["models"][name] = row
             out.write_text(json.dumps(results, indent=1, default=str))
             print(f"{name}: ok={row.get('ok')} eager={row.get('eager_ms')} aoti={row.get('aoti_ms')} "
                   f"tc={row.get('torch_compile_ms')} ({row['bench_s']:.0f} s)", flush=True)
     finally:
-        if service:
-            service.terminate()
-            service.wait(60)
+        for p in service:
+            p.terminate()
+        for p in service:
+            p.wait(60)
     return 0
 
 

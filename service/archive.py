@@ -358,6 +358,20 @@ def _payload_config(zf: zipfile.ZipFile, info: zipfile.ZipInfo, cap: int) -> dic
 
 
 _TARGET = re.compile(r"^(torch|_operator|math)(\.[A-Za-z_][A-Za-z0-9_]*)+$|^#[A-Za-z0-9_.]+:[A-Za-z0-9_.]+$")
+# ATen spells some operators as dunders (aten.__and__.Tensor, from `mask & mask` in every HF attention mask).
+# Only these are allowed, and only as the operator name of torch.ops.<namespace>.<op>.<overload>: a dunder
+# that every Python object has (__class__, __init__...) would resolve to something other than an operator.
+_OP_DUNDERS = {f"__{n}__" for n in ("and", "or", "xor", "lshift", "rshift", "iand", "ior", "ixor", "ilshift", "irshift")}
+
+
+def _is_operator_target(target: str) -> bool:
+    if not _TARGET.match(target):
+        return False
+    if "__" not in target:
+        return True
+    parts = target.split(".")
+    return (len(parts) in (4, 5) and parts[:2] == ["torch", "ops"] and parts[3] in _OP_DUNDERS
+            and not any("__" in p for i, p in enumerate(parts) if i != 3))
 
 
 def _walk_program(doc: Any, where: str) -> None:
@@ -370,7 +384,7 @@ def _walk_program(doc: Any, where: str) -> None:
         if isinstance(node, dict):
             target = node.get("target")
             if isinstance(target, str) and "inputs" in node and "outputs" in node:
-                if not _TARGET.match(target) or "__" in target:
+                if not _is_operator_target(target):
                     raise Unprocessable(f"{where}: graph node calls {target[:200]!r}, which is not a torch operator")
             for k, v in node.items():
                 if k == "expr_str":

@@ -1,0 +1,27 @@
+"""Operators that ATen spells as dunders are real operators; dunders that any object has are not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from service.archive import _is_operator_target, inspect_archive
+
+
+def test_attention_mask_and_is_accepted(tmp_path):
+    class Masked(torch.nn.Module):
+        def forward(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+            keep = (m > 0) & (x > 0)  # aten.__and__.Tensor, as in every HF attention mask
+            return torch.where(keep, x, torch.zeros_like(x))
+
+    ep = torch.export.export(Masked(), (torch.randn(2, 4), torch.ones(2, 4, dtype=torch.int64)))
+    assert any("__and__" in str(n.target) for n in ep.graph.nodes)
+    torch.export.save(ep, str(tmp_path / "m.pt2"))
+    info = inspect_archive(str(tmp_path / "m.pt2"))
+    assert [i["name"] for i in info["inputs"]] == ["x", "m"]
+
+
+@pytest.mark.parametrize("target", ["torch.ops.aten.__class__.default", "torch.ops.aten.__and__.__init__",
+                                    "torch.__builtins__", "torch.ops.__dict__.x.y"])
+def test_object_dunders_are_refused(target):
+    assert not _is_operator_target(target)
