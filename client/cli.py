@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from client.sdk import Client, ClientError, JobFailed

@@ -4,14 +4,11 @@ process, and a real worker process running the real compiler on the CPU."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from procs import MAX_UPLOAD_MB, ROOT, start_worker, stop, wait_http, wait_workers

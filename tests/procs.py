@@ -54,3 +54,15 @@ def wait_workers(store: Store, n: int = 1, timeout: float = 60.0) -> list[dict]:
     raise RuntimeError(f"{n} worker(s) did not register in {timeout} s")
 
 
+
+
+def wait_job(api_url: str, job_id: str, timeout: float = 600, poll_s: float = 0.3) -> dict:
+    """Poll a job until it ends; the tests that need the event stream use it directly."""
+    deadline = time.monotonic() + timeout
+    job: dict = {}
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{api_url}/v1/jobs/{job_id}").json()
+        if job["state"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(poll_s)
+    raise AssertionError(f"job {job_id} did not finish: {job}")

@@ -9,42 +9,20 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import pickle
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from torch.export import Dim
 
+from archives import ConvNet, MLP, exec_pickle, read_json, rewrite, system_pickle, torch_zip_with
 from compiler import torch_compat
 from compiler.errors import BadModel, UnsafeModel
 from compiler.loading import load_program
 from service.archive import check_sym_expr, inspect_archive
 from service.errors import UnsafeArchive
-
-
-class MLP(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(16, 32)
-        self.fc2 = torch.nn.Linear(32, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-class ConvNet(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3)
-        self.bn = torch.nn.BatchNorm2d(8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.bn(self.conv(x)))
 
 
 class Pair(torch.nn.Module):
@@ -54,51 +32,6 @@ class Pair(torch.nn.Module):
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a * self.scale + b
-
-
-class _Reduce:
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self.fn, self.args = fn, args
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return self.fn, self.args
-
-
-def system_pickle(marker: Path) -> bytes:
-    return pickle.dumps(_Reduce(os.system, f"touch {marker}"), protocol=2)
-
-
-def exec_pickle(marker: Path) -> bytes:
-    return pickle.dumps(_Reduce(exec, f"open({str(marker)!r}, 'w').write('pwned')"), protocol=4)
-
-
-def torch_zip_with(payload: bytes) -> bytes:
-    buf = io.BytesIO()
-    torch.save(torch.zeros(2), buf)
-    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w") as z:
-        for info in src.infolist():
-            z.writestr(info, payload if info.filename.endswith("data.pkl") else src.read(info))
-    return out.getvalue()
-
-
-def rewrite(src: Path, dst: Path, replace: dict[str, bytes] | None = None, add: dict[str, bytes] | None = None) -> Path:
-    replace, add = replace or {}, add or {}
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
-        root = zin.namelist()[0].split("/")[0]
-        for info in zin.infolist():
-            rel = info.filename[len(root) + 1 :]
-            zout.writestr(info, replace.get(rel, b"") if rel in replace else zin.read(info))
-        for rel, data in add.items():
-            zout.writestr(f"{root}/{rel}", data)
-    return dst
-
-
-def read_json(path: Path, rel: str) -> Any:
-    with zipfile.ZipFile(path) as z:
-        root = z.namelist()[0].split("/")[0]
-        return json.loads(z.read(f"{root}/{rel}"))
 
 
 @pytest.fixture(scope="module")

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import hashlib
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-
 from modelzoo import MLP, ConvNet, export, seeded
+from procs import wait_job
 
 pytestmark = pytest.mark.slow
 
@@ -20,16 +19,6 @@ def _upload(api_url: str, path: Path) -> dict:
     r = httpx.post(f"{api_url}/v1/models", content=path.read_bytes(), timeout=60)
     assert r.status_code in (200, 201), r.text
     return r.json()
-
-
-def _wait(api_url: str, job_id: str, timeout: float = 600) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = httpx.get(f"{api_url}/v1/jobs/{job_id}").json()
-        if job["state"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not finish: {job}")
 
 
 def test_conv_net_compiles_checks_and_matches_eager(api_url, worker, client, store, tmp_path):
@@ -42,7 +31,7 @@ def test_conv_net_compiles_checks_and_matches_eager(api_url, worker, client, sto
 
     r = httpx.post(f"{api_url}/v1/compilations", json={"model_id": rec["id"], "shapes": {"x": [2, 3, 32, 32]}})
     assert r.status_code == 202, r.text
-    job = _wait(api_url, r.json()["job"]["id"])
+    job = wait_job(api_url, r.json()["job"]["id"])
     assert job["state"] == "succeeded", job.get("error")
     assert job["attempts"] == 1
     assert set(job["timings"]) >= {"load", "capture", "compile", "check"}
@@ -103,7 +92,7 @@ def test_identical_requests_hit_the_cache_and_share_one_job(api_url, worker, sto
     job_ids = {a.json()["job"]["id"] for a in answers}
     assert len(job_ids) == 1
     assert sorted(a.json()["status"] for a in answers).count("queued") == 1
-    job = _wait(api_url, job_ids.pop())
+    job = wait_job(api_url, job_ids.pop())
     assert job["state"] == "succeeded", job.get("error")
     assert store.count_compiles() == compiles_before + 1
 

@@ -8,14 +8,13 @@ import ast
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-
 from modelzoo import InplaceReduce, export, seeded
+from procs import wait_job
 
 pytestmark = pytest.mark.slow
 
@@ -44,16 +43,6 @@ def forward_args(code: str) -> list[str]:
     return [a.arg for a in fn.args.args[1:]]
 
 
-def _wait(api_url: str, job_id: str, timeout: float = 600) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = httpx.get(f"{api_url}/v1/jobs/{job_id}").json()
-        if job["state"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.3)
-    raise AssertionError(f"job {job_id} did not finish: {job}")
-
-
 @pytest.fixture(scope="module")
 def bundle(api_url, worker, tmp_path_factory):
     """One request: batch 1..16 (dynamic) plus a bucket of batch 8: two artifacts, two compiles. (Which bucket is
@@ -67,7 +56,7 @@ def bundle(api_url, worker, tmp_path_factory):
     r = httpx.post(f"{api_url}/v1/compilations", json=body, timeout=30)
     assert r.status_code == 202, r.text
     answer = r.json()
-    jobs = [_wait(api_url, a["job"]["id"]) for a in [answer, *answer["buckets"]]]
+    jobs = [wait_job(api_url, a["job"]["id"]) for a in [answer, *answer["buckets"]]]
     for job in jobs:
         assert job["state"] == "succeeded", job.get("error")
     return {"model": model, "record": rec, "answer": answer, "jobs": jobs, "key": answer["key"], "body": body,
@@ -209,7 +198,7 @@ def test_training_mode_reports_the_joint_graph_and_partition(api_url, client, bu
     body.pop("buckets")
     r = httpx.post(f"{api_url}/v1/compilations", json=body, timeout=30)
     assert r.status_code == 202, r.text
-    job = _wait(api_url, r.json()["job"]["id"])
+    job = wait_job(api_url, r.json()["job"]["id"])
     assert job["state"] == "succeeded", job.get("error")
     key = job["artifact"]
     meta = _get(api_url, f"/v1/artifacts/{key}/meta").json()

@@ -22,6 +22,7 @@ import pytest
 import torch
 from torch.export import Dim
 
+from archives import ConvNet, MLP, exec_pickle, export, rewrite, system_pickle, torch_zip_with
 from service import archive, pickles
 from service.archive import check_guard, check_sym_expr, inspect_archive
 from service.errors import AotcError, UnsafeArchive, Unprocessable, UnsupportedMedia
@@ -30,26 +31,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- models -------------------------------------------------------------------------------------------------------
-
-
-class ConvNet(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3)
-        self.bn = torch.nn.BatchNorm2d(8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.bn(self.conv(x)))
-
-
-class MLP(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(16, 32)
-        self.fc2 = torch.nn.Linear(32, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
 
 
 class SharedBatch(torch.nn.Module):
@@ -76,12 +57,6 @@ class SymIntInput(torch.nn.Module):
         return x * n
 
 
-def export(model: torch.nn.Module, args: tuple[Any, ...], path: Path, dynamic_shapes: Any = None) -> Path:
-    ep = torch.export.export(model.eval(), args, dynamic_shapes=dynamic_shapes)
-    torch.export.save(ep, str(path))
-    return path
-
-
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("zoo")
@@ -106,55 +81,6 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 # -- hostile archive builders -------------------------------------------------------------------------------------
-
-
-class _Reduce:
-    """Pickles as a call of `fn(*args)`; the pickle names fn's module and name as its global."""
-
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self.fn, self.args = fn, args
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return self.fn, self.args
-
-
-def system_pickle(marker: Path, protocol: int = 2) -> bytes:
-    return pickle.dumps(_Reduce(os.system, f"touch {marker}"), protocol=protocol)
-
-
-def exec_pickle(marker: Path, protocol: int = 4) -> bytes:
-    return pickle.dumps(_Reduce(exec, f"open({str(marker)!r}, 'w').write('pwned')"), protocol=protocol)
-
-
-def torch_zip_with(payload: bytes) -> bytes:
-    """A torch.save zip whose data.pkl is `payload` (what torch.load would unpickle)."""
-    buf = io.BytesIO()
-    torch.save(torch.zeros(2), buf)
-    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w") as z:
-        for info in src.infolist():
-            z.writestr(info, payload if info.filename.endswith("data.pkl") else src.read(info))
-    return out.getvalue()
-
-
-def rewrite(
-    src: Path, dst: Path, replace: dict[str, bytes | None] | None = None, add: dict[str, bytes] | None = None
-) -> Path:
-    """Copy an archive, replacing (None: dropping) entries by path below the root and adding new ones."""
-    replace, add = replace or {}, add or {}
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
-        root = zin.namelist()[0].split("/")[0]
-        for info in zin.infolist():
-            rel = info.filename[len(root) + 1 :]
-            if rel in replace:
-                if replace[rel] is not None:
-                    zout.writestr(info, replace[rel])  # type: ignore[arg-type]
-            else:
-                zout.writestr(info, zin.read(info))
-        for rel, data in add.items():
-            zout.writestr(f"{root}/{rel}", data)
-    return dst
 
 
 def edit_json(src: Path, dst: Path, rel: str, fn: Callable[[Any], Any]) -> Path:
