@@ -79,7 +79,10 @@ class Progress:
 def cmd_compile(c: Client, a: argparse.Namespace) -> int:
     model = c.upload(a.model, name=a.name)
     print(f"uploaded {a.model} as model {model['id'][:12]} ({model['size']} bytes)", file=sys.stderr)
-    answer = c.submit(model["id"], _shapes(a.shape), a.target, priority=a.priority, mode=a.mode)
+    options: dict[str, Any] = {"mode": a.mode, "precision": a.precision, "freezing": a.freezing}
+    if a.inductor:
+        options["inductor"] = _inductor_settings(a.inductor)
+    answer = c.submit(model["id"], _shapes(a.shape), a.target, priority=a.priority, **options)
     if answer["status"] == "cached":
         print("cache hit: already compiled", file=sys.stderr)
         print(answer["key"])
@@ -96,6 +99,21 @@ def cmd_compile(c: Client, a: argparse.Namespace) -> int:
           f"{check.get('compiled_ms')} ms compiled on the worker", file=sys.stderr)
     print(art.key)
     return 0
+
+
+def _inductor_settings(args: list[str]) -> dict[str, Any]:
+    """--inductor KEY=VALUE, VALUE read as JSON (true, 64, "ATEN,TRITON") or else as a string; the service
+    checks KEY against its allow-list and answers 422 for anything else."""
+    out: dict[str, Any] = {}
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            raise SystemExit(f"aotc: cannot read --inductor {arg!r}: write KEY=VALUE, e.g. epilogue_fusion=false")
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
 
 
 def cmd_pull(c: Client, a: argparse.Namespace) -> int:
@@ -301,6 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NAME=SHAPE, once per input: 8x3x224x224, or 1..32x3x224x224 for a dynamic dim")
     s.add_argument("--target", default="cpu", help="cpu, cuda, or a concrete target such as cuda-sm90")
     s.add_argument("--mode", default="default", choices=["default", "max-autotune", "training"])
+    s.add_argument("--precision", default="keep", choices=["keep", "bf16", "fp16"],
+                   help="compute in bf16/fp16 for inference; inputs and outputs keep their dtypes")
+    s.add_argument("--freezing", action="store_true", help="fold weights into the graph as constants")
+    s.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
+                   help="an allow-listed Inductor setting, e.g. coordinate_descent_tuning=true (repeatable)")
     s.add_argument("--priority", default="interactive", choices=["interactive", "batch"],
                    help="interactive jobs are served before batch jobs")
     s.add_argument("--name", default=None)
