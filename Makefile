@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install serve test test-gpu lint clean
+.PHONY: install serve test test-gpu typecheck lint clean
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ test: $(STAMP)
 # On a machine with a CUDA GPU (see README, "Development").
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -m gpu $(ARGS)
+
+# mypy over service/, compiler/, worker/ and client/ ([tool.mypy] in pyproject.toml). Dev-only: mypy is pinned
+# in requirements-dev.lock, outside requirements.lock, so `make test` and CI do not install it.
+typecheck: $(STAMP)
+	$(BIN)/python -m pip install -q -r requirements-dev.lock
+	$(BIN)/python -m mypy $(ARGS)
 
 clean:
 	rm -rf $(VENV) .aotc .pytest_cache

@@ -31,7 +31,7 @@ Shapes = list[list[int]]
 
 def _static(spec: list[dict[str, Any]]) -> Shapes | None:
     shapes = [[d for d in inp["shape"]] for inp in spec]
-    return shapes if all(isinstance(d, int) for s in shapes for d in s) else None  # type: ignore[misc]
+    return shapes if all(isinstance(d, int) for s in shapes for d in s) else None
 
 
 def covers(spec: list[dict[str, Any]], shapes: Shapes) -> bool:

@@ -65,7 +65,9 @@ def _raise_for(resp: httpx.Response) -> None:
 
 def _sse(lines: Iterable[str]) -> Iterator[tuple[str, str | None, str]]:
     """Server-Sent Events as (event, id, data), from the lines of a text/event-stream body."""
-    event, event_id, data = "message", None, []
+    event: str = "message"
+    event_id: str | None = None
+    data: list[str] = []
     for line in lines:
         if not line:
             if data:
@@ -262,7 +264,7 @@ class Client:
                                 break  # the API is shutting down, or lost Redis: reconnect
             except httpx.TransportError:
                 pass  # a dropped stream or an API restart: reconnect and resume
-            time.sleep(delay if left is None else max(0.0, min(delay, deadline - time.monotonic())))
+            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
             delay = min(delay * 2, 5.0)
 
     # -- artifacts ----------------------------------------------------------------------------------------------
@@ -272,7 +274,8 @@ class Client:
 
     def lookup(self, model_id: str, shapes: Mapping[str, Any], target: str = "cpu") -> Artifact | None:
         """The artifact serving (model, shapes, target), or None. For inference servers at deploy time."""
-        params: list[tuple[str, str]] = [("model_id", model_id), ("target", target)]
+        # The value type httpx asks for (a list is invariant, so list[tuple[str, str]] would not do).
+        params: list[tuple[str, str | int | float | bool | None]] = [("model_id", model_id), ("target", target)]
         for name, shape in shapes.items():
             s = _shape_of(shape)
             params.append(("shape", f"{name}={s if isinstance(s, str) else 'x'.join(map(str, s))}"))
@@ -340,7 +343,7 @@ class Client:
         target = str(art.meta.get("target", ""))
         device = device or ("cuda:0" if target.startswith("cuda") else "cpu")
         _check_target(target, device)
-        return aoti_load_package(str(path), device)  # type: ignore[no-any-return]
+        return aoti_load_package(str(path), device)
 
     def workers(self) -> list[dict[str, Any]]:
         return list(self._json("GET", "/v1/workers")["workers"])

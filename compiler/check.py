@@ -54,7 +54,7 @@ def compare(expected: Any, actual: Any, min_tolerance: float = 0.0) -> dict[str,
     act, act_spec = pytree.tree_flatten(actual)
     if len(exp) != len(act):
         return {"ok": False, "why": f"{len(act)} outputs, eager gives {len(exp)}"}
-    worst = {"ok": True, "max_abs_err": 0.0, "max_rel_err": 0.0, "tolerance": 0.0}
+    worst: dict[str, Any] = {"ok": True, "max_abs_err": 0.0, "max_rel_err": 0.0, "tolerance": 0.0}
     for k, (e, a) in enumerate(zip(exp, act)):
         if not isinstance(e, torch.Tensor):
             if e != a:

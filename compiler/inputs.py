@@ -72,7 +72,7 @@ def random_inputs(
         elif dtype.is_complex:
             t = torch.randn(shape, generator=gen, dtype=dtype)
         else:
-            lo, hi = (ranges[k] if k < len(ranges) and ranges[k] else (0, 2))
+            lo, hi = (ranges[k] if k < len(ranges) else None) or (0, 2)
             t = torch.randint(lo, max(hi, lo + 1), shape, generator=gen, dtype=dtype)
         out.append(t.to(device))
     return out

@@ -72,7 +72,8 @@ class Captured:
 
 def _io_facts(ep: torch.export.ExportedProgram) -> dict[str, Any]:
     vals = {n.name: n.meta.get("val") for n in ep.graph.nodes}
-    inputs, weights = [], collections.Counter()
+    inputs: list[dict[str, Any]] = []
+    weights: collections.Counter[str] = collections.Counter()
     weight_bytes = 0
     for s in ep.graph_signature.input_specs:
         kind = getattr(s.kind, "name", str(s.kind)).lower()
@@ -101,7 +102,7 @@ def _dynamic_dims(ep: torch.export.ExportedProgram, spec: Spec) -> list[dict[str
     ranges = {str(k): v for k, v in ep.range_constraints.items()}
     out = []
     for inp in spec:
-        val = vals.get(inp["name"])
+        val: Any = vals.get(inp["name"])  # a FakeTensor, or None for an input the graph does not have
         for j, d in enumerate(inp["shape"]):
             if not isinstance(d, dict):
                 continue
@@ -418,6 +419,7 @@ def fusion(compiled: Compiled) -> dict[str, Any]:
     note = ""
     observed = "scheduler hooks (_pre_fusion_custom_pass/_post_fusion_custom_pass) in the package compile"
     last = runs[-1] if runs else None
+    after: list[dict[str, Any]]  # scheduler nodes after fusion, from the hook or the provenance map
     if last is None or last.get("after") is None:
         if not prov:
             return rep.unavailable(

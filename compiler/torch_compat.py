@@ -40,7 +40,7 @@ class LoadedPackage:
         self.in_spec = _pytree.treespec_loads(in_spec)
         self.out_spec = _pytree.treespec_loads(out_spec)
 
-    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def __call__(self, *args: _Any, **kwargs: _Any) -> _Any:
         if kwargs:
             from torch.export._tree_utils import reorder_kwargs
 
@@ -52,7 +52,7 @@ class LoadedPackage:
         return dict(self.loader.get_metadata())
 
 
-def aoti_load_package(package_path: str, device: str = "cpu"):  # type: ignore[no-untyped-def]
+def aoti_load_package(package_path: str, device: str = "cpu") -> _Callable[..., _Any]:
     """Load a package for `device` (cuda:N picks the GPU). Falls back to torch's own loader if the C++ loader's
     signature differs in this torch version."""
     try:

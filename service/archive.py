@@ -80,7 +80,7 @@ MAX_INT_LITERAL = 2**128
 MAX_EXPONENT = 64
 
 
-def _parse(text: str, what: str) -> ast.Expression:
+def _parse(text: object, what: str) -> ast.Expression:
     if not isinstance(text, str) or len(text) > MAX_EXPR_CHARS:
         raise UnsafeArchive(f"{what} is not a string of at most {MAX_EXPR_CHARS} characters")
     try:
@@ -149,7 +149,7 @@ def _check_sym_node(node: ast.AST, what: str) -> None:
             raise bad(f"keyword {kw.arg} is not a bool or int literal")
 
 
-def check_sym_expr(text: str, where: str = "expression") -> None:
+def check_sym_expr(text: object, where: str = "expression") -> None:
     """Raise UnsafeArchive unless `text` is a plain sympy srepr (what torch writes as a SymExpr's expr_str)."""
     what = f"{where}: symbolic expression"
     _check_sym_node(_parse(text, what).body, what)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from service import keys
 
@@ -70,7 +70,7 @@ def reap(store: Store, stream: str, lease_s: float, count: int = 16) -> list[tup
 
 def _settle(store: Store, lease: Lease, job_id: str | None, lease_s: float) -> str:
     job = store.get_job(job_id) if job_id else None
-    if job is None or job["state"] not in ("queued", "running"):
+    if not job_id or job is None or job["state"] not in ("queued", "running"):
         store.drop_entry(lease)
         return "dropped"
     if job["state"] == "queued":
@@ -97,7 +97,7 @@ def _ack_deleted(store: Store, stream: str) -> None:
 def reap_all(store: Store, lease_s: float, streams: list[str] | None = None) -> list[tuple[str, str]]:
     """Reap every queue stream (or the given ones)."""
     done: list[tuple[str, str]] = []
-    for stream in streams if streams is not None else sorted(store.r.smembers(keys.QUEUES)):
+    for stream in streams if streams is not None else sorted(cast(set[str], store.r.smembers(keys.QUEUES))):
         try:
             done += reap(store, stream, lease_s)
         except Exception as e:  # a stream without its group (e.g. Redis restarted without persistence)

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -59,6 +59,8 @@ class Store:
         # (queue polls, SSE), well under the socket timeout.
         conn = {"health_check_interval": 30, "socket_connect_timeout": 2.0, "socket_timeout": 10.0,
                 "retry": Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=3)}
+        # redis-py types every reply as `bytes | str` whatever decode_responses says: replies of `r` are str,
+        # those of `raw` bytes, and the casts below say so.
         self.r = redis.Redis.from_url(url, decode_responses=True, **conn)
         self.raw = redis.Redis.from_url(url, decode_responses=False, **conn)
         self.chunk_bytes = chunk_bytes
@@ -90,8 +92,8 @@ class Store:
             digest.update(chunk)
             size += len(chunk)
             n += 1
-        manifest = {"size": size, "chunks": n, "sha256": digest.hexdigest()}
-        self.r.hset(keys.blob(kind, blob_id), mapping=manifest)
+        manifest: dict[str, Any] = {"size": size, "chunks": n, "sha256": digest.hexdigest()}
+        self.r.hset(keys.blob(kind, blob_id), mapping=cast(dict[Any, Any], manifest))
         return manifest
 
     def blob_manifest(self, kind: str, blob_id: str) -> dict[str, Any] | None:
@@ -105,7 +107,7 @@ class Store:
         if m is None:
             raise KeyError(blob_id)
         for n in range(m["chunks"]):
-            chunk = self.raw.get(keys.blob_chunk(kind, blob_id, n))
+            chunk = cast(bytes | None, self.raw.get(keys.blob_chunk(kind, blob_id, n)))
             if chunk is None:
                 raise KeyError(f"{kind}:{blob_id} chunk {n} is missing")
             yield chunk
@@ -146,7 +148,7 @@ class Store:
         return found
 
     def list_models(self, limit: int = 100) -> list[dict[str, Any]]:
-        ids = self.r.zrevrange(keys.MODELS_INDEX, 0, limit - 1)
+        ids = cast(list[str], self.r.zrevrange(keys.MODELS_INDEX, 0, limit - 1))
         return [m for m in (self.get_model(i) for i in ids) if m]
 
     # -- workers ----------------------------------------------------------------------------------------------
@@ -163,11 +165,12 @@ class Store:
         self.r.zrem(keys.WORKERS_INDEX, worker_id)
 
     def live_workers(self) -> list[dict[str, Any]]:
-        ids = self.r.zrange(keys.WORKERS_INDEX, 0, -1)
+        ids = cast(list[str], self.r.zrange(keys.WORKERS_INDEX, 0, -1))
         if not ids:
             return []
-        out, gone = [], []
-        for wid, raw in zip(ids, self.r.mget([keys.worker(i) for i in ids])):
+        out: list[dict[str, Any]] = []
+        gone: list[str] = []
+        for wid, raw in zip(ids, cast(list[str | None], self.r.mget([keys.worker(i) for i in ids]))):
             (out.append(json.loads(raw)) if raw else gone.append(wid))
         if gone:
             self.r.zrem(keys.WORKERS_INDEX, *gone)
@@ -224,7 +227,7 @@ class Store:
         h = self.r.hgetall(keys.job(job_id))
         if not h:
             return None
-        job: dict[str, Any] = dict(h)
+        job: dict[str, Any] = dict(cast(dict[str, str], h))
         for k in _JSON_FIELDS:
             if k in job:
                 job[k] = json.loads(job[k])
@@ -239,17 +242,18 @@ class Store:
 
     def update_job(self, job_id: str, **fields: Any) -> None:
         mapping = {k: _dumps(v) if k in _JSON_FIELDS else str(v) for k, v in fields.items() if v is not None}
-        self.r.hset(keys.job(job_id), mapping=mapping)
+        self.r.hset(keys.job(job_id), mapping=cast(dict[Any, Any], mapping))
         if "state" in fields or "stage" in fields:
             self.job_event(job_id, state=fields.get("state"), stage=fields.get("stage"))
 
     def job_event(self, job_id: str, **fields: Any) -> None:
         ev = {k: str(v) for k, v in fields.items() if v is not None}
         ev["ts"] = f"{time.time():.3f}"
-        self.r.xadd(keys.job_events(job_id), ev, maxlen=500, approximate=True)
+        self.r.xadd(keys.job_events(job_id), cast(dict[Any, Any], ev), maxlen=500, approximate=True)
 
     def job_events(self, job_id: str, after: str = "0-0", block_ms: int | None = None) -> list[tuple[str, dict[str, str]]]:
-        res = self.r.xread({keys.job_events(job_id): after}, block=block_ms, count=100)
+        res = cast(list[tuple[str, list[tuple[str, dict[str, str]]]]],
+                   self.r.xread({keys.job_events(job_id): after}, block=block_ms, count=100))
         return [(eid, ev) for _, entries in res for eid, ev in entries] if res else []
 
     # State transitions (service.jobstate draws the machine). A worker or a reaper passes the lease it holds;
@@ -272,7 +276,7 @@ class Store:
         With a lease, only while the lease is held. Returns False when it did nothing (the job had already
         ended, was not in `expect_state`, or the lease was lost)."""
         assert state in TERMINAL
-        job_key = fields.pop("_cache_key", None) or self.r.hget(keys.job(job_id), "key") or ""
+        job_key = fields.pop("_cache_key", None) or cast(str | None, self.r.hget(keys.job(job_id), "key")) or ""
         msg_id = lease.msg_id if lease else (self.r.hget(keys.job(job_id), "msg") or "")
         stream = lease.stream if lease else self._stream_of(job_id)
         event: list[str] = []
@@ -331,7 +335,7 @@ class Store:
                                args=[worker, stage, f"{time.time():.3f}"])) == 1
 
     def _stream_of(self, job_id: str) -> str:
-        target, priority = self.r.hmget(keys.job(job_id), ["target", "priority"])
+        target, priority = cast(list[str | None], self.r.hmget(keys.job(job_id), ["target", "priority"]))
         return keys.queue(target or "", priority or keys.PRIORITIES[0])
 
     def request_cancel(self, job_id: str) -> str | None:
@@ -351,12 +355,13 @@ class Store:
         return self.r.hget(keys.job(job_id), "cancel") == "1"
 
     def list_jobs(self, limit: int = 50, state: str | None = None) -> list[dict[str, Any]]:
-        ids = self.r.zrevrange(keys.JOBS_INDEX, 0, (limit * 4 if state else limit) - 1)
+        ids = cast(list[str], self.r.zrevrange(keys.JOBS_INDEX, 0, (limit * 4 if state else limit) - 1))
         jobs = [j for j in (self.get_job(i) for i in ids) if j and (state is None or j["state"] == state)]
         return jobs[:limit]
 
     def deadletter(self, limit: int = 50) -> list[dict[str, Any]]:
-        return [j for j in (self.get_job(i) for i in self.r.lrange(keys.DEADLETTER, 0, limit - 1)) if j]
+        ids = cast(list[str], self.r.lrange(keys.DEADLETTER, 0, limit - 1))
+        return [j for j in (self.get_job(i) for i in ids) if j]
 
     def count_compiles(self) -> int:
         return int(self.r.get(keys.COMPILES) or 0)
@@ -415,11 +420,11 @@ class Store:
         return b"".join(self.iter_blob(kind, blob_id))
 
     def artifacts_for_model(self, model_id: str) -> list[dict[str, Any]]:
-        ks = sorted(self.r.smembers(keys.artifacts_by_model(model_id)))
+        ks = sorted(cast(set[str], self.r.smembers(keys.artifacts_by_model(model_id))))
         if not ks:
             return []
         return [json.loads(v) for v in self.r.mget([keys.artifact(k) for k in ks]) if v]
 
     def list_artifacts(self, limit: int = 100) -> list[dict[str, Any]]:
-        ks = self.r.zrevrange(keys.ARTIFACTS_INDEX, 0, limit - 1)
+        ks = cast(list[str], self.r.zrevrange(keys.ARTIFACTS_INDEX, 0, limit - 1))
         return [a for a in (self.get_artifact(k) for k in ks) if a]

@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -35,6 +35,8 @@ from worker.sandbox import Outcome, run_child
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("aotc.worker")
+# What xreadgroup returns on the decoded client (redis-py types it loosely): [(stream, [(msg id, fields)])].
+_Read = list[tuple[str, list[Any]]]
 
 
 class Worker:
@@ -105,13 +107,13 @@ class Worker:
         r = self.store.r
         got: list[tuple[str, str, str]] = []  # (stream, msg id, job id)
         for stream in self.streams:  # a non-blocking look at each stream, most urgent first
-            res = r.xreadgroup(keys.QUEUE_GROUP, self.id, {stream: ">"}, count=1)
+            res = cast(_Read, r.xreadgroup(keys.QUEUE_GROUP, self.id, {stream: ">"}, count=1))
             if res:
                 got = [(stream, *self._entry(res[0][1][0]))]
                 break
         else:  # all empty: block on all of them at once
-            res = r.xreadgroup(keys.QUEUE_GROUP, self.id, {s: ">" for s in self.streams}, count=1,
-                               block=self.settings.poll_ms)
+            res = cast(_Read, r.xreadgroup(keys.QUEUE_GROUP, self.id, {s: ">" for s in self.streams}, count=1,
+                                           block=self.settings.poll_ms))
             got = sorted(((s, *self._entry(entries[0])) for s, entries in res or [] if entries),
                          key=lambda g: self.streams.index(g[0]))
         if not got:
