@@ -89,7 +89,8 @@ class BucketedModel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch
-        import torch.utils._pytree as pytree
+
+        from compiler.torch_compat import pytree
 
         flat = self._flat(args, kwargs)
         shapes = [[int(d) for d in t.shape] for t in flat]

@@ -9,12 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from compiler import inputs as inputs_mod
 from compiler import torch_compat
 from compiler.errors import CheckFailed
 from compiler.loading import load_program
+from compiler.torch_compat import pytree
 
 # Error allowed, as max|compiled - eager| / max(max|eager|, 1), by output dtype. Compiled code reorders
 # reductions and fuses ops, so low-precision dtypes differ by a few ulps of their own.

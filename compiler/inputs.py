@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
+
+from compiler.torch_compat import pytree
 
 Spec = list[dict[str, Any]]
 

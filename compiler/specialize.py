@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from compiler import inputs as inputs_mod
 from compiler.errors import SpecError
+from compiler.torch_compat import pytree
 
 
 def dynamic_shapes(spec: inputs_mod.Spec, program_inputs: list[dict[str, Any]]) -> list[dict[int, Any] | None]:

@@ -9,6 +9,9 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as _pytree
 
+# torch's pytree utilities are private by name but stable across 2.11-2.13; every other module takes them from here.
+pytree = _pytree
+
 TORCH_VERSION: tuple[int, int] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])  # type: ignore[assignment]
 
 
