@@ -47,9 +47,7 @@ def lookup(
     requested = dict(specs.parse_shape_arg(s) for s in shape)
     spec = specs.canonical_spec(model["inputs"], requested)
     target = targets.validate(target)
-    art = find_artifact(store, model_id, target, spec)
-    if art is not None and mode is not None and art["factors"]["options"].get("mode") != mode:
-        art = None
+    art = find_artifact(store, model_id, target, spec, mode=mode)
     if art is None:
         shapes = ", ".join(f"{i['name']}={specs.format_shape(i['shape'])}" for i in spec)
         raise NotFound(f"no artifact of model {model_id[:12]} for {shapes} on {target!r}; request one with POST /v1/compilations")
