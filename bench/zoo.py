@@ -71,30 +71,40 @@ def _hf(kind: str) -> Callable[[], torch.nn.Module]:
     return build
 
 
-# name -> (builder, inputs(batch-sized), family)
-MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[], tuple[Any, ...]], str]] = {
-    "resnet50": (_tv("resnet50"), lambda: _images(32), "torchvision"),
-    "mobilenet_v3_large": (_tv("mobilenet_v3_large"), lambda: _images(32), "torchvision"),
-    "efficientnet_b0": (_tv("efficientnet_b0"), lambda: _images(32), "torchvision"),
-    "densenet121": (_tv("densenet121"), lambda: _images(32), "torchvision"),
-    "convnext_tiny": (_tv("convnext_tiny"), lambda: _images(32), "torchvision"),
-    "vit_b_16": (_tv("vit_b_16"), lambda: _images(32), "torchvision"),
-    "timm_vit_small_patch16_224": (_timm("vit_small_patch16_224"), lambda: _images(32), "timm"),
-    "timm_convnext_small": (_timm("convnext_small"), lambda: _images(32), "timm"),
-    "timm_swin_tiny": (_timm("swin_tiny_patch4_window7_224"), lambda: _images(32), "timm"),
-    "timm_mixer_b16_224": (_timm("mixer_b16_224"), lambda: _images(32), "timm"),
-    "timm_resnext50_32x4d": (_timm("resnext50_32x4d"), lambda: _images(32), "timm"),
-    "hf_bert_base": (_hf("bert"), lambda: _tokens(16, 128, 30522), "transformers"),
-    "hf_roberta_base": (_hf("roberta"), lambda: _tokens(16, 128, 50265), "transformers"),
-    "hf_distilbert": (_hf("distilbert"), lambda: _tokens(16, 128, 30522), "transformers"),
-    "hf_gpt2": (_hf("gpt2"), lambda: _tokens(8, 256, 50257), "transformers"),
-    "hf_t5_encoder": (_hf("t5enc"), lambda: _tokens(16, 128, 32128), "transformers"),
-    "hf_llama_small": (_hf("llama"), lambda: _tokens(8, 256, 32000), "transformers"),
+# name -> (builder, inputs(batch multiplier) at the benchmark's batch times the multiplier, family)
+MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[..., tuple[Any, ...]], str]] = {
+    "resnet50": (_tv("resnet50"), lambda k=1: _images(32 * k), "torchvision"),
+    "mobilenet_v3_large": (_tv("mobilenet_v3_large"), lambda k=1: _images(32 * k), "torchvision"),
+    "efficientnet_b0": (_tv("efficientnet_b0"), lambda k=1: _images(32 * k), "torchvision"),
+    "densenet121": (_tv("densenet121"), lambda k=1: _images(32 * k), "torchvision"),
+    "convnext_tiny": (_tv("convnext_tiny"), lambda k=1: _images(32 * k), "torchvision"),
+    "vit_b_16": (_tv("vit_b_16"), lambda k=1: _images(32 * k), "torchvision"),
+    "timm_vit_small_patch16_224": (_timm("vit_small_patch16_224"), lambda k=1: _images(32 * k), "timm"),
+    "timm_convnext_small": (_timm("convnext_small"), lambda k=1: _images(32 * k), "timm"),
+    "timm_swin_tiny": (_timm("swin_tiny_patch4_window7_224"), lambda k=1: _images(32 * k), "timm"),
+    "timm_mixer_b16_224": (_timm("mixer_b16_224"), lambda k=1: _images(32 * k), "timm"),
+    "timm_resnext50_32x4d": (_timm("resnext50_32x4d"), lambda k=1: _images(32 * k), "timm"),
+    "hf_bert_base": (_hf("bert"), lambda k=1: _tokens(16 * k, 128, 30522), "transformers"),
+    "hf_roberta_base": (_hf("roberta"), lambda k=1: _tokens(16 * k, 128, 50265), "transformers"),
+    "hf_distilbert": (_hf("distilbert"), lambda k=1: _tokens(16 * k, 128, 30522), "transformers"),
+    "hf_gpt2": (_hf("gpt2"), lambda k=1: _tokens(8 * k, 256, 50257), "transformers"),
+    "hf_t5_encoder": (_hf("t5enc"), lambda k=1: _tokens(16 * k, 128, 32128), "transformers"),
+    "hf_llama_small": (_hf("llama"), lambda k=1: _tokens(8 * k, 256, 32000), "transformers"),
 }
 
 
-def build(name: str) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+def build(name: str, seed: int = 0, batch_mult: int = 1, device: str = "cuda") -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """The model with weights drawn from `seed` (another seed: same architecture, new weights, as a new
+    checkpoint of it would be), and inputs at `batch_mult` times the benchmark's batch."""
     builder, inputs, _ = MODELS[name]
-    torch.manual_seed(0)
-    model = builder().eval().to(device="cuda", dtype=DTYPE)
-    return model, inputs()
+    torch.manual_seed(seed)
+    model = builder().eval()
+    # Some libraries start classifier heads at zero (torchvision's ViT, timm's MLP-Mixer and ResNeXt), so a
+    # freshly built model answers zeros whatever its input, and comparing an artifact with eager would compare
+    # zeros. Such weights get small random values, as a trained checkpoint's would be.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2 and not p.any():
+                p.normal_(0.0, 0.02)
+    model = model.to(device=device, dtype=DTYPE)
+    return model, tuple(t.to(device) for t in inputs(batch_mult))

@@ -71,6 +71,10 @@ def compare(expected: Any, actual: Any, min_tolerance: float = 0.0) -> dict[str,
         if not torch.equal(torch.isnan(e64), torch.isnan(a64)):
             return {"ok": False, "why": f"output {k} has NaNs where eager has none, or the reverse"}
         e64, a64 = torch.nan_to_num(e64), torch.nan_to_num(a64)
+        if e64.numel() and not e64.any():
+            worst.setdefault("notes", []).append(
+                f"output {k} is all zeros in eager at these inputs, so this comparison shows little "
+                "(a model with zero-initialised weights?)")
         abs_err = float((e64 - a64).abs().max()) if e64.numel() else 0.0
         rel_err = abs_err / max(float(e64.abs().max()) if e64.numel() else 0.0, 1.0)
         tol = max(TOLERANCE.get(e.dtype, 1e-4), min_tolerance)
@@ -119,6 +123,7 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         "eager_ms": results[0]["eager_ms"],
         "compiled_ms": results[0]["compiled_ms"],
         "speedup": results[0]["speedup"],
+        "notes": sorted({n for r in results for n in r.get("notes", [])}),
     }
     if failed:
         raise CheckFailed(f"artifact disagrees with eager at {failed[0]['point']} shapes: {failed[0]['why']}",

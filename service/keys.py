@@ -21,6 +21,12 @@ All keys live under one prefix so a shared Redis can host aotc beside other tena
     worker:{id}                   str   worker record (JSON), expires unless heartbeats renew it
     workers:index                 zset  worker id -> last heartbeat
     stats:compiles                int   compiles actually run (proves cache hits in tests)
+    tuning:gemm:{target}:{system} hash  max-autotune matmul/conv timings shared by workers (worker/tuning.py):
+                                        field JSON [op, inputs, precision, choice] -> milliseconds
+
+Inductor's own remote caches, when workers point them here (AOTC_INDUCTOR_REMOTE_CACHE), write `pt2:*` keys
+outside this prefix: Triton autotune results, small JSON values that torch keys by its own version, Triton's
+and the GPU's. Neither kind expires; deleting them only costs later compiles their warm start.
 """
 
 from __future__ import annotations
@@ -94,3 +100,7 @@ def worker(worker_id: str) -> str:
 
 WORKERS_INDEX = f"{PREFIX}workers:index"
 COMPILES = f"{PREFIX}stats:compiles"
+
+
+def gemm_tuning(target: str, system: str) -> str:
+    return f"{PREFIX}tuning:gemm:{target}:{system}"

@@ -58,11 +58,22 @@ def main(workdir: str) -> int:
         if task["kind"] == "compile":
             from compiler.options import CompileOptions
             from compiler.pipeline import compile_model
+            from compiler.torch_compat import inductor_cache_settings
 
+            options = CompileOptions(**task["options"])
+            share = None
+            if task.get("share_gemm_timings") and options.mode == "max-autotune":
+                from worker.tuning import GemmTimingShare
+
+                share = GemmTimingShare(task["share_gemm_timings"]["redis_url"], task["share_gemm_timings"]["target"])
+                share.pull()
             result = compile_model(
-                task["model_path"], task["spec"], task["program_inputs"], CompileOptions(**task["options"]),
-                task["device"], task["out_path"], on_stage,
+                task["model_path"], task["spec"], task["program_inputs"], options, task["device"], task["out_path"],
+                on_stage,
             )
+            if share is not None:
+                share.push()
+            result["caches"] = {**inductor_cache_settings(), "gemm_timings": share.stats if share else None}
         elif task["kind"] == "check":
             from compiler.check import check_artifact
 

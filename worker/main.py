@@ -290,6 +290,15 @@ class Worker:
         except redis.RedisError:
             return False
 
+    def _inductor_remote_cache_env(self) -> dict[str, str]:
+        """Point Inductor's own remote caches at the service's Redis (compile children only). torch reads these
+        when it starts, in the child and in its compile subprocesses alike; a Redis it cannot reach only turns
+        the cache off for that compile."""
+        if not self.settings.inductor_remote_cache:
+            return {"TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE": "0", "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0"}
+        return {"TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE": "1", "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1",
+                "TORCHINDUCTOR_REDIS_URL": self.settings.redis_url}
+
     def _compile_and_check(self, job: dict[str, Any], workdir: Path) -> tuple[Outcome, dict[str, Any]]:
         store, job_id = self.store, job["id"]
         workdir.mkdir(parents=True, exist_ok=True)
@@ -314,8 +323,11 @@ class Worker:
         store.incr_compiles()
         compiled = run_child(
             {"kind": "compile", "model_path": str(model_path), "spec": job["spec"], "options": job["options"],
-             "program_inputs": model["inputs"], "device": device, "out_path": str(package)},
-            workdir, timeout_s=self.settings.compile_timeout_s, on_stage=on_stage, should_cancel=cancelled, env=env,
+             "program_inputs": model["inputs"], "device": device, "out_path": str(package),
+             "share_gemm_timings": ({"redis_url": self.settings.redis_url, "target": self.target}
+                                    if self.settings.share_gemm_timings else None)},
+            workdir, timeout_s=self.settings.compile_timeout_s, on_stage=on_stage, should_cancel=cancelled,
+            env={**env, **self._inductor_remote_cache_env()},
         )
         if not compiled.ok:
             return compiled, {}
@@ -334,6 +346,7 @@ class Worker:
         # The stage report and the generated sources go in before the record, which is written last.
         report = attach_check(json.loads(Path(compiled.result["report"]).read_text()), check)
         report["key"] = job["key"]
+        report["caches"] = compiled.result.get("caches")
         artifact = store.put_artifact({
             "key": job["key"],
             "factors": job["factors"],
@@ -343,6 +356,7 @@ class Worker:
             "options": job["options"],
             "dynamic_dims": compiled.result["dynamic_dims"],
             "timings": timings,
+            "caches": compiled.result.get("caches"),
             "check": check,
             "job_id": job_id,
             "worker": {"id": self.id, "device_name": self.info["device_name"], "host": self.info["host"]},

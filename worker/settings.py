@@ -26,6 +26,12 @@ class WorkerSettings(BaseSettings):
     child_ld_preload: str = Field(
         default="", description="LD_PRELOAD for compile/check children (some images need their system libstdc++)."
     )
+    inductor_remote_cache: bool = Field(
+        default=True, description="Point Inductor's Redis remote caches (Triton autotune results) at redis_url."
+    )
+    share_gemm_timings: bool = Field(
+        default=True, description="Share max-autotune's matmul/conv timings with other workers through redis_url."
+    )
     keep_work: bool = Field(default=False, description="Keep each job's scratch folder (logs, package) for debugging.")
 
     @model_validator(mode="after")

@@ -8,12 +8,10 @@ ops whose compile segfaults or hangs for real (see faultops/aotc_faultops.py).
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +20,8 @@ import pytest
 import torch
 
 from modelzoo import MLP, export, seeded
-from procs import ROOT, stop, wait_http
-from service.embedded_redis import EmbeddedRedis, free_port
+from procs import Cluster as BaseCluster
+from procs import stop
 from service.store import Store
 
 FAULTOPS = Path(__file__).resolve().parent / "faultops"
@@ -38,83 +36,20 @@ LEASE_S = 3.0
 COMPILE_TIMEOUT_S = 10
 
 
-class Cluster:
+class Cluster(BaseCluster):
+    """A cluster whose workers load the fault ops, with short leases and timeouts."""
+
     def __init__(self, base: Path) -> None:
-        self.base = base
-        self.redis = EmbeddedRedis(base / "redis").start()
-        self.store = Store(self.redis.url)
-        common = {
-            **os.environ, "AOTC_REDIS_URL": self.redis.url, "AOTC_DATA_DIR": str(base), "AOTC_MAX_UPLOAD_MB": "8",
-            "AOTC_LEASE_S": str(LEASE_S), "AOTC_REAP_INTERVAL_S": "0.5", "AOTC_JOB_MAX_ATTEMPTS": "2",
-        }
-        self.api_env = {**common, "PYTHONPATH": str(ROOT)}  # the API never imports torch, nor the fault ops
-        self.worker_env = {
-            **common, "PYTHONPATH": os.pathsep.join([str(ROOT), str(FAULTOPS)]), "AOTC_DEVICE": "cpu",
-            "AOTC_WORK_DIR": str(base / "work"), "AOTC_HEARTBEAT_S": "0.5", "AOTC_POLL_MS": "500",
-            "AOTC_WORKER_TTL_S": "3",
-        }
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.url, self.api = self.start_api()
-
-    def start_api(self) -> tuple[str, subprocess.Popen[bytes]]:
-        port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--host", "127.0.0.1",
-             "--port", str(port), "--log-level", "warning"],
-            env=self.api_env, cwd=ROOT, stdout=open(self.base / f"api-{port}.log", "wb"), stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url, proc)
-        return url, proc
-
-    def start_worker(self, **env: str) -> tuple[subprocess.Popen[bytes], str]:
-        """Start a worker; returns the process and its worker id once it has registered."""
-        n = len(self.procs)
-        proc = subprocess.Popen([sys.executable, "-m", "worker"], env={**self.worker_env, **env}, cwd=ROOT,
-                                stdout=open(self.base / f"worker-{n}.log", "wb"), stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"worker exited with {proc.returncode}"
-            mine = [w for w in self.store.live_workers() if w["pid"] == proc.pid]
-            if mine:
-                return proc, mine[0]["id"]
-            time.sleep(0.1)
-        raise AssertionError("worker did not register")
-
-    def upload(self, path: Path) -> str:
-        r = httpx.post(f"{self.url}/v1/models", content=path.read_bytes(), timeout=60)
-        assert r.status_code in (200, 201), r.text
-        return str(r.json()["id"])
+        super().__init__(
+            base,
+            env={"AOTC_MAX_UPLOAD_MB": "8", "AOTC_LEASE_S": str(LEASE_S), "AOTC_REAP_INTERVAL_S": "0.5",
+                 "AOTC_JOB_MAX_ATTEMPTS": "2"},
+            worker_env={"AOTC_HEARTBEAT_S": "0.5", "AOTC_POLL_MS": "500", "AOTC_WORKER_TTL_S": "3"},
+            worker_path=[str(FAULTOPS)],
+        )
 
     def submit(self, model_id: str, url: str | None = None, **extra: Any) -> dict[str, Any]:
-        r = httpx.post(f"{url or self.url}/v1/compilations",
-                       json={"model_id": model_id, "shapes": {"x": [2, 4]}, **extra}, timeout=30)
-        assert r.status_code == 202, r.text
-        return dict(r.json()["job"])
-
-    def job(self, job_id: str) -> dict[str, Any]:
-        job = self.store.get_job(job_id)
-        assert job is not None
-        return job
-
-    def wait_for(self, job_id: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 180) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            job = self.job(job_id)
-            if pred(job):
-                return job
-            time.sleep(0.05)
-        raise AssertionError(f"job {job_id} never got there: {self.job(job_id)}")
-
-    def wait_end(self, job_id: str, timeout: float = 240) -> dict[str, Any]:
-        return self.wait_for(job_id, lambda j: j["state"] in ("succeeded", "failed", "cancelled"), timeout)
-
-    def close(self) -> None:
-        for p in self.procs:
-            stop(p)
-        self.store.close()
-        self.redis.stop()
+        return super().submit(model_id, {"x": [2, 4]}, url=url, **extra)
 
 
 @pytest.fixture(scope="module")

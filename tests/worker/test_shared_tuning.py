@@ -1,0 +1,70 @@
+"""max-autotune's matmul timings travel between workers through Redis (worker/tuning.py), for real: two CPU
+workers with separate disks, Inductor's C++ GEMM templates benchmarked against ATen on the first, and none
+benchmarked again on the second."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from modelzoo import export, seeded
+from procs import Cluster, stop
+
+from service import keys
+
+pytestmark = pytest.mark.slow
+
+
+class TwoLinear(torch.nn.Module):
+    def __init__(self, act: str) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 128), torch.nn.Linear(128, 32)
+        self.act = torch.nn.ReLU() if act == "relu" else torch.nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.act(self.a(x)))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("tuning"), env={"AOTC_MAX_UPLOAD_MB": "8"})
+    yield c
+    c.close()
+
+
+def _compile(cluster: Cluster, path: Path, work: Path) -> dict:
+    """Compile with mode=max-autotune on a worker of its own, with an empty disk; returns the artifact record."""
+    proc, _ = cluster.start_worker(AOTC_WORK_DIR=str(work))
+    try:
+        job = cluster.submit(cluster.upload(path), {"x": [16, 64]}, options={"mode": "max-autotune"})
+        done = cluster.wait_end(job["id"], timeout=600)
+        assert done["state"] == "succeeded", done
+    finally:
+        stop(proc)
+    return dict(httpx.get(f"{cluster.url}/v1/artifacts/{done['artifact']}/meta", timeout=30).json())
+
+
+def test_max_autotune_timings_measured_by_one_worker_spare_the_next_the_benchmarking(cluster, tmp_path):
+    x = torch.randn(16, 64)
+    first = _compile(cluster, export(seeded(TwoLinear, 1, act="relu"), (x,), tmp_path / "relu.pt2"), tmp_path / "w1")
+    g1 = first["caches"]["gemm_timings"]
+    # Two matmuls, each timed for at least two choices (ATen and a C++ template), all published, none shared yet.
+    assert g1["measured"] >= 4 and g1["published"] == g1["measured"] and g1["shared"] == 0, g1
+    assert first["caches"]["autotune_remote_cache"] is True
+    assert first["caches"]["fx_graph_cache_used_by_aot_compiles"] is False
+    stored = [k for k in cluster.store.r.scan_iter(match=keys.gemm_tuning(first["target"], "*"))]
+    assert len(stored) == 1 and cluster.store.r.hlen(stored[0]) == g1["measured"]
+
+    # Entries that are not timings are skipped on the way in (Redis is shared; a bad value must not break compiles).
+    cluster.store.r.hset(stored[0], mapping={"not json": "1", json.dumps(["op", "in", "prec", "c"]): "nan",
+                                             json.dumps(["op", "in", "prec"]): "1.0"})
+
+    # Another model with the same matmul shapes, on another worker with nothing on its disk.
+    second = _compile(cluster, export(seeded(TwoLinear, 2, act="gelu"), (x,), tmp_path / "gelu.pt2"), tmp_path / "w2")
+    g2 = second["caches"]["gemm_timings"]
+    assert g2 == {"shared": g1["measured"], "measured": 0, "published": 0}, g2
+    assert second["check"]["passed"], second["check"]
