@@ -16,8 +16,8 @@ and convolution timings (worker/tuning.py). Plans:
 
 - `pays:M1,M2`   per model: mode=default, then mode=max-autotune, both cold; then both artifacts' latency.
 - `caches:M`     max-autotune cold; default cold (latencies of the two); then, each on a fresh worker with Redis
-                 warm: max-autotune of new weights (same architecture), max-autotune at twice the batch, default
-                 of new weights; last, max-autotune of other new weights with both shared caches off (cold again).
+                 warm: max-autotune of new weights (same architecture), default of new weights, max-autotune at
+                 twice the batch; last, max-autotune of other new weights with both shared caches off (cold again).
 
 Each step records the service's compile time, the stage times, what the worker shared (gemm_timings: shared,
 measured, published) and how many Inductor remote-cache entries it wrote. The JSON is rewritten after every step.
@@ -54,8 +54,8 @@ def plan_steps(plan: str) -> list[dict[str, Any]]:
             step("max-autotune cold", 0, "max-autotune"),
             step("default cold", 0, "default"),
             step("max-autotune, new weights, warm", 1, "max-autotune"),
-            step("max-autotune, 2x batch, warm", 0, "max-autotune", mult=2),
             step("default, new weights, warm", 1, "default"),
+            step("max-autotune, 2x batch, warm", 0, "max-autotune", mult=2),
             step("max-autotune, new weights, shared caches off", 2, "max-autotune", shared=False),
         ]
     raise SystemExit(f"unknown plan {plan!r}: pays:M1,M2,... or caches:M")
