@@ -99,12 +99,16 @@ def build(name: str, seed: int = 0, batch_mult: int = 1, device: str = "cuda") -
     builder, inputs, _ = MODELS[name]
     torch.manual_seed(seed)
     model = builder().eval()
-    # Some libraries start classifier heads at zero (torchvision's ViT, timm's MLP-Mixer and ResNeXt), so a
-    # freshly built model answers zeros whatever its input, and comparing an artifact with eager would compare
-    # zeros. Such weights get small random values, as a trained checkpoint's would be.
+    # Some libraries start weights at zero: classifier heads (torchvision's ViT, timm's MLP-Mixer) answer zeros
+    # whatever the input, and zeroed last-norm scales in residual blocks (timm's ResNets, zero_init_last) make
+    # whole branches add nothing, so comparing an artifact with eager would compare very little. Such weights
+    # get the values a trained checkpoint's would be near: small random matrices, norm scales of one.
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2 and not p.any():
-                p.normal_(0.0, 0.02)
+        for pname, p in model.named_parameters():
+            if p.is_floating_point() and p.numel() and not p.any():
+                if p.dim() >= 2:
+                    p.normal_(0.0, 0.02)
+                elif pname.endswith("weight"):
+                    p.fill_(1.0)
     model = model.to(device=device, dtype=DTYPE)
     return model, tuple(t.to(device) for t in inputs(batch_mult))

@@ -227,6 +227,12 @@ def cmd_report(c: Client, a: argparse.Namespace) -> int:
     if check:
         print(f"on the worker ({check.get('device')}): {check.get('eager_ms')} ms eager -> {check.get('compiled_ms')} ms "
               f"compiled, speedup {check.get('speedup')}x; max error vs eager {check.get('max_rel_err', 0):.2g}")
+        for note in check.get("notes") or []:
+            print(f"check note: {note}")
+    gemm = (rep.get("caches") or {}).get("gemm_timings")
+    if gemm:
+        print(f"max-autotune timings: {gemm.get('shared')} from other workers, {gemm.get('measured')} measured here, "
+              f"{gemm.get('published')} published" + (f" ({gemm['note']})" if gemm.get("note") else ""))
     missing = {k: v for k, v in (rep.get("hooks") or {}).items() if v.startswith("not in torch")}
     if missing:
         print("not available in this torch: " + ", ".join(f"{k} ({v})" for k, v in missing.items()))

@@ -18,7 +18,7 @@ def find_artifact(
     *, mode: str | None = None,
 ) -> dict[str, Any] | None:
     """The best artifact of `model_id` for `target` whose spec covers `spec`: static before dynamic, then the
-    narrowest range, then the newest. `options`, when given, must match exactly; without them, report-only records
+    narrowest range, then the fastest where the checks timed them all on one kind of device, else the newest. `options`, when given, must match exactly; without them, report-only records
     (mode=training, no package) are never picked. `mode`, when given, must be the artifact's compile mode."""
     fits = [
         a
@@ -30,4 +30,21 @@ def find_artifact(
     ]
     if not fits:
         return None
-    return min(fits, key=lambda a: (_width(a["factors"]["spec"]), -a["created"]))
+    width = min(_width(a["factors"]["spec"]) for a in fits)
+    best = [a for a in fits if _width(a["factors"]["spec"]) == width]
+    timed = [_measured(a) for a in best]
+    if len(best) > 1 and all(t is not None for t in timed) and len({t[0] for t in timed if t}) == 1:
+        # Equally specialised artifacts (say default and max-autotune of the same shapes) whose checks ran on the
+        # same kind of device: serve the one that ran fastest there. max-autotune wins on some models and loses
+        # on others (bench/results/tuning-*), so the measured time, not the mode, decides.
+        return min(best, key=lambda a: (_measured(a)[1], -a["created"]))  # type: ignore[index]
+    return max(best, key=lambda a: a["created"])
+
+
+def _measured(a: dict[str, Any]) -> tuple[str, float] | None:
+    """(device name, the check's median latency in ms at the spec's smallest point), if the check timed it."""
+    ms = (a.get("check") or {}).get("compiled_ms")
+    device = (a.get("worker") or {}).get("device_name")
+    if not isinstance(ms, (int, float)) or ms <= 0 or not device:
+        return None
+    return str(device), float(ms)

@@ -9,30 +9,67 @@ import httpx
 from service import cachekey
 
 
-def _publish(store, tmp_path, model_id: str, spec: list, mode: str) -> str:
+def _publish(store, tmp_path, model_id: str, spec: list, mode: str, ms: float | None = None,
+             device: str = "Test CPU") -> str:
     options = {"mode": mode}
     factors = cachekey.factors(model_id, spec, "cpu-x86_64-test", {"torch": "test"}, options)
     key = cachekey.cache_key(factors)
     package = tmp_path / f"{key}.pt2"
     package.write_bytes(b"package bytes for " + key.encode())
-    store.put_artifact({"key": key, "factors": factors, "model_id": model_id, "target": "cpu-x86_64-test",
-                        "spec": spec, "options": options}, package)
+    record = {"key": key, "factors": factors, "model_id": model_id, "target": "cpu-x86_64-test", "spec": spec,
+              "options": options, "worker": {"device_name": device}}
+    if ms is not None:
+        record["check"] = {"passed": True, "compiled_ms": ms}
+    store.put_artifact(record, package)
     return key
+
+
+def _model(store, model_id: str) -> None:
+    store.put_model({"id": model_id, "name": "lookup", "size": 1, "created": time.time(),
+                     "inputs": [{"name": "x", "dtype": "float32", "shape": [{"symbol": "s0", "min": 1, "max": 64}, 4]}]})
+
+
+def _lookup(api_url: str, model_id: str, **params: str) -> httpx.Response:
+    return httpx.get(f"{api_url}/v1/artifacts/lookup",
+                     params={"model_id": model_id, "target": "cpu", "shape": "x=8x4", **params})
 
 
 def test_lookup_by_mode_finds_the_matching_artifact_behind_a_better_ranked_one(api_url, store, tmp_path):
     model_id = "ab" * 32
-    store.put_model({"id": model_id, "name": "lookup", "size": 1, "created": time.time(),
-                     "inputs": [{"name": "x", "dtype": "float32", "shape": [{"symbol": "s0", "min": 1, "max": 64}, 4]}]})
+    _model(store, model_id)
     static = _publish(store, tmp_path, model_id, [{"name": "x", "dtype": "float32", "shape": [8, 4]}], "default")
     dynamic = _publish(store, tmp_path, model_id,
                        [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 32}, 4]}], "max-autotune")
 
     def lookup(**params: str) -> httpx.Response:
-        return httpx.get(f"{api_url}/v1/artifacts/lookup",
-                         params={"model_id": model_id, "target": "cpu", "shape": "x=8x4", **params})
+        return _lookup(api_url, model_id, **params)
 
     assert lookup().json()["key"] == static  # static ranks first without a mode
     assert lookup(mode="max-autotune").json()["key"] == dynamic
     assert lookup(mode="default").json()["key"] == static
     assert lookup(mode="max-autotune", shape="x=33x4").status_code == 404
+
+
+def test_of_equally_specialised_artifacts_the_faster_measured_one_is_served(api_url, store, tmp_path):
+    model_id = "cd" * 32
+    _model(store, model_id)
+    static = [{"name": "x", "dtype": "float32", "shape": [8, 4]}]
+    _publish(store, tmp_path, model_id, static, "max-autotune", ms=2.0)
+    fast_default = _publish(store, tmp_path, model_id, static, "default", ms=1.5)  # newer, and faster
+    assert _lookup(api_url, model_id).json()["key"] == fast_default
+
+    other = "ce" * 32
+    _model(store, other)
+    default = _publish(store, tmp_path, other, static, "default", ms=1.5)
+    tuned = _publish(store, tmp_path, other, static, "max-autotune", ms=0.9)  # the faster one, whichever is newer
+    assert _lookup(api_url, other).json()["key"] == tuned
+    assert _lookup(api_url, other, mode="default").json()["key"] == default
+
+
+def test_times_from_different_devices_are_not_compared_the_newest_is_served(api_url, store, tmp_path):
+    model_id = "ef" * 32
+    _model(store, model_id)
+    static = [{"name": "x", "dtype": "float32", "shape": [8, 4]}]
+    _publish(store, tmp_path, model_id, static, "max-autotune", ms=0.5, device="NVIDIA H200")
+    newest = _publish(store, tmp_path, model_id, static, "default", ms=1.0, device="NVIDIA H100 80GB HBM3")
+    assert _lookup(api_url, model_id).json()["key"] == newest

@@ -5,6 +5,8 @@ benchmarked again on the second."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import httpx
 import pytest
 import torch
 from modelzoo import export, seeded
-from procs import Cluster, stop
+from procs import ROOT, Cluster, stop
 
 from service import keys
 
@@ -68,3 +70,9 @@ def test_max_autotune_timings_measured_by_one_worker_spare_the_next_the_benchmar
     g2 = second["caches"]["gemm_timings"]
     assert g2 == {"shared": g1["measured"], "measured": 0, "published": 0}, g2
     assert second["check"]["passed"], second["check"]
+
+    # `aotc report` says where the timings came from.
+    shown = subprocess.run([sys.executable, "-m", "client.cli", "--url", cluster.url, "report", second["key"]],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert f"max-autotune timings: {g1['measured']} from other workers, 0 measured here, 0 published" in shown.stdout
