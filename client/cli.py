@@ -6,6 +6,7 @@
     aotc pull KEY -o model.so.pt2                 fetch an artifact, verified against its sha256
     aotc report KEY                               a table of the compiler's stages for one artifact
     aotc source KEY [PATH]                        its generated code and graphs
+    aotc caches [--clear]                         the compile caches workers share through Redis
     aotc models | jobs | workers | lookup | cancel
 """
 
@@ -154,6 +155,19 @@ def cmd_jobs(c: Client, a: argparse.Namespace) -> int:
 def cmd_workers(c: Client, a: argparse.Namespace) -> int:
     _table([[w["id"], w["target"], w["device_name"], json.dumps(w["toolchain"]), w.get("job") or "idle"]
             for w in c.workers()], ["WORKER", "TARGET", "DEVICE", "TOOLCHAIN", "JOB"])
+    return 0
+
+
+def cmd_caches(c: Client, a: argparse.Namespace) -> int:
+    if a.clear:
+        removed = c.clear_caches()
+        print(f"removed {removed['gemm_timings']} max-autotune timing table(s) and {removed['inductor_entries']} "
+              "Inductor remote-cache entries")
+        return 0
+    caches = c.caches()
+    _table([[g["target"], g["system"][:16], str(g["entries"])] for g in caches["gemm_timings"]],
+           ["TARGET", "SYSTEM", "MAX-AUTOTUNE TIMINGS"])
+    print(f"Inductor remote-cache entries (Triton autotune results): {caches['inductor_entries']}")
     return 0
 
 
@@ -343,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("jobs", help="list recent jobs")
     s.add_argument("--limit", type=int, default=20)
     sub.add_parser("workers", help="list live workers")
+    s = sub.add_parser("caches", help="the compile caches workers share (max-autotune timings, Inductor entries)")
+    s.add_argument("--clear", action="store_true", help="drop them (artifacts stay; later compiles start cold)")
     s = sub.add_parser("lookup", help="find the artifact for a model, shapes and target")
     s.add_argument("model_id")
     s.add_argument("--shape", action="append", default=[], required=True)
@@ -367,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "worker":
         return cmd_worker(a)
     handlers = {"compile": cmd_compile, "pull": cmd_pull, "models": cmd_models, "jobs": cmd_jobs,
-                "workers": cmd_workers, "lookup": cmd_lookup, "cancel": cmd_cancel,
+                "workers": cmd_workers, "caches": cmd_caches, "lookup": cmd_lookup, "cancel": cmd_cancel,
                 "report": cmd_report, "source": cmd_source}
     try:
         with Client(a.url) as c:

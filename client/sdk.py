@@ -348,6 +348,13 @@ class Client:
     def workers(self) -> list[dict[str, Any]]:
         return list(self._json("GET", "/v1/workers")["workers"])
 
+    def caches(self) -> dict[str, Any]:
+        """GET /v1/caches: the compile caches workers share (max-autotune timings, Inductor remote entries)."""
+        return dict(self._json("GET", "/v1/caches"))
+
+    def clear_caches(self) -> dict[str, int]:
+        return dict(self._json("DELETE", "/v1/caches")["removed"])
+
 
 def _check_target(target: str, device: str) -> None:
     """Refuse to load an artifact built for another device than the one here: a clear error beats a crash."""

@@ -104,3 +104,8 @@ COMPILES = f"{PREFIX}stats:compiles"
 
 def gemm_tuning(target: str, system: str) -> str:
     return f"{PREFIX}tuning:gemm:{target}:{system}"
+
+
+GEMM_TUNING_PATTERN = f"{PREFIX}tuning:gemm:*"
+# Inductor's remote-cache keys (torch._inductor.remote_cache.RedisRemoteCache: "pt2:{cache id}::{key}:c{n}").
+INDUCTOR_PATTERN = "pt2:*"

@@ -363,6 +363,32 @@ class Store:
         ids = cast(list[str], self.r.lrange(keys.DEADLETTER, 0, limit - 1))
         return [j for j in (self.get_job(i) for i in ids) if j]
 
+    def compile_caches(self) -> dict[str, Any]:
+        """What workers share to compile faster: max-autotune timings per (target, system), and how many entries
+        Inductor's remote caches hold. Counting scans the keyspace (SCAN, never KEYS)."""
+        prefix = keys.gemm_tuning("", "")[: -len(":")]
+        gemm = []
+        for k in sorted(self.r.scan_iter(match=keys.GEMM_TUNING_PATTERN, count=1000)):
+            name = k.decode() if isinstance(k, bytes) else str(k)
+            target, _, system = name[len(prefix):].rpartition(":")
+            gemm.append({"target": target, "system": system, "entries": int(self.r.hlen(name))})
+        inductor = sum(1 for _ in self.r.scan_iter(match=keys.INDUCTOR_PATTERN, count=1000))
+        return {"gemm_timings": gemm, "inductor_entries": inductor}
+
+    def clear_compile_caches(self) -> dict[str, int]:
+        """Drop every shared timing and Inductor remote-cache entry. Artifacts stay; later compiles start cold."""
+        removed = {"gemm_timings": 0, "inductor_entries": 0}
+        for what, pattern in (("gemm_timings", keys.GEMM_TUNING_PATTERN), ("inductor_entries", keys.INDUCTOR_PATTERN)):
+            batch: list[Any] = []
+            for k in self.r.scan_iter(match=pattern, count=1000):
+                batch.append(k)
+                if len(batch) >= 1000:
+                    removed[what] += int(self.r.unlink(*batch))
+                    batch = []
+            if batch:
+                removed[what] += int(self.r.unlink(*batch))
+        return removed
+
     def count_compiles(self) -> int:
         return int(self.r.get(keys.COMPILES) or 0)
 
