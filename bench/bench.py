@@ -284,10 +284,12 @@ def main() -> int:
             out.write_text(json.dumps(results, indent=1, default=str))
             print(f"{name}: ok={row.get('ok')} eager={row.get('eager_ms')} aoti={row.get('aoti_ms')} "
                   f"tc={row.get('torch_compile_ms')} ({row['bench_s']:.0f} s)", flush=True)
-    finally:
-        for p in service:
+    finally:  # the API and workers first (a worker hands its job back through Redis), Redis (the last) after
+        for p in service[:-1]:
             p.terminate()
         for p in service:
+            if p is service[-1]:
+                p.terminate()
             p.wait(60)
     return 0
 
