@@ -69,6 +69,26 @@ def table(rs: list[dict[str, Any]]) -> str:
                      for l in lines)
 
 
+TTFI_TARGET_S = 2.0  # a pulled artifact's time to first inference, after import torch
+
+
+def misses(rs: list[dict[str, Any]]) -> list[str]:
+    """Each model that misses a target, and what the measurement says about why."""
+    out = []
+    for r in rs:
+        if not r["ok"]:
+            out.append(f"{r['model']}: did not compile (stage {r.get('stage')}): {str(r.get('error'))[:200]}")
+            continue
+        if r["vs_torch_compile"] is not None and r["vs_torch_compile"] < 1.0:
+            gap_us = (r["aoti_ms"] - r["torch_compile_ms"]) * 1e3
+            out.append(f"{r['model']}: {r['aoti_ms']:.3f} ms against torch.compile's {r['torch_compile_ms']:.3f} ms, "
+                       f"{gap_us:.0f} us ({100 * (1 - r['vs_torch_compile']):.1f} %) slower")
+        if r["ttfi_artifact_after_import_s"] > TTFI_TARGET_S:
+            out.append(f"{r['model']}: time to first inference {r['ttfi_artifact_after_import_s']:.2f} s after import "
+                       f"= pull {r['pull_s']:.2f} s + load {r['load_s']:.2f} s + first call {r['first_call_s']:.2f} s")
+    return out
+
+
 def chart(rs: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -108,6 +128,10 @@ def main() -> None:
     print(f"{result.get('device')}  {result.get('date')}  {result.get('versions')}")
     print(table(rs))
     s = summary(rs)
+    s["misses"] = misses(rs)
+    print("misses:" if s["misses"] else "misses: none")
+    for m in s["misses"]:
+        print(f"  {m}")
     print(json.dumps(s, indent=1))
     Path(a.result).with_suffix(".summary.json").write_text(json.dumps({"summary": s, "rows": rs}, indent=1))
     if a.png:
