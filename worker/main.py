@@ -315,7 +315,13 @@ class Worker:
         def cancelled() -> bool:
             return self._should_stop(job_id)
 
-        env = {"TORCHINDUCTOR_CACHE_DIR": str((self.settings.work_dir / "inductor-cache").resolve())}
+        # Inductor's caches live in the work dir, and so does the temp dir: AOTInductor keeps its precompiled
+        # headers under tempfile.gettempdir() whatever TORCHINDUCTOR_CACHE_DIR says, and building them is most of
+        # a fresh worker's first compile (13 s of 27 s for a tiny CPU model here; about 60 s on the GPU machine).
+        # A work dir on a volume (docker-compose.yml) keeps them across restarts.
+        tmp = (self.settings.work_dir / "tmp").resolve()
+        tmp.mkdir(parents=True, exist_ok=True)
+        env = {"TORCHINDUCTOR_CACHE_DIR": str((self.settings.work_dir / "inductor-cache").resolve()), "TMPDIR": str(tmp)}
         if self.settings.child_ld_preload:
             env["LD_PRELOAD"] = self.settings.child_ld_preload
         device = self.info["device"]

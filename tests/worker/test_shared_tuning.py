@@ -58,6 +58,8 @@ def test_max_autotune_timings_measured_by_one_worker_spare_the_next_the_benchmar
     assert g1["measured"] >= 4 and g1["published"] == g1["measured"] and g1["shared"] == 0, g1
     assert first["caches"]["autotune_remote_cache"] is True
     assert first["caches"]["fx_graph_cache_used_by_aot_compiles"] is False
+    # AOTInductor's precompiled headers went to the worker's work dir (a volume in docker-compose), not /tmp.
+    assert list((tmp_path / "w1" / "tmp").glob("torchinductor_*/precompiled_headers/*.gch"))
     stored = [k for k in cluster.store.r.scan_iter(match=keys.gemm_tuning(first["target"], "*"))]
     assert len(stored) == 1 and cluster.store.r.hlen(stored[0]) == g1["measured"]
 
