@@ -28,7 +28,18 @@ _JSON_FIELDS = ("spec", "options", "toolchain", "factors", "error", "timings", "
 _SUBMIT = """
 local existing = redis.call('GET', KEYS[1])
 if existing then
-  local st = redis.call('HGET', ARGV[3] .. existing, 'state')
+  local job = ARGV[3] .. existing
+  local st = redis.call('HGET', job, 'state')
+  if st == 'queued' and ARGV[5] == 'interactive' and redis.call('HGET', job, 'priority') == 'batch' then
+    -- An interactive request joins a batch job still in line: the job moves to the interactive queue. Its batch
+    -- entry stays (it may already be in a worker's hands); whichever entry is started first runs the job, and
+    -- START drops the other as a duplicate.
+    local id = redis.call('XADD', KEYS[4], '*', 'job', existing)
+    redis.call('HSET', job, 'priority', 'interactive', 'msg', id)
+    redis.call('XADD', job .. ':events', 'MAXLEN', '~', 500, '*', 'state', 'queued', 'stage', 'queued',
+               'priority', 'interactive', 'ts', ARGV[2])
+    return {existing, 0}
+  end
   if st == 'queued' or st == 'running' then return {existing, 0} end
 end
 redis.call('HSET', KEYS[2], unpack(cjson.decode(ARGV[4])))
@@ -195,7 +206,8 @@ class Store:
         """Create and enqueue a job for `cache_key`, or join the one already queued or running.
 
         Returns (job id, created). Atomic in Redis, so concurrent identical requests on any number of API
-        processes make exactly one job. A request that joins a job keeps that job's priority.
+        processes make exactly one job. An interactive request that joins a queued batch job moves it to the
+        interactive queue; otherwise a request that joins a job keeps that job's priority.
         """
         if priority not in keys.PRIORITIES:
             raise ValueError(f"unknown priority {priority!r}")
@@ -219,7 +231,7 @@ class Store:
         got, created = self._submit(
             keys=[keys.inflight(cache_key), keys.job(job_id), keys.JOBS_INDEX, keys.queue(target, priority),
                   keys.job_events(job_id)],
-            args=[job_id, f"{now:.3f}", keys.job(""), json.dumps(flat)],
+            args=[job_id, f"{now:.3f}", keys.job(""), json.dumps(flat), priority],
         )
         return got, bool(created)
 

@@ -71,3 +71,50 @@ def test_an_idle_worker_reaps_a_lost_job_and_then_takes_it(store):
     assert msg is not None and msg[1] == job_id
     assert store.start_job(job_id, msg[0]) == ("running", 2)
     assert store.get_job(job_id)["failures"][0]["worker"] == lost.id
+
+
+def test_an_interactive_request_joining_a_queued_batch_job_moves_it_ahead(store):
+    target = f"cpu-test-{uuid.uuid4().hex[:8]}"
+    w = _worker(store, target)
+    fields = {"model_id": "m", "spec": [], "options": {}, "toolchain": {"torch": "x"}, "factors": {}, "max_attempts": 3}
+    wanted, ahead = f"k-{uuid.uuid4().hex}", f"k-{uuid.uuid4().hex}"
+    ahead_id, _ = store.submit_job(ahead, target, fields, priority="batch")
+    job_id, _ = store.submit_job(wanted, target, fields, priority="batch")
+    joined, created = store.submit_job(wanted, target, fields, priority="interactive")  # a deploy needs it now
+    assert (joined, created) == (job_id, False)
+    assert store.get_job(job_id)["priority"] == "interactive"
+    assert [e[1].get("priority") for e in store.r.xrange(keys.job_events(job_id))] == [None, "interactive"]
+
+    served = []
+    while (msg := w.next_message()) is not None:
+        lease, got = msg
+        outcome = store.start_job(got, lease)
+        served.append((got, outcome[0]))
+        if outcome[0] == "running":
+            assert store.finish_job(got, "succeeded", lease=lease, artifact="k")
+    # The job ran first, from the interactive queue; its old batch entry was dropped when read, after the other job.
+    assert served == [(job_id, "running"), (ahead_id, "running"), (job_id, "succeeded")]
+    for priority in keys.PRIORITIES:
+        stream = keys.queue(target, priority)
+        assert store.r.xlen(stream) == 0 and int(store.r.xpending(stream, keys.QUEUE_GROUP)["pending"]) == 0
+
+    # A batch request joining a queued interactive job does not demote it, nor queue it twice.
+    k = f"k-{uuid.uuid4().hex}"
+    j, _ = store.submit_job(k, target, fields, priority="interactive")
+    assert store.submit_job(k, target, fields, priority="batch") == (j, False)
+    assert store.get_job(j)["priority"] == "interactive" and store.r.xlen(keys.queue(target, "batch")) == 0
+
+
+def test_a_promoted_job_cancelled_while_queued_leaves_no_entry_behind(store):
+    target = f"cpu-test-{uuid.uuid4().hex[:8]}"
+    w = _worker(store, target)
+    fields = {"model_id": "m", "spec": [], "options": {}, "toolchain": {"torch": "x"}, "factors": {}, "max_attempts": 3}
+    key = f"k-{uuid.uuid4().hex}"
+    job_id, _ = store.submit_job(key, target, fields, priority="batch")
+    store.submit_job(key, target, fields, priority="interactive")
+    assert store.request_cancel(job_id) == "cancelled"
+    msg = w.next_message()  # the batch entry, still in line
+    assert msg is not None and msg[1] == job_id and store.start_job(job_id, msg[0]) == ("cancelled", 0)
+    assert w.next_message() is None
+    for priority in keys.PRIORITIES:
+        assert store.r.xlen(keys.queue(target, priority)) == 0
