@@ -363,6 +363,18 @@ class Store:
             st = self.r.hget(keys.job(job_id), "state")  # a worker started it meanwhile: it sees the flag
         return str(st)
 
+    def oldest_waiting_ms(self, stream: str) -> float | None:
+        """When (ms since the epoch) the oldest entry not yet handed to any worker was queued; None if none."""
+        try:
+            groups = self.r.xinfo_groups(stream)
+        except redis.ResponseError:  # no such stream yet
+            return None
+        last = next((g["last-delivered-id"] for g in groups if g["name"] == keys.QUEUE_GROUP), None)
+        if last is None:
+            return None
+        nxt = cast(list[tuple[str, Any]], self.r.xrange(stream, min=f"({last}", count=1))
+        return float(nxt[0][0].split("-")[0]) if nxt else None
+
     def cancel_requested(self, job_id: str) -> bool:
         return self.r.hget(keys.job(job_id), "cancel") == "1"
 

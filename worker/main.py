@@ -106,7 +106,7 @@ class Worker:
         self.reaper.maybe_run()
         r = self.store.r
         got: list[tuple[str, str, str]] = []  # (stream, msg id, job id)
-        for stream in self.streams:  # a non-blocking look at each stream, most urgent first
+        for stream in self._reading_order():  # a non-blocking look at each stream, most urgent first
             res = cast(_Read, r.xreadgroup(keys.QUEUE_GROUP, self.id, {stream: ">"}, count=1))
             if res:
                 got = [(stream, *self._entry(res[0][1][0]))]
@@ -122,6 +122,18 @@ class Worker:
             self.store.requeue_job(job_id, Lease(stream, msg_id, self.id), expect_state="queued")
         stream, msg_id, job_id = got[0]
         return Lease(stream, msg_id, self.id), job_id
+
+    def _reading_order(self) -> list[str]:
+        """Most urgent first, except that a job waiting in a less urgent queue for longer than batch_max_wait_s
+        goes first (one at a time), so a steady stream of interactive work cannot starve batch work forever."""
+        order = list(self.streams)
+        now_ms = time.time() * 1000
+        for stream in self.streams[1:]:
+            waiting = self.store.oldest_waiting_ms(stream)
+            if waiting is not None and now_ms - waiting > self.settings.batch_max_wait_s * 1000:
+                order.remove(stream)
+                return [stream, *order]
+        return order
 
     @staticmethod
     def _entry(entry: Any) -> tuple[str, str]:

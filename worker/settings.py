@@ -21,6 +21,9 @@ class WorkerSettings(BaseSettings):
     lease_s: float = Field(default=30.0, gt=0, description="A claimed job whose lease is not renewed this long is reclaimed.")
     reap_interval_s: float = Field(default=5.0, gt=0, description="How often this worker looks for expired leases.")
     worker_ttl_s: float = Field(default=15.0, gt=0, description="Registry entry lifetime without a heartbeat.")
+    batch_max_wait_s: float = Field(
+        default=600.0, gt=0, description="A batch job queued longer than this is served before interactive ones."
+    )
     poll_ms: int = Field(default=2000, gt=0, description="How long one queue read blocks.")
     chunk_mb: int = Field(default=64, gt=0, le=512)
     child_ld_preload: str = Field(

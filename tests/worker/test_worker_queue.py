@@ -118,3 +118,20 @@ def test_a_promoted_job_cancelled_while_queued_leaves_no_entry_behind(store):
     assert w.next_message() is None
     for priority in keys.PRIORITIES:
         assert store.r.xlen(keys.queue(target, priority)) == 0
+
+
+def test_a_batch_job_waiting_longer_than_batch_max_wait_goes_before_interactive_ones(store):
+    target = f"cpu-test-{uuid.uuid4().hex[:8]}"
+    w = _worker(store, target, batch_max_wait_s=1.0)
+    old_batch = _submit(store, target, "batch")
+    time.sleep(1.2)
+    fresh_batch = _submit(store, target, "batch")
+    inter = [_submit(store, target, "interactive") for _ in range(2)]
+    served = []
+    while (msg := w.next_message()) is not None:
+        lease, job_id = msg
+        served.append(job_id)
+        assert store.start_job(job_id, lease)[0] == "running"
+        assert store.finish_job(job_id, "succeeded", lease=lease, artifact="k")
+    # The old batch job first; the fresh one has not waited long enough, so interactive work goes before it.
+    assert served == [old_batch, inter[0], inter[1], fresh_batch]
