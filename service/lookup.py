@@ -30,14 +30,14 @@ def find_artifact(
     ]
     if not fits:
         return None
-    width = min(_width(a["factors"]["spec"]) for a in fits)
-    best = [a for a in fits if _width(a["factors"]["spec"]) == width]
-    timed = [_measured(a) for a in best]
-    if len(best) > 1 and all(t is not None for t in timed) and len({t[0] for t in timed if t}) == 1:
+    widths = [_width(a["factors"]["spec"]) for a in fits]
+    best = [a for a, w in zip(fits, widths) if w == min(widths)]
+    timed = [(t, a) for a in best if (t := _measured(a)) is not None]
+    if len(best) > 1 and len(timed) == len(best) and len({t[0] for t, _ in timed}) == 1:
         # Equally specialised artifacts (say default and max-autotune of the same shapes) whose checks ran on the
         # same kind of device: serve the one that ran fastest there. max-autotune wins on some models and loses
         # on others (bench/results/tuning-*), so the measured time, not the mode, decides.
-        return min(best, key=lambda a: (_measured(a)[1], -a["created"]))  # type: ignore[index]
+        return min(timed, key=lambda ta: (ta[0][1], -ta[1]["created"]))[1]
     return max(best, key=lambda a: a["created"])
 
 

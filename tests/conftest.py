@@ -4,15 +4,13 @@ process, and a real worker process running the real compiler on the CPU."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from procs import MAX_UPLOAD_MB, ROOT, start_worker, stop, wait_http, wait_workers
-from service.embedded_redis import EmbeddedRedis, free_port
+from procs import MAX_UPLOAD_MB, ROOT, start_api, start_worker, stop, wait_workers
+from service.embedded_redis import EmbeddedRedis
 from service.store import Store
 
 @pytest.fixture(scope="session")
@@ -45,15 +43,7 @@ def service_env(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFa
 
 @pytest.fixture(scope="session")
 def api_url(service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("logs") / "api.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning"],
-        env=service_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_http(url, proc)
+    url, proc = start_api(service_env, tmp_path_factory.mktemp("logs") / "api.log")
     yield url
     stop(proc)
 

@@ -43,6 +43,18 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def start_api(env: dict[str, str], log_path: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    """The API served by uvicorn on a free port, in its own process; returns its URL once it answers."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "warning"],
+        env=env, cwd=ROOT, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url, proc)
+    return url, proc
+
+
 def start_worker(env: dict[str, str], log_path: Path, **extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "worker"], env={**env, **extra}, cwd=ROOT,
                             stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
@@ -91,14 +103,8 @@ class Cluster:
         self.url, self.api = self.start_api()
 
     def start_api(self) -> tuple[str, subprocess.Popen[bytes]]:
-        port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--host", "127.0.0.1",
-             "--port", str(port), "--log-level", "warning"],
-            env=self.api_env, cwd=ROOT, stdout=open(self.base / f"api-{port}.log", "wb"), stderr=subprocess.STDOUT)
+        url, proc = start_api(self.api_env, self.base / f"api-{len(self.procs)}.log")
         self.procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url, proc)
         return url, proc
 
     def start_worker(self, **env: str) -> tuple[subprocess.Popen[bytes], str]:

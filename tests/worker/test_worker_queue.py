@@ -18,11 +18,24 @@ def _worker(store: Store, target: str, **settings: float) -> Worker:
     return w
 
 
+FIELDS = {"model_id": "m", "spec": [], "options": {}, "toolchain": {"torch": "x"}, "factors": {}, "max_attempts": 3}
+
+
 def _submit(store: Store, target: str, priority: str) -> str:
-    job_id, _ = store.submit_job(uuid.uuid4().hex, target, {
-        "model_id": "m", "spec": [], "options": {}, "toolchain": {"torch": "x"}, "factors": {}, "max_attempts": 3},
-        priority=priority)
+    job_id, _ = store.submit_job(uuid.uuid4().hex, target, FIELDS, priority=priority)
     return job_id
+
+
+def _serve_all(w: Worker, store: Store) -> list[tuple[str, str]]:
+    """Read the queue dry: start each entry and finish what started. Returns (job id, start outcome) in order."""
+    served = []
+    while (msg := w.next_message()) is not None:
+        lease, job_id = msg
+        outcome = store.start_job(job_id, lease)[0]
+        served.append((job_id, outcome))
+        if outcome == "running":
+            assert store.finish_job(job_id, "succeeded", lease=lease, artifact="k")
+    return served
 
 
 def test_interactive_jobs_are_served_before_batch_jobs(store):
@@ -30,13 +43,8 @@ def test_interactive_jobs_are_served_before_batch_jobs(store):
     w = _worker(store, target)
     order = [("batch", _submit(store, target, "batch")), ("interactive", _submit(store, target, "interactive")),
              ("batch", _submit(store, target, "batch")), ("interactive", _submit(store, target, "interactive"))]
-    served = []
-    while (msg := w.next_message()) is not None:
-        lease, job_id = msg
-        served.append(job_id)
-        assert store.start_job(job_id, lease)[0] == "running"
-        assert store.finish_job(job_id, "succeeded", lease=lease, artifact="k")
-    assert served == [order[1][1], order[3][1], order[0][1], order[2][1]]
+    ids = [order[1][1], order[3][1], order[0][1], order[2][1]]
+    assert _serve_all(w, store) == [(i, "running") for i in ids]
 
 
 def test_a_batch_entry_read_together_with_an_interactive_one_goes_back_in_line(store):
@@ -76,42 +84,33 @@ def test_an_idle_worker_reaps_a_lost_job_and_then_takes_it(store):
 def test_an_interactive_request_joining_a_queued_batch_job_moves_it_ahead(store):
     target = f"cpu-test-{uuid.uuid4().hex[:8]}"
     w = _worker(store, target)
-    fields = {"model_id": "m", "spec": [], "options": {}, "toolchain": {"torch": "x"}, "factors": {}, "max_attempts": 3}
     wanted, ahead = f"k-{uuid.uuid4().hex}", f"k-{uuid.uuid4().hex}"
-    ahead_id, _ = store.submit_job(ahead, target, fields, priority="batch")
-    job_id, _ = store.submit_job(wanted, target, fields, priority="batch")
-    joined, created = store.submit_job(wanted, target, fields, priority="interactive")  # a deploy needs it now
+    ahead_id, _ = store.submit_job(ahead, target, FIELDS, priority="batch")
+    job_id, _ = store.submit_job(wanted, target, FIELDS, priority="batch")
+    joined, created = store.submit_job(wanted, target, FIELDS, priority="interactive")  # a deploy needs it now
     assert (joined, created) == (job_id, False)
     assert store.get_job(job_id)["priority"] == "interactive"
     assert [e[1].get("priority") for e in store.r.xrange(keys.job_events(job_id))] == [None, "interactive"]
 
-    served = []
-    while (msg := w.next_message()) is not None:
-        lease, got = msg
-        outcome = store.start_job(got, lease)
-        served.append((got, outcome[0]))
-        if outcome[0] == "running":
-            assert store.finish_job(got, "succeeded", lease=lease, artifact="k")
     # The job ran first, from the interactive queue; its old batch entry was dropped when read, after the other job.
-    assert served == [(job_id, "running"), (ahead_id, "running"), (job_id, "succeeded")]
+    assert _serve_all(w, store) == [(job_id, "running"), (ahead_id, "running"), (job_id, "succeeded")]
     for priority in keys.PRIORITIES:
         stream = keys.queue(target, priority)
         assert store.r.xlen(stream) == 0 and int(store.r.xpending(stream, keys.QUEUE_GROUP)["pending"]) == 0
 
     # A batch request joining a queued interactive job does not demote it, nor queue it twice.
     k = f"k-{uuid.uuid4().hex}"
-    j, _ = store.submit_job(k, target, fields, priority="interactive")
-    assert store.submit_job(k, target, fields, priority="batch") == (j, False)
+    j, _ = store.submit_job(k, target, FIELDS, priority="interactive")
+    assert store.submit_job(k, target, FIELDS, priority="batch") == (j, False)
     assert store.get_job(j)["priority"] == "interactive" and store.r.xlen(keys.queue(target, "batch")) == 0
 
 
 def test_a_promoted_job_cancelled_while_queued_leaves_no_entry_behind(store):
     target = f"cpu-test-{uuid.uuid4().hex[:8]}"
     w = _worker(store, target)
-    fields = {"model_id": "m", "spec": [], "options": {}, "toolchain": {"torch": "x"}, "factors": {}, "max_attempts": 3}
     key = f"k-{uuid.uuid4().hex}"
-    job_id, _ = store.submit_job(key, target, fields, priority="batch")
-    store.submit_job(key, target, fields, priority="interactive")
+    job_id, _ = store.submit_job(key, target, FIELDS, priority="batch")
+    store.submit_job(key, target, FIELDS, priority="interactive")
     assert store.request_cancel(job_id) == "cancelled"
     msg = w.next_message()  # the batch entry, still in line
     assert msg is not None and msg[1] == job_id and store.start_job(job_id, msg[0]) == ("cancelled", 0)
@@ -127,11 +126,5 @@ def test_a_batch_job_waiting_longer_than_batch_max_wait_goes_before_interactive_
     time.sleep(1.2)
     fresh_batch = _submit(store, target, "batch")
     inter = [_submit(store, target, "interactive") for _ in range(2)]
-    served = []
-    while (msg := w.next_message()) is not None:
-        lease, job_id = msg
-        served.append(job_id)
-        assert store.start_job(job_id, lease)[0] == "running"
-        assert store.finish_job(job_id, "succeeded", lease=lease, artifact="k")
     # The old batch job first; the fresh one has not waited long enough, so interactive work goes before it.
-    assert served == [old_batch, inter[0], inter[1], fresh_batch]
+    assert _serve_all(w, store) == [(i, "running") for i in (old_batch, inter[0], inter[1], fresh_batch)]
