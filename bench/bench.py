@@ -107,7 +107,7 @@ def start_service(port: int, data_dir: Path, workers: int) -> list[subprocess.Po
     """Embedded Redis (AOF, so artifacts survive a restart), the API, and `workers` worker processes on cuda:0.
     Several workers share the GPU to overlap compiles, which are mostly CPU work; compile times then include
     that contention (recorded as parallel_compiles)."""
-    from service.embedded_redis import EmbeddedRedis
+    from service.store.embedded import EmbeddedRedis
 
     redis_srv = EmbeddedRedis(data_dir / "redis", port=port + 1).start()
     env = {**os.environ, "AOTC_REDIS_URL": redis_srv.url, "AOTC_DATA_DIR": str(data_dir), "AOTC_DEVICE": "cuda:0",
@@ -115,7 +115,7 @@ def start_service(port: int, data_dir: Path, workers: int) -> list[subprocess.Po
            "AOTC_COMPILE_TIMEOUT_S": "900",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     log = open(data_dir / "serve.log", "ab")
-    procs = [subprocess.Popen([sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--port",
+    procs = [subprocess.Popen([sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--port",
                                str(port), "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)]
     procs += [subprocess.Popen([sys.executable, "-m", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
               for _ in range(workers)]

@@ -63,7 +63,7 @@ def plan_steps(plan: str) -> list[dict[str, Any]]:
 
 class Lane:
     def __init__(self, device: str, state: Path, port: int) -> None:
-        from service.embedded_redis import EmbeddedRedis
+        from service.store.embedded import EmbeddedRedis
         from service.store import Store
 
         self.device, self.state, self.port = device, state, port
@@ -74,7 +74,7 @@ class Lane:
                     "AOTC_CHILD_LD_PRELOAD": os.environ.get("LD_PRELOAD", ""),
                     "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.log = open(state / "lane.log", "ab")
-        self.api = subprocess.Popen([sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--port",
+        self.api = subprocess.Popen([sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--port",
                                      str(port), "--log-level", "warning"], env=self.env, stdout=self.log,
                                     stderr=subprocess.STDOUT, cwd=ROOT)
         self.url = f"http://127.0.0.1:{port}"

@@ -131,7 +131,7 @@ def _table(rows: list[list[str]], header: list[str]) -> None:
 
 
 def _fmt_shapes(inputs: list[dict[str, Any]]) -> str:
-    from service.specs import format_shape
+    from compiler.shapes import format_shape
 
     return " ".join(f"{i['name']}:{i['dtype']}[{format_shape(i['shape'])}]" for i in inputs)
 
@@ -202,7 +202,7 @@ def cmd_report(c: Client, a: argparse.Namespace) -> int:
         return 0
     art, rep = c.artifact(a.key), c.report(a.key)
     st = rep.get("stages", {})
-    from service.specs import format_shape
+    from compiler.shapes import format_shape
 
     shapes = " ".join(f"{i['name']}={format_shape(i['shape'])}" for i in rep.get("spec", []))
     print(f"artifact {a.key}: model {art.meta['model_id'][:12]} on {art.meta['target']}, torch {rep.get('torch')}, "
@@ -278,9 +278,9 @@ def cmd_worker(a: argparse.Namespace) -> int:
 def cmd_serve(a: argparse.Namespace) -> int:
     import uvicorn
 
-    from service.app import create_app
-    from service.embedded_redis import EmbeddedRedis
-    from service.settings import Settings
+    from service.api.app import create_app
+    from service.store.embedded import EmbeddedRedis
+    from service.api.settings import Settings
 
     settings = Settings()
     redis_proc = None

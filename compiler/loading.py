@@ -1,7 +1,7 @@
 """Load an uploaded torch.export archive without letting it run code.
 
 Three layers, each enough on its own for the attacks it covers:
-1. the API's static checks again (service.archive: pickles against the allow-list, expression strings and
+1. the API's static checks again (compiler.archive.inspect: pickles against the allow-list, expression strings and
    guards against a whitelist grammar, no custom-object constants, no AOTInductor code) - the archive on the
    worker is the same bytes, but the worker must not trust that the API looked;
 2. every pickled entry is loaded with torch.load(weights_only=True) before torch.export.load sees it;
@@ -20,8 +20,8 @@ import torch
 
 from compiler import torch_compat
 from compiler.errors import BadModel, UnsafeModel
-from service import archive as archive_mod  # pure: no torch, no Redis/HTTP
-from service.errors import AotcError, UnsafeArchive
+from compiler.archive import inspect as archive_mod  # pure: no torch, no Redis/HTTP
+from compiler.errors import AotcError, UnsafeArchive
 
 STAGE = "load"
 MAX_PICKLE_ENTRY_BYTES = 64 * 2**30

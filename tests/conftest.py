@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from procs import MAX_UPLOAD_MB, ROOT, start_api, start_worker, stop, wait_workers
-from service.embedded_redis import EmbeddedRedis
+from service.store.embedded import EmbeddedRedis
 from service.store import Store
 
 @pytest.fixture(scope="session")

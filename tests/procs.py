@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from service.embedded_redis import EmbeddedRedis, free_port
+from service.store.embedded import EmbeddedRedis, free_port
 from service.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ def start_api(env: dict[str, str], log_path: Path) -> tuple[str, subprocess.Pope
     """The API served by uvicorn on a free port, in its own process; returns its URL once it answers."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--host", "127.0.0.1",
+        [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning"],
         env=env, cwd=ROOT, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -1,7 +1,7 @@
 """The worker: reads jobs for its concrete target from a Redis stream, compiles and checks each in a child
 process, and publishes checked artifacts.
 
-Delivery is at least once. A claimed job is a lease (service.leases) that the heartbeat thread renews; a reaper
+Delivery is at least once. A claimed job is a lease (service.store.leases) that the heartbeat thread renews; a reaper
 in any worker or API process takes back leases left to expire and requeues their jobs, so a worker that dies
 loses no job. The attempt is counted at claim time, so a job that keeps killing workers still stops at
 max_attempts. Interactive jobs are read before batch jobs.
@@ -28,8 +28,8 @@ from typing import Any, cast
 import redis
 
 from compiler.report import attach_check  # torch-free
-from service import keys
-from service.leases import Lease, Reaper, forget_consumer
+from service.store import keys
+from service.store.leases import Lease, Reaper, forget_consumer
 from service.store import Store
 from worker.sandbox import Outcome, run_child
 from worker.settings import WorkerSettings
@@ -385,7 +385,7 @@ class Worker:
 
 def serve(settings: WorkerSettings, max_jobs: int | None = None) -> None:
     """Run a worker until SIGTERM/SIGINT. A signal mid-job kills the child and hands the job back unspent."""
-    from compiler.target import detect
+    from compiler.device import detect
 
     info = detect(settings.device)
     w = Worker(settings, info)

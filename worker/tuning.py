@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from service import keys
+from service.store import keys
 
 log = logging.getLogger("aotc.worker.tuning")
 

@@ -21,8 +21,8 @@ from archives import ConvNet, MLP, exec_pickle, read_json, rewrite, system_pickl
 from compiler import torch_compat
 from compiler.errors import BadModel, UnsafeModel
 from compiler.loading import load_program
-from service.archive import check_sym_expr, inspect_archive
-from service.errors import UnsafeArchive
+from compiler.archive.inspect import check_sym_expr, inspect_archive
+from compiler.errors import UnsafeArchive
 
 
 class Pair(torch.nn.Module):

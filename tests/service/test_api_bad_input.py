@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from modelzoo import MLP, export, seeded
-from service import keys
+from service.store import keys
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +39,7 @@ def _queue_state(store) -> tuple[int, int]:
 
 
 def test_importing_the_api_leaves_torch_out():
-    code = "import sys, service.app; service.app.create_app(); assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, service.api.app; service.api.app.create_app(); assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 

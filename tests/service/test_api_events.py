@@ -25,9 +25,9 @@ import torch
 
 from modelzoo import MLP, export, seeded
 from procs import ROOT, stop, wait_http
-from service import keys
-from service.embedded_redis import free_port
-from service.leases import Lease
+from service.store import keys
+from service.store.embedded import free_port
+from service.store.leases import Lease
 from service.store import Store
 
 TARGET = f"cpu-sse-{uuid.uuid4().hex[:8]}"
@@ -36,7 +36,7 @@ TARGET = f"cpu-sse-{uuid.uuid4().hex[:8]}"
 def _start_api(env: dict[str, str], log: Path) -> tuple[str, subprocess.Popen[bytes]]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory", "--host", "127.0.0.1",
+        [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "info"],
         env=env, cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -1,4 +1,4 @@
-"""service.archive / service.pickles against real torch.export archives and hand-built hostile ones.
+"""compiler.archive.inspect / compiler.archive.pickles against real torch.export archives and hand-built hostile ones.
 
 The test process imports torch to build archives; the modules under test must not (checked in a subprocess).
 """
@@ -23,9 +23,9 @@ import torch
 from torch.export import Dim
 
 from archives import ConvNet, MLP, exec_pickle, export, rewrite, system_pickle, torch_zip_with
-from service import archive, pickles
-from service.archive import check_guard, check_sym_expr, inspect_archive
-from service.errors import AotcError, UnsafeArchive, Unprocessable, UnsupportedMedia
+from compiler.archive import inspect as archive, pickles
+from compiler.archive.inspect import check_guard, check_sym_expr, inspect_archive
+from compiler.errors import AotcError, UnsafeArchive, Unprocessable, UnsupportedMedia
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -610,5 +610,5 @@ def test_json_structure_mutations_fail_cleanly(zoo: dict[str, Path], tmp_path: P
 
 
 def test_api_modules_do_not_import_torch() -> None:
-    code = "import service.archive, service.pickles, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import compiler.archive.inspect, compiler.archive.pickles, sys; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from service.archive import _is_operator_target, inspect_archive
+from compiler.archive.inspect import _is_operator_target, inspect_archive
 
 
 def test_attention_mask_and_is_accepted(tmp_path):

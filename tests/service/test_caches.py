@@ -9,7 +9,7 @@ import sys
 import httpx
 
 from procs import ROOT
-from service import keys
+from service.store import keys
 
 
 def test_shared_compile_caches_are_listed_and_cleared(api_url, store):

@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from service import keys
-from service.leases import Lease, reap_all
+from service.store import keys
+from service.store.leases import Lease, reap_all
 from service.store import Store
 
 

@@ -6,7 +6,7 @@ import time
 
 import httpx
 
-from service import cachekey
+from compiler import cachekey
 
 
 def _publish(store, tmp_path, model_id: str, spec: list, mode: str, ms: float | None = None,

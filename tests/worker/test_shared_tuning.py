@@ -16,7 +16,7 @@ import torch
 from modelzoo import export, seeded
 from procs import ROOT, Cluster, stop
 
-from service import keys
+from service.store import keys
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from service import keys
+from service.store import keys
 from service.store import Store
 from worker.main import Worker
 from worker.settings import WorkerSettings
@@ -55,7 +55,7 @@ def test_a_batch_entry_read_together_with_an_interactive_one_goes_back_in_line(s
     i = _submit(store, target, "interactive")
     res = store.r.xreadgroup(keys.QUEUE_GROUP, w.id, {s: ">" for s in w.streams}, count=1)
     assert len(res) == 2  # one entry per stream: the case next_message handles
-    from service.leases import Lease
+    from service.store.leases import Lease
 
     got = {s: entries[0] for s, entries in res}
     batch_stream = keys.queue(target, "batch")

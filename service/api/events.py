@@ -24,7 +24,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from service import keys
+from service.store import keys
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 _BLOCK_MS = 1000  # one blocking read; also how soon a shutdown ends open streams

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from service import keys
+from service.store import keys
 
 if TYPE_CHECKING:
     from service.store import Store

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from service.errors import Unprocessable
+from compiler.errors import Unprocessable
 
 _TARGET_RE = re.compile(r"^(cpu|cuda)(-[a-z0-9_]+(?:-[a-z0-9_]+)*)?$")
 

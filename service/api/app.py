@@ -17,10 +17,10 @@ from starlette.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from service.errors import AotcError
-from service.leases import reap_all
-from service.routes import artifacts, compilations, health, jobs, models, workers
-from service.settings import Settings, get_settings
+from compiler.errors import AotcError
+from service.store.leases import reap_all
+from service.api.routes import artifacts, compilations, health, jobs, models, workers
+from service.api.settings import Settings, get_settings
 from service.store import Store
 
 

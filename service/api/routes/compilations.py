@@ -7,11 +7,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from compiler.options import CompileOptions
-from service import cachekey, specs, targets
-from service.deps import SettingsDep, StoreDep
-from service.errors import Unavailable, Unprocessable
-from service.lookup import find_artifact
-from service.routes.models import resolve_model
+from compiler import cachekey, targets
+from compiler import shapes as specs
+from service.api.deps import SettingsDep, StoreDep
+from compiler.errors import Unavailable, Unprocessable
+from service.api.lookup import find_artifact
+from service.api.routes.models import resolve_model
 
 router = APIRouter(prefix="/v1/compilations", tags=["compilations"])
 

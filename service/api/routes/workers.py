@@ -4,7 +4,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service.deps import StoreDep
+from service.api.deps import StoreDep
 
 router = APIRouter(prefix="/v1", tags=["workers"])
 

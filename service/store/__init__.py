@@ -1,7 +1,7 @@
 """The Redis store: models, blobs, jobs, the queue, artifacts and the worker registry.
 
 Synchronous on purpose: the API runs these calls in its thread pool and the worker calls them directly, so
-there is one implementation of every state transition. Key names come from service.keys only.
+there is one implementation of every state transition. Key names come from service.store.keys only.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from service import jobstate, keys
-from service.leases import Lease
+from service.store import keys, scripts as jobstate
+from service.store.leases import Lease
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 _JSON_FIELDS = ("spec", "options", "toolchain", "factors", "error", "timings", "check", "failures")
@@ -268,7 +268,7 @@ class Store:
                    self.r.xread({keys.job_events(job_id): after}, block=block_ms, count=100))
         return [(eid, ev) for _, entries in res for eid, ev in entries] if res else []
 
-    # State transitions (service.jobstate draws the machine). A worker or a reaper passes the lease it holds;
+    # State transitions (service.store.scripts draws the machine). A worker or a reaper passes the lease it holds;
     # the transition happens only while that lease is still held.
 
     def start_job(self, job_id: str, lease: Lease) -> tuple[str, int]:

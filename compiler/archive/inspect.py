@@ -4,11 +4,11 @@ The upload is untrusted, and `torch.export.load` trusts it: it unpickles sample 
 constants with weights_only=False, `pickle.loads` opaque constants, loads AOTInductor shared libraries, feeds
 every `expr_str` to `sympy.sympify` (an `eval`), and `exec`s `guards_code` when the program runs. So before a
 worker ever loads an upload, this module checks every one of those inputs statically: pickles against an
-allow-list (service.pickles), symbolic expressions and guards against a whitelist grammar (parsed with `ast`,
+allow-list (compiler.archive.pickles), symbolic expressions and guards against a whitelist grammar (parsed with `ast`,
 never evaluated), tree specs for the two importing hooks of torch's pytree. It also reads what the API needs
 to answer: user inputs with dtypes and dynamic ranges, the output count, the weight size.
 
-Everything that goes wrong is one of service.errors' classes; hostile bytes never surface as a raw exception.
+Everything that goes wrong is one of compiler.errors' classes; hostile bytes never surface as a raw exception.
 Non-tensor user inputs (ints, floats, strings passed as graph inputs) are refused: the service compiles for
 tensor inputs only.
 """
@@ -21,8 +21,8 @@ import re
 import zipfile
 from typing import IO, Any
 
-from service import pickles
-from service.errors import AotcError, UnsafeArchive, Unprocessable, UnsupportedMedia
+from compiler.archive import pickles
+from compiler.errors import AotcError, UnsafeArchive, Unprocessable, UnsupportedMedia
 
 MAX_ENTRIES = 100_000
 MAX_EXPR_CHARS = 100_000

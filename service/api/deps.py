@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from service.settings import Settings
+from service.api.settings import Settings
 from service.store import Store
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service import specs, targets
+from compiler import shapes as specs, targets
 from service.store import Store
 
 

@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from service import specs, targets
-from service.deps import StoreDep
-from service.errors import Conflict, NotFound, Unprocessable
-from service.lookup import find_artifact
-from service.routes.models import resolve_model
+from compiler import shapes as specs, targets
+from service.api.deps import StoreDep
+from compiler.errors import Conflict, NotFound, Unprocessable
+from service.api.lookup import find_artifact
+from service.api.routes.models import resolve_model
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
 SOURCES_LIMIT = 512 * 2**20  # the sources archive is read whole; the worker writes text, far below this

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any, Union
 
-from service.errors import Unprocessable
+from compiler.errors import Unprocessable
 
 Dim = Union[int, dict[str, int]]  # canonical: int, or {"min": a, "max": b} with a < b
 _DIM_RE = re.compile(r"^(\d+)(?:\.\.(\d+))?$")

@@ -17,7 +17,7 @@ import zipfile
 from collections.abc import Iterator
 from typing import IO
 
-from service.errors import UnsafeArchive
+from compiler.errors import UnsafeArchive
 
 # A torch.save zip nests its pickle as `<archive name>/data.pkl`; any other `.pkl` inside is scanned too.
 ZIP_MAGIC = b"PK\x03\x04"

@@ -10,9 +10,9 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from service.archive import inspect_archive
-from service.deps import SettingsDep, StoreDep
-from service.errors import BadRequest, NotFound, PayloadTooLarge, Unprocessable
+from compiler.archive.inspect import inspect_archive
+from service.api.deps import SettingsDep, StoreDep
+from compiler.errors import BadRequest, NotFound, PayloadTooLarge, Unprocessable
 from service.store import Store
 
 router = APIRouter(prefix="/v1/models", tags=["models"])

@@ -6,9 +6,9 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from service.deps import StoreDep
-from service.errors import Conflict, NotFound
-from service.events import job_stream
+from service.api.deps import StoreDep
+from compiler.errors import Conflict, NotFound
+from service.api.events import job_stream
 from service.store import TERMINAL
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

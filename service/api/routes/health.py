@@ -3,7 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from service.deps import StoreDep
+from service.api.deps import StoreDep
 
 router = APIRouter(tags=["health"])
 
