@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from compiler.shapes import covers
+
 
 @dataclass(frozen=True)
 class Bundle:
@@ -32,19 +34,6 @@ Shapes = list[list[int]]
 def _static(spec: list[dict[str, Any]]) -> Shapes | None:
     shapes = [[d for d in inp["shape"]] for inp in spec]
     return shapes if all(isinstance(d, int) for s in shapes for d in s) else None
-
-
-def covers(spec: list[dict[str, Any]], shapes: Shapes) -> bool:
-    if len(spec) != len(shapes):
-        return False
-    for inp, shape in zip(spec, shapes):
-        if len(inp["shape"]) != len(shape):
-            return False
-        for d, n in zip(inp["shape"], shape):
-            lo, hi = (d, d) if isinstance(d, int) else (d["min"], d["max"])
-            if not lo <= n <= hi:
-                return False
-    return True
 
 
 def choose(buckets: Sequence[Shapes], shapes: Shapes, pad: bool = True) -> tuple[int, bool] | None:

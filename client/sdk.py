@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from client.buckets import BucketedModel, Bundle
+from compiler.targets import Target
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -340,8 +341,8 @@ class Client:
         path = self.pull(art)
         from compiler.torch_compat import aoti_load_package  # imports torch: only to load
 
-        target = str(art.meta.get("target", ""))
-        device = device or ("cuda:0" if target.startswith("cuda") else "cpu")
+        target = Target.parse(str(art.meta.get("target", "")))
+        device = device or ("cuda:0" if target.kind == "cuda" else "cpu")
         _check_target(target, device)
         return aoti_load_package(str(path), device)
 
@@ -356,20 +357,17 @@ class Client:
         return dict(self._json("DELETE", "/v1/caches")["removed"])
 
 
-def _check_target(target: str, device: str) -> None:
+def _check_target(target: Target, device: str) -> None:
     """Refuse to load an artifact built for another device than the one here: a clear error beats a crash."""
-    import torch
+    from compiler.device import host_target  # imports torch: only to load
 
-    if target.startswith("cuda"):
-        if not device.startswith("cuda") or not torch.cuda.is_available():
-            raise ClientError(409, f"artifact was built for {target}; load it on a CUDA device")
-        major, minor = torch.cuda.get_device_capability(torch.device(device).index or 0)
-        if target.startswith("cuda-sm") and target != f"cuda-sm{major}{minor}":
-            raise ClientError(409, f"artifact was built for {target}; this GPU is cuda-sm{major}{minor}")
-    elif target.startswith("cpu-"):
-        isa = torch.backends.cpu.get_cpu_capability().lower()
-        if device != "cpu" or (target.split("-")[-1] == "avx512" and isa != "avx512"):
-            raise ClientError(409, f"artifact was built for {target}; this machine's CPU supports {isa}")
+    try:
+        host = host_target(device)
+    except RuntimeError as e:
+        raise ClientError(409, f"artifact was built for {target}; {e}") from None
+    why = target.cannot_run_on(host)
+    if why:
+        raise ClientError(409, f"artifact {why}")
 
 
 def _sha256(path: Path) -> str:

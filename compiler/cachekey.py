@@ -26,6 +26,10 @@ def factors(
     }
 
 
+def canonical_json(value: Any) -> str:
+    """The one JSON spelling aotc hashes and stores: sorted keys, no spaces."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
 def cache_key(f: dict[str, Any]) -> str:
-    blob = json.dumps(f, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()[:32]
+    return hashlib.sha256(canonical_json(f).encode()).hexdigest()[:32]

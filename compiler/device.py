@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from compiler.targets import Target
+
 
 def _version(dist: str) -> str | None:
     try:
@@ -36,28 +38,35 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def detect(device: str) -> dict[str, Any]:
-    """Describe the worker's device: concrete target, device name and toolchain."""
+def host_target(device: str) -> Target:
+    """The concrete target of `device` on this machine: cuda-sm90, cpu-x86_64-avx512."""
     device = resolve_device(device)
     kind = device.split(":")[0]
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError(f"device {device!r} requested but torch sees no CUDA GPU")
-        index = torch.device(device).index or 0
-        major, minor = torch.cuda.get_device_capability(index)
-        target = f"cuda-sm{major}{minor}"
-        name = torch.cuda.get_device_name(index)
-    elif kind == "cpu":
+        major, minor = torch.cuda.get_device_capability(torch.device(device).index or 0)
+        return Target("cuda", (f"sm{major}{minor}",))
+    if kind == "cpu":
         isa = torch.backends.cpu.get_cpu_capability().lower()
-        target = f"cpu-{platform.machine().lower()}-{isa}"
+        return Target("cpu", (platform.machine().lower(), isa))
+    raise RuntimeError(f"unsupported device {device!r}: use cpu or cuda[:N]")
+
+
+def detect(device: str) -> dict[str, Any]:
+    """Describe the worker's device: concrete target, device name and toolchain."""
+    device = resolve_device(device)
+    kind = device.split(":")[0]
+    target = str(host_target(device))
+    if kind == "cuda":
+        name = torch.cuda.get_device_name(torch.device(device).index or 0)
+    else:
         name = platform.processor() or platform.machine()
         try:
             with open("/proc/cpuinfo") as f:
                 name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
         except OSError:
             pass
-    else:
-        raise RuntimeError(f"unsupported device {device!r}: use cpu or cuda[:N]")
     return {
         "target": target,
         "device": device,

@@ -10,19 +10,24 @@
      │    └── UnsafeArchive        an archive that holds what a normal model never needs
      └── Unavailable       503     no live worker for a target; Redis down
 
-    CompileError                   stage, message, excerpt, retryable: a compile or check that failed
+    CompileError                   stage, message, excerpt: a compile or check that failed (final)
      ├── UnsafeModel               an archive whose pickled parts would not load with weights_only=True
      ├── BadModel                  not an exported program torch can read, or one this service refuses
      ├── SpecError                 the requested shapes contradict the exported program
      └── CheckFailed               the artifact ran but disagrees with eager beyond tolerance
 
 Every message says what was wrong and, where it can, what would be right: a user's mistake is never a 500.
-A CompileError on a valid model is permanent (retryable=False): retrying gives the same answer. Crashes,
-timeouts and lost workers are not exceptions but failure records, classified by the worker.
+A CompileError on a valid model is permanent: retrying gives the same answer. Crashes,
+timeouts and lost workers are not exceptions: each failed attempt becomes a `Failure` record.
+
+    Failure                        type, message, stage, excerpt; retryable follows from the type
+      Timeout, Crashed, OutOfMemory, WorkerLost, WorkerError       retryable: the machine failed, not the model
+      Cancelled, ToolchainMismatch, NotFound, GaveUp, any CompileError   final
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -72,22 +77,11 @@ class Unavailable(AotcError):
 
 
 class CompileError(Exception):
-    retryable = False
-
     def __init__(self, message: str, *, stage: str = "", excerpt: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.stage = stage
         self.excerpt = excerpt
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "type": type(self).__name__,
-            "message": self.message,
-            "stage": self.stage,
-            "excerpt": self.excerpt,
-            "retryable": self.retryable,
-        }
 
 
 class UnsafeModel(CompileError):
@@ -104,3 +98,83 @@ class SpecError(CompileError):
 
 class CheckFailed(CompileError):
     pass
+
+
+# Failure kinds that another attempt may fix: the machine or the process failed, not the model. Everything else
+# (a CompileError, a cancel, a toolchain mismatch, an unexpected exception in the compile) is final.
+RETRYABLE = frozenset({"Timeout", "Crashed", "OutOfMemory", "WorkerLost", "WorkerError"})
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why one attempt at a job failed, as job records, events and the API carry it.
+
+    JSON: {"type", "message", "stage", "excerpt", "retryable", ...extra}. Every failure record is built here, and
+    whether a retry could help is decided here, from the type.
+    """
+
+    type: str
+    message: str
+    stage: str = ""
+    excerpt: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    retry: bool | None = None  # None: as the type says; False for a job that has used its attempts
+
+    @property
+    def retryable(self) -> bool:
+        return self.type in RETRYABLE if self.retry is None else self.retry
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.extra, "type": self.type, "message": self.message, "stage": self.stage,
+                "excerpt": self.excerpt, "retryable": self.retryable}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Failure:
+        known = {"type", "message", "stage", "excerpt", "retryable"}
+        retry = d.get("retryable")
+        return cls(str(d.get("type") or "Error"), str(d.get("message") or ""), str(d.get("stage") or ""),
+                   str(d.get("excerpt") or ""), {k: v for k, v in d.items() if k not in known},
+                   None if not isinstance(retry, bool) or retry == (d.get("type") in RETRYABLE) else retry)
+
+    @classmethod
+    def from_exception(cls, e: BaseException, stage: str, excerpt: str = "") -> Failure:
+        """A compile or check that raised: a CompileError keeps its own stage and excerpt; out of memory anywhere
+        in the cause chain is worth another attempt (maybe on another worker); anything else is final."""
+        if isinstance(e, CompileError):
+            f = cls(type(e).__name__, e.message, e.stage or stage, e.excerpt)
+        else:
+            f = cls(type(e).__name__, str(e), stage, excerpt)
+        if _out_of_memory(e):
+            f = cls("OutOfMemory", f"{stage} ran out of memory: {f.message}", f.stage, f.excerpt)
+        return f
+
+    @classmethod
+    def timeout(cls, stage: str, seconds: float, excerpt: str = "") -> Failure:
+        return cls("Timeout", f"{stage} timed out after {seconds:g} s and was killed", stage, excerpt)
+
+    @classmethod
+    def crashed(cls, stage: str, message: str, excerpt: str = "", signal: int | None = None) -> Failure:
+        return cls("Crashed", message, stage, excerpt, {"signal": signal})
+
+    @classmethod
+    def cancelled(cls, message: str, stage: str = "") -> Failure:
+        return cls("Cancelled", message, stage)
+
+    @classmethod
+    def worker_lost(cls, worker: str, stage: str, lease_s: float) -> Failure:
+        return cls("WorkerLost", f"worker lost: {worker} stopped renewing its lease during {stage} "
+                   f"(no heartbeat for {lease_s:g} s; killed, crashed or cut off from Redis)", stage,
+                   extra={"worker": worker})
+
+    @classmethod
+    def worker_error(cls, e: BaseException, stage: str) -> Failure:
+        return cls("WorkerError", f"the worker failed: {type(e).__name__}: {e}", stage)
+
+def _out_of_memory(e: BaseException) -> bool:
+    """MemoryError or torch's (CUDA) OutOfMemoryError anywhere in the cause chain."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, MemoryError) or type(seen).__name__ == "OutOfMemoryError":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

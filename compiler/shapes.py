@@ -3,17 +3,36 @@
 A request gives, per input, each dim as a size (8) or a range ({"min": 1, "max": 32}); strings such as
 "8x3x224x224" and "1..32x3x224x224" are accepted too. The canonical spec lists every user input in program
 order with its dtype, so it hashes the same however the request spelled it.
+
+This is the one parser and the one coverage rule of shapes: the API, the worker and the client all use it.
+Specs stay plain JSON (they are stored in job and artifact records and hashed into cache keys); the types below
+say what that JSON holds.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Any, Union
+from collections.abc import Iterable, Sequence
+from typing import Any, TypedDict
 
 from compiler.errors import Unprocessable
 
-Dim = Union[int, dict[str, int]]  # canonical: int, or {"min": a, "max": b} with a < b
+
+class Range(TypedDict):
+    min: int
+    max: int
+
+
+Dim = int | Range  # canonical: a size, or {"min": a, "max": b} with a < b
+
+
+class InputSpec(TypedDict):
+    name: str
+    dtype: str
+    shape: list[Dim]
+
+
+Spec = list[InputSpec]  # every user input, in program order
 _DIM_RE = re.compile(r"^(\d+)(?:\.\.(\d+))?$")
 
 
@@ -32,12 +51,18 @@ def parse_shape(text: str) -> list[Dim]:
     return dims
 
 
-def parse_shape_arg(arg: str) -> tuple[str, list[Dim]]:
-    """'x=8x3x224x224' -> ('x', [8, 3, 224, 224])."""
-    name, sep, shape = arg.partition("=")
-    if not sep or not name.strip():
-        raise Unprocessable(f"cannot read {arg!r}: write NAME=SHAPE, e.g. x=8x3x224x224")
-    return name.strip(), parse_shape(shape)
+def parse_shape_args(args: Iterable[str]) -> dict[str, list[Dim]]:
+    """['x=8x3x224x224', 'y=1..4'] -> {'x': [8, 3, 224, 224], 'y': [{'min': 1, 'max': 4}]}: the CLI's --shape
+    and the lookup's ?shape= (NAME=SHAPE, once per input)."""
+    out: dict[str, list[Dim]] = {}
+    for arg in args:
+        name, sep, shape = arg.partition("=")
+        if not sep or not name.strip():
+            raise Unprocessable(
+                f"cannot read {arg!r}: write NAME=SHAPE, e.g. x=8x3x224x224 or x=1..32x3x224x224"
+            )
+        out[name.strip()] = parse_shape(shape)
+    return out
 
 
 def _norm_dim(name: str, i: int, d: Any) -> Dim:
@@ -73,6 +98,13 @@ def _fmt(d: Any) -> str:
 
 def format_shape(shape: list[Any]) -> str:
     return "x".join(_fmt(d) for d in shape) or "scalar"
+
+
+def format_spec(spec: Sequence[dict[str, Any]], *, dtypes: bool = False) -> str:
+    """'x=1..32x3x64x64 y=8', or with dtypes 'x:float32[1..32x3x64x64]' (how the CLI lists a model's inputs)."""
+    if dtypes:
+        return " ".join(f"{i['name']}:{i['dtype']}[{format_shape(i['shape'])}]" for i in spec)
+    return " ".join(f"{i['name']}={format_shape(i['shape'])}" for i in spec)
 
 
 def canonical_spec(program_inputs: list[dict[str, Any]], requested: dict[str, Any]) -> list[dict[str, Any]]:
@@ -136,20 +168,20 @@ def is_dynamic(spec: list[dict[str, Any]]) -> bool:
     return any(isinstance(d, dict) for inp in spec for d in inp["shape"])
 
 
-def covers(artifact_spec: list[dict[str, Any]], concrete: list[dict[str, Any]]) -> bool:
-    """True when an artifact compiled for `artifact_spec` can run inputs of the shapes in `concrete`."""
-    if [i["name"] for i in artifact_spec] != [i["name"] for i in concrete]:
+def bounds(d: Dim) -> tuple[int, int]:
+    return (d, d) if isinstance(d, int) else (d["min"], d["max"])
+
+
+def covers(spec: Sequence[InputSpec] | Sequence[dict[str, Any]], shapes: Sequence[Sequence[Dim]]) -> bool:
+    """True when an artifact compiled for `spec` can run inputs of `shapes` (one per input, in order; each dim a
+    size or a range that must lie inside the spec's)."""
+    if len(spec) != len(shapes):
         return False
-    for a, c in zip(artifact_spec, concrete):
-        if len(a["shape"]) != len(c["shape"]):
+    for inp, shape in zip(spec, shapes):
+        if len(inp["shape"]) != len(shape):
             return False
-        for ad, cd in zip(a["shape"], c["shape"]):
-            c_lo, c_hi = (cd, cd) if isinstance(cd, int) else (cd["min"], cd["max"])
-            a_lo, a_hi = (ad, ad) if isinstance(ad, int) else (ad["min"], ad["max"])
-            if c_lo < a_lo or c_hi > a_hi:
+        for have, want in zip(inp["shape"], shape):
+            (lo, hi), (w_lo, w_hi) = bounds(have), bounds(want)
+            if w_lo < lo or w_hi > hi:
                 return False
     return True
-
-
-def spec_json(spec: list[dict[str, Any]]) -> str:
-    return json.dumps(spec, sort_keys=True, separators=(",", ":"))

@@ -32,16 +32,6 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _out_of_memory(e: BaseException) -> bool:
-    """MemoryError or torch's (CUDA) OutOfMemoryError anywhere in the cause chain: worth another attempt."""
-    seen: BaseException | None = e
-    while seen is not None:
-        if isinstance(seen, MemoryError) or type(seen).__name__ == "OutOfMemoryError":
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
 def main(workdir: str) -> int:
     _die_with_parent()
     faulthandler.enable()  # a segfault leaves the Python stack in the log, hence in the job's error excerpt
@@ -52,7 +42,7 @@ def main(workdir: str) -> int:
     def on_stage(stage: str) -> None:
         events.write(json.dumps({"stage": stage, "ts": time.time()}) + "\n")
 
-    from compiler.errors import CompileError
+    from compiler.errors import Failure
 
     try:
         if task["kind"] == "compile":
@@ -85,15 +75,7 @@ def main(workdir: str) -> int:
             raise ValueError(f"unknown task kind {task['kind']!r}")
         out: dict[str, Any] = {"ok": True, "result": result}
     except Exception as e:
-        if isinstance(e, CompileError):
-            error = e.to_json()
-        else:
-            error = {"type": type(e).__name__, "message": str(e), "stage": task["kind"],
-                     "excerpt": traceback.format_exc()[-4000:], "retryable": False}
-        if _out_of_memory(e):  # not the model's fault: another attempt (maybe on another worker) may fit
-            error = {**error, "type": "OutOfMemory", "retryable": True,
-                     "message": f"{task['kind']} ran out of memory: {error['message']}"}
-        out = {"ok": False, "error": error}
+        out = {"ok": False, "error": Failure.from_exception(e, task["kind"], traceback.format_exc()[-4000:]).to_json()}
     sys.stdout.flush()
     sys.stderr.flush()
     tmp = d / "result.json.tmp"

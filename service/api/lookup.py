@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from compiler import shapes as specs, targets
+from compiler import shapes as specs
+from compiler.targets import Target
 from service.store import Store
 
 
@@ -14,7 +15,7 @@ def _width(spec: list[dict[str, Any]]) -> int:
 
 
 def find_artifact(
-    store: Store, model_id: str, target: str, spec: list[dict[str, Any]], options: dict[str, Any] | None = None,
+    store: Store, model_id: str, target: Target, spec: list[dict[str, Any]], options: dict[str, Any] | None = None,
     *, mode: str | None = None,
 ) -> dict[str, Any] | None:
     """The best artifact of `model_id` for `target` whose spec covers `spec`: static before dynamic, then the
@@ -23,8 +24,8 @@ def find_artifact(
     fits = [
         a
         for a in store.artifacts_for_model(model_id)
-        if targets.matches(target, a["factors"]["target"])
-        and specs.covers(a["factors"]["spec"], spec)
+        if target.matches(a["factors"]["target"])
+        and specs.covers(a["factors"]["spec"], [i["shape"] for i in spec])
         and (a["factors"]["options"] == options if options is not None else a.get("package", True))
         and (mode is None or a["factors"]["options"].get("mode") == mode)
     ]

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 import redis
+
+from compiler.cachekey import canonical_json
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
@@ -50,8 +52,7 @@ redis.call('XADD', KEYS[5], 'MAXLEN', '~', 500, '*', 'state', 'queued', 'stage',
 return {ARGV[1], 1}
 """
 
-def _dumps(v: Any) -> str:
-    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+_dumps = canonical_json
 
 
 def _flat(fields: dict[str, Any]) -> str:

@@ -7,7 +7,8 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from compiler import shapes as specs, targets
+from compiler import shapes as specs
+from compiler.targets import Target
 from service.api.deps import StoreDep
 from compiler.errors import Conflict, NotFound, Unprocessable
 from service.api.lookup import find_artifact
@@ -44,13 +45,13 @@ def lookup(
     """
     model = resolve_model(store, model_id)
     model_id = model["id"]
-    requested = dict(specs.parse_shape_arg(s) for s in shape)
+    requested = specs.parse_shape_args(shape)
     spec = specs.canonical_spec(model["inputs"], requested)
-    target = targets.validate(target)
-    art = find_artifact(store, model_id, target, spec, mode=mode)
+    wanted = Target.parse(target)
+    art = find_artifact(store, model_id, wanted, spec, mode=mode)
     if art is None:
-        shapes = ", ".join(f"{i['name']}={specs.format_shape(i['shape'])}" for i in spec)
-        raise NotFound(f"no artifact of model {model_id[:12]} for {shapes} on {target!r}; request one with POST /v1/compilations")
+        shapes = specs.format_spec(spec)
+        raise NotFound(f"no artifact of model {model_id[:12]} for {shapes} on {str(wanted)!r}; request one with POST /v1/compilations")
     return art
 
 

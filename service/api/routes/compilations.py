@@ -7,7 +7,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from compiler.options import CompileOptions
-from compiler import cachekey, targets
+from compiler import cachekey
+from compiler.targets import Target, pick_worker
 from compiler import shapes as specs
 from service.api.deps import SettingsDep, StoreDep
 from compiler.errors import Unavailable, Unprocessable
@@ -92,10 +93,10 @@ def request_compilation(req: CompilationRequest, store: StoreDep, settings: Sett
     model = resolve_model(store, req.model_id)
     spec = specs.canonical_spec(model["inputs"], req.shapes)
     bucket_specs = _bucket_specs(model, req.buckets)
-    target = targets.validate(req.target)
+    target = Target.parse(req.target)
     options = req.options.canonical()
 
-    worker = targets.pick_worker(target, store.live_workers())
+    worker = pick_worker(target, store.live_workers())
     if worker is None:
         answers = []
         for s in [spec, *bucket_specs]:
@@ -103,7 +104,7 @@ def request_compilation(req: CompilationRequest, store: StoreDep, settings: Sett
             if not (cached and cached["factors"]["spec"] == s):
                 live = sorted({w["target"] for w in store.live_workers()})
                 raise Unavailable(
-                    f"no live worker serves target {target!r} (live targets: {live or 'none'}); "
+                    f"no live worker serves target {str(target)!r} (live targets: {live or 'none'}); "
                     f"start one on a matching machine with `aotc worker`, or ask for one of the live targets",
                     live_targets=live,
                 )
