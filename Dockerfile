@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # Two images from one file:
-#   --target api     the FastAPI service; no torch in it (the API never imports torch)
+#   --target api     the FastAPI service (aotc[server]); no torch in it (the API never imports torch)
 #   --target worker  a compile worker with torch (its PyPI Linux wheel is the CUDA build) and a C++ toolchain,
 #                    which AOTInductor needs for both CPU and GPU packages. Run it with --gpus for cuda:N.
 
@@ -23,9 +23,9 @@ CMD ["uvicorn", "service.api.app:create_app", "--factory", "--host", "0.0.0.0", 
 
 FROM base AS worker
 RUN apt-get update && apt-get install -y --no-install-recommends g++ libgomp1 && rm -rf /var/lib/apt/lists/*
-COPY requirements.lock ./
-# The full lock pins torch 2.13.0; on Linux its PyPI wheel is the CUDA build and pulls triton and the CUDA libraries.
-RUN pip install -r requirements.lock
+COPY requirements-worker.lock ./
+# aotc[worker] pins torch 2.13.0; on Linux its PyPI wheel is the CUDA build and pulls triton and the CUDA libraries.
+RUN pip install -r requirements-worker.lock
 ENV AOTC_WORK_DIR=/work AOTC_DEVICE=auto
 VOLUME ["/work"]
-CMD ["aotc", "worker"]
+CMD ["aotc-worker"]

@@ -1,36 +1,54 @@
 # Two commands do all the set-up on a fresh machine with Python 3.11:
 #   make serve   creates .venv, installs the pinned dependencies, starts the service (API + embedded Redis + worker)
 #   make test    the same set-up, then the whole test suite
+# and two guard rails, which add the pinned dev tools (requirements-dev.lock) to the same .venv:
+#   make lint       ruff, then the import contracts (lint-imports; [tool.ruff] and [tool.importlinter] in pyproject.toml)
+#   make typecheck  mypy ([tool.mypy] in pyproject.toml)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: install serve test test-gpu typecheck lint clean
+.PHONY: install install-dev serve test test-gpu lint typecheck clean
 
+# pyproject.toml is a prerequisite because the editable install writes the console scripts (aotc, aotc-server,
+# aotc-worker) and the package metadata (dependencies, extras) from it.
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -r requirements.lock
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
+$(DEVSTAMP): requirements-dev.lock $(STAMP)
+	$(BIN)/python -m pip install -q -r requirements-dev.lock
+	touch $(DEVSTAMP)
+
 install: $(STAMP)
 
+install-dev: $(DEVSTAMP)
+
 serve: $(STAMP)
-	$(BIN)/aotc serve $(ARGS)
+	$(BIN)/aotc-server $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(ARGS)
 
-# On a machine with a CUDA GPU (see README, "Development").
+# On a machine with a CUDA GPU (see docs/development.md, "On a GPU").
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -m gpu $(ARGS)
 
-# mypy over service/, compiler/, worker/ and client/ ([tool.mypy] in pyproject.toml). Dev-only: mypy is pinned
-# in requirements-dev.lock, outside requirements.lock, so `make test` and CI do not install it.
-typecheck: $(STAMP)
-	$(BIN)/python -m pip install -q -r requirements-dev.lock
+# Both steps run, so one report shows every finding; the target fails if either does. `make lint ARGS=--fix` fixes
+# what ruff can.
+lint: $(DEVSTAMP)
+	@rc=0; \
+	$(BIN)/ruff check $(ARGS) . || rc=1; \
+	$(BIN)/lint-imports || rc=1; \
+	exit $$rc
+
+# mypy over service/, compiler/, worker/ and client/.
+typecheck: $(DEVSTAMP)
 	$(BIN)/python -m mypy $(ARGS)
 
 clean:
-	rm -rf $(VENV) .aotc .pytest_cache
+	rm -rf $(VENV) .aotc .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

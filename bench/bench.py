@@ -71,7 +71,7 @@ def child_artifact(name: str, key: str, url: str) -> dict[str, Any]:
 
     from bench.zoo import MODELS
     from client import Client
-    from compiler.torch_compat import aoti_load_package
+    from compiler.compat.aoti import aoti_load_package
 
     t_import = time.perf_counter() - T_START
     inputs = MODELS[name][1]()
@@ -116,8 +116,10 @@ def start_service(port: int, data_dir: Path, workers: int) -> list[subprocess.Po
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     log = open(data_dir / "serve.log", "ab")
     procs = [subprocess.Popen([sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--port",
-                               str(port), "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)]
-    procs += [subprocess.Popen([sys.executable, "-m", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                               str(port), "--log-level", "warning"],
+                              env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)]
+    procs += [subprocess.Popen([sys.executable, "-m", "worker"],
+                               env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
               for _ in range(workers)]
     import httpx
 
@@ -181,7 +183,7 @@ def bench_model(name: str, url: str, work: Path, *, warm_timeout: float) -> dict
     row["inputs"] = [list(t.shape) for t in inputs]
     with torch.inference_mode():
         expected = model(*inputs)
-    row["eager_ms"] = _bench_ms(lambda: model(*inputs))
+    row["eager_ms"] = _bench_ms(lambda m=model: m(*inputs))
 
     path = work / f"{name}.pt2"
     if not path.exists():  # --prefetch exported it already
@@ -195,15 +197,17 @@ def bench_model(name: str, url: str, work: Path, *, warm_timeout: float) -> dict
             art = c.compile(path, list(inputs), target="cuda", timeout=warm_timeout)
         except JobFailed as e:
             err = e.job.get("error") or {}
-            row.update(ok=False, stage=err.get("stage"), error=err.get("message"), excerpt=(err.get("excerpt") or "")[-800:])
+            row.update(ok=False, stage=err.get("stage"), error=err.get("message"),
+                       excerpt=(err.get("excerpt") or "")[-800:])
             return row
         row["service_wall_s"] = time.perf_counter() - t0
-        row.update(ok=True, key=art.key, artifact_bytes=art.meta["size"], compile_s=art.meta["timings"]["compile_total"],
+        row.update(ok=True, key=art.key, artifact_bytes=art.meta["size"],
+                   compile_s=art.meta["timings"]["compile_total"],
                    stage_s=art.meta["timings"], worker_check=art.meta["check"])
         fn = c.load(art, device="cuda:0")
         with torch.inference_mode():
             row["max_rel_err"] = compare(expected, fn(*inputs)).get("max_rel_err")
-        row["aoti_ms"] = _bench_ms(lambda: fn(*inputs))
+        row["aoti_ms"] = _bench_ms(lambda f=fn: f(*inputs))
         del fn
     del model
     torch.cuda.empty_cache()

@@ -44,10 +44,12 @@ def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
         "models": len(rs),
         "compiled": len(ok),
         "geomean_speedup_over_eager": math.exp(statistics.fmean(math.log(r["speedup"]) for r in ok)) if ok else None,
-        "artifact_at_least_as_fast_as_torch_compile": sum(1 for r in ok if r["vs_torch_compile"] and r["vs_torch_compile"] >= 1.0),
+        "artifact_at_least_as_fast_as_torch_compile": sum(
+            1 for r in ok if r["vs_torch_compile"] and r["vs_torch_compile"] >= 1.0),
         "median_ttfi_torch_compile_s": statistics.median(r["ttfi_torch_compile_s"] for r in ok) if ok else None,
         "median_ttfi_artifact_s": statistics.median(r["ttfi_artifact_s"] for r in ok) if ok else None,
-        "median_ttfi_artifact_after_import_s": statistics.median(r["ttfi_artifact_after_import_s"] for r in ok) if ok else None,
+        "median_ttfi_artifact_after_import_s": (
+            statistics.median(r["ttfi_artifact_after_import_s"] for r in ok) if ok else None),
         "max_ttfi_artifact_after_import_s": max(r["ttfi_artifact_after_import_s"] for r in ok) if ok else None,
     }
 
@@ -64,9 +66,10 @@ def table(rs: list[dict[str, Any]]) -> str:
                       f"{r['speedup']:.2f}", f"{r['vs_torch_compile']:.2f}", f"{r['compile_s']:.0f}",
                       f"{r['torch_compile_cold_s']:.1f}", f"{r['ttfi_torch_compile_s']:.1f}",
                       f"{r['ttfi_artifact_s']:.2f}", f"{r['ttfi_artifact_after_import_s']:.2f}"])
-    widths = [max(len(str(l[i])) for l in lines) for i in range(len(head))]
-    return "\n".join("  ".join(str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(l, widths))).rstrip()
-                     for l in lines)
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
+    return "\n".join("  ".join(str(v).rjust(w) if i else str(v).ljust(w)
+                               for i, (v, w) in enumerate(zip(line, widths))).rstrip()
+                     for line in lines)
 
 
 TTFI_TARGET_S = 2.0  # a pulled artifact's time to first inference, after import torch

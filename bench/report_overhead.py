@@ -25,7 +25,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from compiler import stages, torch_compat  # noqa: E402
+from compiler import stages  # noqa: E402
+from compiler.compat.aoti import aoti_compile_and_package  # noqa: E402
 from compiler.options import CompileOptions  # noqa: E402
 
 
@@ -88,7 +89,7 @@ def measure(name: str, device: str, runs: int) -> dict[str, Any]:
 
             t0 = time.perf_counter()
             with config.patch({"fx_graph_cache": False}):
-                torch_compat.aoti_compile_and_package(captured.program, f"{d}/plain{i}.pt2", options.inductor_configs())
+                aoti_compile_and_package(captured.program, f"{d}/plain{i}.pt2", options.inductor_configs())
             plain.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             compiled = stages.inductor(captured, options, f"{d}/observed{i}.pt2", device)

@@ -63,8 +63,8 @@ def plan_steps(plan: str) -> list[dict[str, Any]]:
 
 class Lane:
     def __init__(self, device: str, state: Path, port: int) -> None:
-        from service.store.embedded import EmbeddedRedis
         from service.store import Store
+        from service.store.embedded import EmbeddedRedis
 
         self.device, self.state, self.port = device, state, port
         self.redis = EmbeddedRedis(state / "redis", port=port + 1).start()
@@ -74,8 +74,8 @@ class Lane:
                     "AOTC_CHILD_LD_PRELOAD": os.environ.get("LD_PRELOAD", ""),
                     "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.log = open(state / "lane.log", "ab")
-        self.api = subprocess.Popen([sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--port",
-                                     str(port), "--log-level", "warning"], env=self.env, stdout=self.log,
+        self.api = subprocess.Popen([sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory",
+                                     "--port", str(port), "--log-level", "warning"], env=self.env, stdout=self.log,
                                     stderr=subprocess.STDOUT, cwd=ROOT)
         self.url = f"http://127.0.0.1:{port}"
 
@@ -95,7 +95,7 @@ class Lane:
                                   cwd=ROOT)
         try:
             deadline = time.monotonic() + 180
-            while not any(w["pid"] == worker.pid for w in self.store.live_workers()):
+            while not any(w["pid"] == worker.pid for w in self.store.workers.live()):
                 if worker.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("worker did not register")
                 time.sleep(0.5)
@@ -191,7 +191,8 @@ def run_lane(a: argparse.Namespace) -> int:
                 keys.setdefault(step["model"], {})[step["mode"]] = row["key"]
                 if len(keys[step["model"]]) == 2:  # default and max-autotune of the same model: race them
                     ms = latency(lane.url, keys[step["model"]], inputs, device)
-                    result["latency"][step["model"]] = {**ms, "max_autotune_speedup": ms["default"] / ms["max-autotune"]}
+                    result["latency"][step["model"]] = {**ms,
+                                                        "max_autotune_speedup": ms["default"] / ms["max-autotune"]}
                     out.write_text(json.dumps(result, indent=1))
                     print(f"[gpu {a.gpu}] {step['model']} latency ms: {ms}", flush=True)
             del model, inputs
@@ -224,7 +225,8 @@ def report(paths: list[str]) -> dict[str, Any]:
                 base = dcold if s["mode"] == "default" else cold
                 g = (s.get("caches") or {}).get("gemm_timings") or {}
                 caches.append({"model": model, "step": s["label"], "ok": s.get("ok"), "compile_s": s.get("compile_s"),
-                               "vs_cold": (base["compile_s"] / s["compile_s"]) if s.get("ok") and base.get("ok") else None,
+                               "vs_cold": ((base["compile_s"] / s["compile_s"])
+                                           if s.get("ok") and base.get("ok") else None),
                                "gemm_shared": g.get("shared"), "gemm_measured": g.get("measured"),
                                "pt2_entries_written": s.get("pt2_entries_written")})
     print("max-autotune against default (artifact latency, medians of 3 alternating rounds; compile seconds)")

@@ -93,7 +93,8 @@ MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[..., tuple[Any, 
 }
 
 
-def build(name: str, seed: int = 0, batch_mult: int = 1, device: str = "cuda") -> tuple[torch.nn.Module, tuple[Any, ...]]:
+def build(name: str, seed: int = 0, batch_mult: int = 1,
+          device: str = "cuda") -> tuple[torch.nn.Module, tuple[Any, ...]]:
     """The model with weights drawn from `seed` (another seed: same architecture, new weights, as a new
     checkpoint of it would be), and inputs at `batch_mult` times the benchmark's batch."""
     builder, inputs, _ = MODELS[name]

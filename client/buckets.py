@@ -49,11 +49,11 @@ def choose(buckets: Sequence[Shapes], shapes: Shapes, pad: bool = True) -> tuple
     n = batch.pop()
     fits = []
     for i, b in enumerate(buckets):
-        if len(b) != len(shapes) or any(len(bs) != len(s) for bs, s in zip(b, shapes)):
+        if len(b) != len(shapes) or any(len(bs) != len(s) for bs, s in zip(b, shapes, strict=True)):
             continue
         if {bs[0] for bs in b} != {b[0][0]} or b[0][0] < n:
             continue
-        if all(bs[1:] == s[1:] for bs, s in zip(b, shapes)):
+        if all(bs[1:] == s[1:] for bs, s in zip(b, shapes, strict=True)):
             fits.append((b[0][0], i))
     return (min(fits)[1], True) if fits else None
 
@@ -79,7 +79,7 @@ class BucketedModel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch
 
-        from compiler.torch_compat import pytree
+        from compiler.compat import pytree
 
         flat = self._flat(args, kwargs)
         shapes = [[int(d) for d in t.shape] for t in flat]

@@ -1,115 +1,101 @@
-"""The `aotc` command line.
+"""The `aotc` command line: the SDK's calls as commands, shown by client/render.py.
 
-    aotc serve                                    API + embedded Redis + a worker for this machine's device
-    aotc worker                                   one worker (one per GPU, or one for the CPU)
     aotc compile model.pt2 --shape x=8x3x224x224 --target cpu   progress on stderr; the key is stdout's last line
-    aotc pull KEY -o model.so.pt2                 fetch an artifact, verified against its sha256
+    aotc pull KEY -o model.so.pt2                 fetch an artifact, verified against its sha256; the path comes last
     aotc report KEY                               a table of the compiler's stages for one artifact
     aotc source KEY [PATH]                        its generated code and graphs
     aotc caches [--clear]                         the compile caches workers share through Redis
     aotc models | jobs | workers | lookup | cancel
+    aotc serve | worker                           exec `aotc-server` / `aotc-worker` (aotc[server], aotc[worker])
+
+Exit status: 0 done, 1 the job failed (or nothing fits, for lookup), 2 a request the service refused, a service that
+cannot be reached, or a command line that cannot be read. This module imports no server, no Redis and no torch.
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib.util
 import json
-import logging
 import os
-import signal
-import subprocess
 import sys
-import time
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Literal, NoReturn
 
+import httpx
+import typer
+
+from client import render
 from client.sdk import Client, ClientError, JobFailed
+from compiler.errors import Unprocessable
+from compiler.options import Mode, Precision
+from compiler.shapes import Dim, parse_shape_args
+from compiler.targets import Target
+
+Priority = Literal["interactive", "batch"]
+
+app = typer.Typer(
+    name="aotc",
+    help="Ahead-of-time compilation of torch.export programs: compile on the service, pull checked AOTInductor "
+    "packages.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
 
 
-def _shapes(args: list[str]) -> dict[str, str]:
-    out = {}
-    for a in args:
-        name, sep, shape = a.partition("=")
-        if not sep:
-            raise SystemExit(f"aotc: cannot read --shape {a!r}: write NAME=SHAPE, e.g. x=8x3x224x224 or x=1..32x3x224x224")
-        out[name.strip()] = shape.strip()
-    return out
+def _say(message: str) -> None:
+    """A progress or status line: stderr, so that stdout keeps only what scripts read."""
+    typer.echo(message, err=True)
 
 
-class Progress:
-    """A live progress bar on stderr, fed by the job's server-sent events: rewritten in place on a terminal,
-    one line per change otherwise."""
-
-    # The stages a job goes through, in order (older workers report specialize/compile in place of
-    # capture..package); the bar stays put on a stage it does not know.
-    STAGES = ("queued", "fetch", "load", "specialize", "capture", "autograd", "lowering", "compile", "fusion",
-              "codegen", "package", "check", "publish")
-    WIDTH = 20
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.t0 = time.monotonic()
-        self.last = ""
-        self.done = 0
-
-    def bar(self, state: str, stage: str) -> str:
-        if state == "succeeded":
-            self.done = len(self.STAGES)
-        elif state == "queued":
-            self.done = 0
-        elif stage in self.STAGES:
-            self.done = self.STAGES.index(stage)
-        n = round(self.WIDTH * self.done / len(self.STAGES))
-        return "[" + "#" * n + "-" * (self.WIDTH - n) + "]"
-
-    def __call__(self, job: dict[str, Any]) -> None:
-        attempt = f", attempt {job['attempts']}" if job.get("attempts", 0) > 1 else ""
-        stage = job.get("stage", "")
-        if job["state"] == "queued" and job.get("reason"):
-            stage = f"queued again after: {job['reason']}"
-        line = f"job {job['id'][:8]} {self.bar(job['state'], job.get('stage', ''))} {job['state']}: {stage}{attempt}"
-        if self.tty:
-            sys.stderr.write(f"\r[{time.monotonic() - self.t0:6.1f}s] {line}\033[K")
-            if job["state"] in ("succeeded", "failed", "cancelled"):
-                sys.stderr.write("\n")
-        elif line != self.last:
-            sys.stderr.write(f"[{time.monotonic() - self.t0:6.1f}s] {line}\n")
-        sys.stderr.flush()
-        self.last = line
+def _fail(message: str, code: int = 2) -> NoReturn:
+    _say(f"aotc: {message}")
+    raise typer.Exit(code)
 
 
-def cmd_compile(c: Client, a: argparse.Namespace) -> int:
-    model = c.upload(a.model, name=a.name)
-    print(f"uploaded {a.model} as model {model['id'][:12]} ({model['size']} bytes)", file=sys.stderr)
-    options: dict[str, Any] = {"mode": a.mode, "precision": a.precision, "freezing": a.freezing}
-    if a.inductor:
-        options["inductor"] = _inductor_settings(a.inductor)
-    answer = c.submit(model["id"], _shapes(a.shape), a.target, priority=a.priority, **options)
-    if answer["status"] == "cached":
-        print("cache hit: already compiled", file=sys.stderr)
-        print(answer["key"])
-        return 0
-    job = answer["job"]
-    print(f"{answer['status']} job {job['id']} for target {job['target']}", file=sys.stderr)
-    if a.no_wait:
-        print(job["id"])
-        return 0
-    art = c.wait(job["id"], progress=Progress())
-    check = art.meta.get("check") or {}
-    print(f"artifact {art.key}: {art.meta['size']} bytes, compiled in {art.meta['timings'].get('compile_total', 0):.1f} s, "
-          f"max error vs eager {check.get('max_rel_err', 0):.2g}, {check.get('eager_ms')} ms eager -> "
-          f"{check.get('compiled_ms')} ms compiled on the worker", file=sys.stderr)
-    print(art.key)
-    return 0
+@contextmanager
+def _service(ctx: typer.Context) -> Iterator[Client]:
+    """A Client for the command, and the service's answers turned into exit statuses."""
+    client = Client(ctx.obj)
+    try:
+        with client:
+            yield client
+    except ClientError as e:
+        _fail(f"the service refused: {e.message} (HTTP {e.status})", 2)
+    except JobFailed as e:
+        err = e.job.get("error") or {}
+        _say(f"aotc: {e}")
+        if err.get("excerpt"):
+            _say("--- compiler output (last lines) ---\n" + err["excerpt"][-2000:])
+        raise typer.Exit(1) from None
+    except httpx.TransportError as e:
+        _fail(f"cannot reach the service at {client.url}: {e} (is `aotc-server` running? set AOTC_URL or --url)", 2)
+
+
+def _shapes(args: list[str]) -> dict[str, list[Dim]]:
+    try:
+        return parse_shape_args(args)
+    except Unprocessable as e:
+        _fail(f"--shape: {e.message}")
+
+
+def _target(text: str) -> str:
+    try:
+        return str(Target.parse(text))
+    except Unprocessable as e:
+        _fail(f"--target: {e.message}")
 
 
 def _inductor_settings(args: list[str]) -> dict[str, Any]:
-    """--inductor KEY=VALUE, VALUE read as JSON (true, 64, "ATEN,TRITON") or else as a string; the service
-    checks KEY against its allow-list and answers 422 for anything else."""
+    """--inductor KEY=VALUE, VALUE read as JSON (true, 64, "ATEN,TRITON") or else as a string; the service checks KEY
+    against its allow-list and refuses anything else."""
     out: dict[str, Any] = {}
     for arg in args:
         key, sep, value = arg.partition("=")
-        if not sep:
-            raise SystemExit(f"aotc: cannot read --inductor {arg!r}: write KEY=VALUE, e.g. epilogue_fusion=false")
+        if not sep or not key.strip():
+            _fail(f"--inductor: cannot read {arg!r}: write KEY=VALUE, e.g. epilogue_fusion=false")
         try:
             out[key.strip()] = json.loads(value)
         except ValueError:
@@ -117,295 +103,201 @@ def _inductor_settings(args: list[str]) -> dict[str, Any]:
     return out
 
 
-def cmd_pull(c: Client, a: argparse.Namespace) -> int:
-    path = c.pull(a.key, a.output)
-    print(f"pulled {a.key} ({path.stat().st_size} bytes, sha256 verified)", file=sys.stderr)
-    print(path)
-    return 0
+ShapeOption = Annotated[list[str], typer.Option(
+    "--shape", metavar="NAME=SHAPE",
+    help="Once per input: 8x3x224x224, or 1..32x3x224x224 for a dynamic dim (each dim a size or a range).")]
+TargetOption = Annotated[str, typer.Option(help="cpu, cuda, or a concrete target such as cuda-sm90.")]
 
 
-def _table(rows: list[list[str]], header: list[str]) -> None:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for r in [header, *rows]:
-        print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
+@app.callback()
+def _main(
+    ctx: typer.Context,
+    url: Annotated[str | None, typer.Option(
+        help="The service's URL (default: $AOTC_URL or http://127.0.0.1:8000).", show_default=False)] = None,
+) -> None:
+    ctx.obj = url
 
 
-def _fmt_shapes(inputs: list[dict[str, Any]]) -> str:
-    from compiler.shapes import format_shape
-
-    return " ".join(f"{i['name']}:{i['dtype']}[{format_shape(i['shape'])}]" for i in inputs)
+# -- compile and fetch ---------------------------------------------------------------------------------------------
 
 
-def cmd_models(c: Client, a: argparse.Namespace) -> int:
-    _table([[m["id"][:12], m["name"], str(m["size"]), _fmt_shapes(m["inputs"])] for m in c.models()],
-           ["MODEL", "NAME", "BYTES", "INPUTS"])
-    return 0
+@app.command("compile")
+def compile_(
+    ctx: typer.Context,
+    model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, metavar="MODEL",
+                                          help="A torch.export.save archive (.pt2).")],
+    shape: ShapeOption,
+    target: TargetOption = "cpu",
+    mode: Annotated[Mode, typer.Option(help="max-autotune: slower compile, faster kernels.")] = "default",
+    precision: Annotated[Precision, typer.Option(
+        help="Compute in bf16/fp16 for inference; inputs and outputs keep their dtypes.")] = "keep",
+    freezing: Annotated[bool, typer.Option("--freezing", help="Fold weights into the graph as constants.")] = False,
+    inductor: Annotated[list[str] | None, typer.Option(
+        "--inductor", metavar="KEY=VALUE",
+        help="An allow-listed Inductor setting, e.g. coordinate_descent_tuning=true (repeatable).")] = None,
+    priority: Annotated[Priority, typer.Option(help="Interactive jobs are served before batch jobs.")] = "interactive",
+    name: Annotated[str | None, typer.Option(help="The model's name (default: the file's stem).")] = None,
+    no_wait: Annotated[bool, typer.Option("--no-wait", help="Print the job id and return.")] = False,
+) -> None:
+    """Upload a .pt2 and compile it. Progress goes to stderr; the artifact key is stdout's last line."""
+    shapes, target = _shapes(shape), _target(target)
+    options: dict[str, Any] = {"mode": mode, "precision": precision, "freezing": freezing}
+    if inductor:
+        options["inductor"] = _inductor_settings(inductor)
+    with _service(ctx) as c:
+        record = c.upload(model, name=name)
+        _say(f"uploaded {model} as model {record['id'][:12]} ({record['size']} bytes)")
+        answer = c.submit(record["id"], shapes, target, priority=priority, **options)
+        if answer["status"] == "cached":
+            _say("cache hit: already compiled")
+            typer.echo(answer["key"])
+            return
+        job = answer["job"]
+        _say(f"{answer['status']} job {job['id']} for target {job['target']}")
+        if no_wait:
+            typer.echo(job["id"])
+            return
+        with render.JobProgress() as progress:
+            art = c.wait(job["id"], progress=progress)
+        _say(render.artifact_line(art.key, art.meta))
+        typer.echo(art.key)
 
 
-def cmd_jobs(c: Client, a: argparse.Namespace) -> int:
-    rows = []
-    for j in c.jobs(a.limit):
-        err = (j.get("error") or {}).get("message", "") if j["state"] == "failed" else ""
-        rows.append([j["id"][:12], j["state"], j.get("stage", ""), j["target"], str(j.get("attempts", 0)),
-                     j.get("artifact", "") or err[:60]])
-    _table(rows, ["JOB", "STATE", "STAGE", "TARGET", "ATTEMPTS", "ARTIFACT / ERROR"])
-    return 0
+@app.command()
+def pull(
+    ctx: typer.Context,
+    key: Annotated[str, typer.Argument(help="The artifact key.")],
+    output: Annotated[Path | None, typer.Option("-o", "--output",
+                                                help="Where to write it (default: the local cache).")] = None,
+) -> None:
+    """Download an artifact, verified against its sha256. The path is stdout's last line."""
+    with _service(ctx) as c:
+        path = c.pull(key, output)
+    _say(f"pulled {key} ({path.stat().st_size} bytes, sha256 verified)")
+    typer.echo(str(path))
 
 
-def cmd_workers(c: Client, a: argparse.Namespace) -> int:
-    _table([[w["id"], w["target"], w["device_name"], json.dumps(w["toolchain"]), w.get("job") or "idle"]
-            for w in c.workers()], ["WORKER", "TARGET", "DEVICE", "TOOLCHAIN", "JOB"])
-    return 0
-
-
-def cmd_caches(c: Client, a: argparse.Namespace) -> int:
-    if a.clear:
-        removed = c.clear_caches()
-        print(f"removed {removed['gemm_timings']} max-autotune timing table(s) and {removed['inductor_entries']} "
-              "Inductor remote-cache entries")
-        return 0
-    caches = c.caches()
-    _table([[g["target"], g["system"][:16], str(g["entries"])] for g in caches["gemm_timings"]],
-           ["TARGET", "SYSTEM", "MAX-AUTOTUNE TIMINGS"])
-    print(f"Inductor remote-cache entries (Triton autotune results): {caches['inductor_entries']}")
-    return 0
-
-
-def cmd_lookup(c: Client, a: argparse.Namespace) -> int:
-    art = c.lookup(a.model_id, _shapes(a.shape), a.target)
+@app.command()
+def lookup(
+    ctx: typer.Context,
+    model_id: Annotated[str, typer.Argument(help="The model's id, or a unique prefix as `aotc models` shows.")],
+    shape: ShapeOption,
+    target: TargetOption = "cpu",
+) -> None:
+    """Find the artifact that serves a model, shapes and target; exit 1 if none does."""
+    shapes, target = _shapes(shape), _target(target)
+    with _service(ctx) as c:
+        art = c.lookup(model_id, shapes, target)
     if art is None:
-        print("no artifact fits", file=sys.stderr)
-        return 1
-    print(art.key)
-    return 0
+        _say("no artifact fits")
+        raise typer.Exit(1)
+    typer.echo(art.key)
 
 
-def cmd_cancel(c: Client, a: argparse.Namespace) -> int:
-    job = c.cancel(a.job_id)
-    print(f"job {job['id']}: {job['state']}{' (cancelling)' if job.get('cancel_requested') else ''}")
-    return 0
+@app.command()
+def cancel(ctx: typer.Context, job_id: Annotated[str, typer.Argument(help="The job's id.")]) -> None:
+    """Cancel a job: a queued one at once, a running one within seconds."""
+    with _service(ctx) as c:
+        job = c.cancel(job_id)
+    typer.echo(f"job {job['id']}: {job['state']}{' (cancelling)' if job.get('cancel_requested') else ''}")
 
 
-def _fmt_s(v: Any) -> str:
-    return "-" if v is None else f"{v:.2f} s"
+# -- listings ------------------------------------------------------------------------------------------------------
 
 
-def _dash(v: Any) -> str:
-    return "-" if v is None else str(v)
+@app.command()
+def models(ctx: typer.Context) -> None:
+    """List uploaded models and their inputs."""
+    with _service(ctx) as c:
+        render.show(render.models_table(c.models()))
 
 
-def cmd_report(c: Client, a: argparse.Namespace) -> int:
-    from compiler.report import summary_rows  # torch-free
-
-    if a.json:
-        print(json.dumps(c.report(a.key), indent=1))
-        return 0
-    art, rep = c.artifact(a.key), c.report(a.key)
-    st = rep.get("stages", {})
-    from compiler.shapes import format_shape
-
-    shapes = " ".join(f"{i['name']}={format_shape(i['shape'])}" for i in rep.get("spec", []))
-    print(f"artifact {a.key}: model {art.meta['model_id'][:12]} on {art.meta['target']}, torch {rep.get('torch')}, "
-          f"mode {rep.get('mode')}, shapes {shapes}")
-    print()
-    _table([[r["stage"], r["status"], _fmt_s(r["seconds"]), _dash(r["nodes_before"]), _dash(r["nodes_after"]),
-             r["detail"]] for r in summary_rows(rep)], ["STAGE", "STATUS", "TIME", "NODES IN", "NODES OUT", "DETAIL"])
-    print()
-    cap = st.get("capture", {})
-    for d in cap.get("dynamic_dims") or []:
-        state = f"stayed dynamic as {d['symbol']} in {d.get('min')}..{d.get('max')}" if d.get("stayed_dynamic") \
-            else f"was specialised to {d.get('specialized_to')}"
-        print(f"dynamic dim: {d['input']} dim {d['dim']} (asked {d['requested']['min']}..{d['requested']['max']}) {state}")
-    ag = st.get("autograd", {})
-    if ag.get("inplace_ops"):
-        print("in-place ops removed by functionalisation: "
-              + ", ".join(f"{op} x{n}" for op, n in ag["inplace_ops"].items()))
-    tr = ag.get("training")
-    if tr:
-        print(f"training: joint graph {tr['joint']['nodes']} nodes -> forward {tr['forward']['nodes']} + backward "
-              f"{tr['backward']['nodes']} ({tr['partitioner']}); {tr['saved_for_backward']} tensors saved for backward, "
-              f"{tr['saved_activations']} of them activations")
-    low = st.get("lowering", {})
-    if low.get("decomposed"):
-        print("decomposed to core ATen: " + ", ".join(
-            f"{d['op']} -> {' + '.join(d['into']) or '(nothing)'}" for d in low["decomposed"]))
-    fu, cg = st.get("fusion", {}), st.get("codegen", {})
-    if cg.get("status") == "ok":
-        names = cg.get("kernels") or []
-        print(f"kernels generated: {cg.get('kernel_count')} ({cg.get('language')}): " + ", ".join(names[:8])
-              + (f", ... {len(names) - 8} more" if len(names) > 8 else ""))
-    if fu.get("status") == "ok" and fu.get("externs"):
-        print(f"extern calls: {fu['extern_calls']}: " + ", ".join(
-            f"{e['kernel']} ({e['library']})" for e in fu["externs"][:8]))
-    check = st.get("package", {}).get("check") or {}
-    if check:
-        print(f"on the worker ({check.get('device')}): {check.get('eager_ms')} ms eager -> {check.get('compiled_ms')} ms "
-              f"compiled, speedup {check.get('speedup')}x; max error vs eager {check.get('max_rel_err', 0):.2g}")
-        for note in check.get("notes") or []:
-            print(f"check note: {note}")
-    gemm = (rep.get("caches") or {}).get("gemm_timings")
-    if gemm:
-        print(f"max-autotune timings: {gemm.get('shared')} from other workers, {gemm.get('measured')} measured here, "
-              f"{gemm.get('published')} published" + (f" ({gemm['note']})" if gemm.get("note") else ""))
-    missing = {k: v for k, v in (rep.get("hooks") or {}).items() if v.startswith("not in torch")}
-    if missing:
-        print("not available in this torch: " + ", ".join(f"{k} ({v})" for k, v in missing.items()))
-    print(f"generated code and graphs: aotc source {a.key[:12]}... (GET /v1/artifacts/{a.key}/source)")
-    return 0
+@app.command()
+def jobs(ctx: typer.Context,
+         limit: Annotated[int, typer.Option(min=1, help="How many, newest first.")] = 20) -> None:
+    """List recent jobs."""
+    with _service(ctx) as c:
+        render.show(render.jobs_table(c.jobs(limit)))
 
 
-def cmd_source(c: Client, a: argparse.Namespace) -> int:
-    if a.path:
-        sys.stdout.write(c.source(a.key, a.path))
-        return 0
-    _table([[f["path"], f["kind"], str(f["bytes"])] for f in c.sources(a.key)], ["PATH", "KIND", "BYTES"])
-    return 0
+@app.command()
+def workers(ctx: typer.Context) -> None:
+    """List live workers."""
+    with _service(ctx) as c:
+        render.show(render.workers_table(c.workers()))
 
 
-def cmd_worker(a: argparse.Namespace) -> int:
-    from worker.main import serve
-    from worker.settings import WorkerSettings
-
-    overrides: dict[str, Any] = {}
-    if a.device:
-        overrides["device"] = a.device
-    if a.redis_url:
-        overrides["redis_url"] = a.redis_url
-    serve(WorkerSettings(**overrides))
-    return 0
-
-
-def cmd_serve(a: argparse.Namespace) -> int:
-    import uvicorn
-
-    from service.api.app import create_app
-    from service.store.embedded import EmbeddedRedis
-    from service.api.settings import Settings
-
-    settings = Settings()
-    redis_proc = None
-    if not settings.redis_url:
-        redis_proc = EmbeddedRedis(settings.data_dir / "redis", port=a.redis_port).start()
-        settings = settings.model_copy(update={"redis_url": redis_proc.url})
-        print(f"aotc: embedded redis-server on {redis_proc.url} (data in {redis_proc.data_dir}, AOF on)", file=sys.stderr)
-    worker = None
-    if a.workers:
-        env = {**os.environ, "AOTC_REDIS_URL": settings.redis_url or "", "AOTC_DEVICE": a.device,
-               "AOTC_WORK_DIR": str(settings.data_dir / "work")}
-        try:
-            import torch  # noqa: F401  # a worker needs torch; the API does not
-        except ImportError:
-            print("aotc: torch is not installed, so no worker starts (install aotc[worker])", file=sys.stderr)
-        else:
-            worker = subprocess.Popen([sys.executable, "-m", "worker"], env=env)
-            print(f"aotc: worker pid {worker.pid} for device {a.device}", file=sys.stderr)
-    # uvicorn re-raises the SIGTERM it caught once it has drained; turn it into SystemExit so the worker
-    # and Redis below are stopped too.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    try:
-        uvicorn.run(create_app(settings), host=a.host, port=a.port, log_level=a.log_level, timeout_graceful_shutdown=30)
-    finally:
-        if worker and worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-        if redis_proc:
-            redis_proc.stop()
-    return 0
+@app.command()
+def caches(
+    ctx: typer.Context,
+    clear: Annotated[bool, typer.Option(
+        "--clear", help="Drop them (artifacts stay; later compiles start cold).")] = False,
+) -> None:
+    """The compile caches workers share: max-autotune timings, Inductor remote-cache entries."""
+    with _service(ctx) as c:
+        if clear:
+            removed = c.clear_caches()
+            typer.echo(f"removed {removed['gemm_timings']} max-autotune timing table(s) and "
+                       f"{removed['inductor_entries']} Inductor remote-cache entries")
+            return
+        render.show(render.caches_summary(c.caches()))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="aotc", description="Ahead-of-time compilation of torch.export programs.")
-    p.add_argument("--url", default=None, help="service URL (default: $AOTC_URL or http://127.0.0.1:8000)")
-    sub = p.add_subparsers(dest="cmd", required=True)
-
-    s = sub.add_parser("serve", help="run the API, an embedded Redis (unless AOTC_REDIS_URL is set) and a worker")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--redis-port", type=int, default=None, help="port of the embedded Redis (default: a free one)")
-    s.add_argument("--device", default="auto", help="device of the local worker: auto, cpu, cuda:N")
-    s.add_argument("--workers", type=int, default=1, choices=[0, 1], help="0 runs the API alone")
-    s.add_argument("--log-level", default="info")
-
-    s = sub.add_parser("worker", help="run one worker (one per GPU, or one for the CPU)")
-    s.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: $AOTC_DEVICE or auto)")
-    s.add_argument("--redis-url", default=None, help="default: $AOTC_REDIS_URL")
-
-    s = sub.add_parser("compile", help="upload a .pt2 and compile it; prints the artifact key last")
-    s.add_argument("model", help="a torch.export.save archive")
-    s.add_argument("--shape", action="append", default=[], required=True,
-                   help="NAME=SHAPE, once per input: 8x3x224x224, or 1..32x3x224x224 for a dynamic dim")
-    s.add_argument("--target", default="cpu", help="cpu, cuda, or a concrete target such as cuda-sm90")
-    s.add_argument("--mode", default="default", choices=["default", "max-autotune", "training"])
-    s.add_argument("--precision", default="keep", choices=["keep", "bf16", "fp16"],
-                   help="compute in bf16/fp16 for inference; inputs and outputs keep their dtypes")
-    s.add_argument("--freezing", action="store_true", help="fold weights into the graph as constants")
-    s.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
-                   help="an allow-listed Inductor setting, e.g. coordinate_descent_tuning=true (repeatable)")
-    s.add_argument("--priority", default="interactive", choices=["interactive", "batch"],
-                   help="interactive jobs are served before batch jobs")
-    s.add_argument("--name", default=None)
-    s.add_argument("--no-wait", action="store_true", help="print the job id and return")
-
-    s = sub.add_parser("pull", help="download an artifact (sha256-verified)")
-    s.add_argument("key")
-    s.add_argument("-o", "--output", default=None, help="where to write it (default: the local cache)")
-
-    sub.add_parser("models", help="list uploaded models")
-    s = sub.add_parser("jobs", help="list recent jobs")
-    s.add_argument("--limit", type=int, default=20)
-    sub.add_parser("workers", help="list live workers")
-    s = sub.add_parser("caches", help="the compile caches workers share (max-autotune timings, Inductor entries)")
-    s.add_argument("--clear", action="store_true", help="drop them (artifacts stay; later compiles start cold)")
-    s = sub.add_parser("lookup", help="find the artifact for a model, shapes and target")
-    s.add_argument("model_id")
-    s.add_argument("--shape", action="append", default=[], required=True)
-    s.add_argument("--target", default="cpu")
-    s = sub.add_parser("cancel", help="cancel a job")
-    s.add_argument("job_id")
-    s = sub.add_parser("report", help="what each compiler stage saw and took, for one artifact")
-    s.add_argument("key")
-    s.add_argument("--json", action="store_true", help="print the whole report as JSON")
-    s = sub.add_parser("source", help="list an artifact's generated code and graphs, or print one file")
-    s.add_argument("key")
-    s.add_argument("path", nargs="?", default=None, help="a path from the listing, e.g. code/kernel.cpp")
-    return p
+@app.command()
+def report(
+    ctx: typer.Context,
+    key: Annotated[str, typer.Argument(help="The artifact key.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole report as JSON.")] = False,
+) -> None:
+    """What each compiler stage saw and took, for one artifact."""
+    with _service(ctx) as c:
+        if as_json:
+            typer.echo(json.dumps(c.report(key), indent=1))
+            return
+        render.show(render.report_summary(key, c.artifact(key).meta, c.report(key)))
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
-    if a.cmd in ("serve", "worker"):  # long-running processes log; client commands print only what they report
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if a.cmd == "serve":
-        return cmd_serve(a)
-    if a.cmd == "worker":
-        return cmd_worker(a)
-    handlers = {"compile": cmd_compile, "pull": cmd_pull, "models": cmd_models, "jobs": cmd_jobs,
-                "workers": cmd_workers, "caches": cmd_caches, "lookup": cmd_lookup, "cancel": cmd_cancel,
-                "report": cmd_report, "source": cmd_source}
-    try:
-        with Client(a.url) as c:
-            return handlers[a.cmd](c, a)
-    except ClientError as e:
-        print(f"aotc: the service refused: {e.message} (HTTP {e.status})", file=sys.stderr)
-        return 2
-    except JobFailed as e:
-        err = e.job.get("error") or {}
-        print(f"aotc: {e}", file=sys.stderr)
-        if err.get("excerpt"):
-            print("--- compiler output (last lines) ---\n" + err["excerpt"][-2000:], file=sys.stderr)
-        return 1
-    except (OSError, Exception) as e:
-        import httpx
+@app.command()
+def source(
+    ctx: typer.Context,
+    key: Annotated[str, typer.Argument(help="The artifact key.")],
+    path: Annotated[str | None, typer.Argument(help="A path from the listing, e.g. code/kernel.cpp.")] = None,
+) -> None:
+    """List an artifact's generated code and graphs, or print one file."""
+    with _service(ctx) as c:
+        if path:
+            sys.stdout.write(c.source(key, path))
+            return
+        render.show(render.sources_table(c.sources(key)))
 
-        if isinstance(e, httpx.TransportError):
-            print(f"aotc: cannot reach the service at {a.url or os.environ.get('AOTC_URL') or 'http://127.0.0.1:8000'}: {e}"
-                  " (is `aotc serve` running? set AOTC_URL)", file=sys.stderr)
-            return 2
-        raise
+
+# -- servers -------------------------------------------------------------------------------------------------------
+# The servers are other packages' entry points (aotc-server, aotc-worker), installed with the extras. These two
+# commands hand the whole command line over to them, --help included, so their options are defined once.
+
+_PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+def _exec(command: str, module: str, needs: tuple[str, ...], extra: str, args: list[str]) -> NoReturn:
+    """Replace this process with `python -m module args` (signals then reach the server itself)."""
+    if any(importlib.util.find_spec(name) is None for name in needs):
+        _fail(f"`aotc {command}` needs the {extra} parts, which are not installed here: install aotc[{extra}]")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", module, *args])
+
+
+@app.command(context_settings=_PASS_THROUGH, add_help_option=False)
+def serve(ctx: typer.Context) -> None:
+    """Run the API, an embedded Redis and a worker (aotc-server, from the server extra)."""
+    _exec("serve", "service", ("fastapi", "uvicorn", "redis"), "server", ctx.args)
+
+
+@app.command(context_settings=_PASS_THROUGH, add_help_option=False)
+def worker(ctx: typer.Context) -> None:
+    """Run one worker, one per GPU or one for the CPU (aotc-worker, from the worker extra)."""
+    _exec("worker", "worker", ("torch", "redis"), "worker", ctx.args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    app()

@@ -12,16 +12,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_sse import connect_sse
 
 from client.buckets import BucketedModel, Bundle
+from compiler.errors import Unprocessable
+from compiler.shapes import format_shape, parse_shape
 from compiler.targets import Target
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -64,35 +68,20 @@ def _raise_for(resp: httpx.Response) -> None:
     raise ClientError(resp.status_code, message, body)
 
 
-def _sse(lines: Iterable[str]) -> Iterator[tuple[str, str | None, str]]:
-    """Server-Sent Events as (event, id, data), from the lines of a text/event-stream body."""
-    event: str = "message"
-    event_id: str | None = None
-    data: list[str] = []
-    for line in lines:
-        if not line:
-            if data:
-                yield event, event_id, "\n".join(data)
-            event, event_id, data = "message", None, []
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "event":
-            event = value
-        elif name == "data":
-            data.append(value)
-        elif name == "id":
-            event_id = value
-
-
 def _shape_of(x: Any) -> list[Any]:
+    """The dims of a tensor, of a shape string ('8x3x224x224', '1..32x3') or of a sequence of dims (sizes, '1..32',
+    {'min', 'max'} ranges). compiler.shapes reads the strings; the service checks the dims against the program."""
     if hasattr(x, "shape"):
         return [int(d) for d in x.shape]
-    if isinstance(x, str):
-        return x  # type: ignore[return-value]  # "8x3x224x224": the service parses it
-    return list(x)
+    try:
+        if isinstance(x, str):
+            return list(parse_shape(x))
+        dims = [parse_shape(d) if isinstance(d, str) else [d] for d in x]
+    except Unprocessable as e:  # what the service would have answered, without the round trip
+        raise ClientError(422, e.message) from None
+    if any(len(d) != 1 for d in dims):
+        raise ClientError(422, f"cannot read shape {x!r}: each dim is one size (8) or one range (1..32)")
+    return [d[0] for d in dims]
 
 
 class Client:
@@ -104,7 +93,7 @@ class Client:
     def close(self) -> None:
         self.http.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -183,19 +172,20 @@ class Client:
             given = list(example_inputs_or_shapes)
             if len(given) != len(names):
                 raise ValueError(f"the program takes {len(names)} inputs {names}; got {len(given)}")
-            shapes = {n: _shape_of(x) for n, x in zip(names, given)}
+            shapes = {n: _shape_of(x) for n, x in zip(names, given, strict=True)}
             if dynamic_shapes is not None:
                 # The module was exported with dynamic dims: compile one artifact for their whole (finite) range.
                 for inp in record["inputs"]:
                     shapes[inp["name"]] = [
                         {"min": d["min"], "max": d["max"]} if isinstance(d, dict) and d.get("max") is not None else s
-                        for d, s in zip(inp["shape"], shapes[inp["name"]])
+                        for d, s in zip(inp["shape"], shapes[inp["name"]], strict=False)  # the service checks ranks
                     ]
         if buckets is not None:
             names = [i["name"] for i in record["inputs"]]
             body = {"model_id": record["id"], "shapes": shapes, "target": target, "options": options,
                     "priority": priority,
-                    "buckets": [{k: _shape_of(v) for k, v in (b.items() if isinstance(b, Mapping) else zip(names, b))}
+                    "buckets": [{k: _shape_of(v) for k, v in (b.items() if isinstance(b, Mapping)
+                                                            else zip(names, b, strict=False))}
                                 for b in buckets]}
             answer = dict(self._json("POST", "/v1/compilations", json=body))
             parts = [answer, *answer.get("buckets", [])]
@@ -232,18 +222,20 @@ class Client:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError(f"job {job_id} still {view['state']} after {timeout} s")
-            headers = {"Accept": "text/event-stream", **({"Last-Event-ID": last_id} if last_id else {})}
+            headers = {"Last-Event-ID": last_id} if last_id else {}
             read_s = 30.0 if left is None else max(0.1, min(30.0, left))  # the server sends a keepalive every 10 s
             try:
-                with self.http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers,
-                                      timeout=httpx.Timeout(10.0, read=read_s)) as resp:
+                with connect_sse(self.http, "GET", f"/v1/jobs/{job_id}/events", headers=headers,
+                                 timeout=httpx.Timeout(10.0, read=read_s)) as events:
+                    resp = events.response
                     if resp.status_code not in (502, 503, 504):
                         if not resp.is_success:
                             resp.read()
                         _raise_for(resp)
-                        for event, event_id, data in _sse(resp.iter_lines()):
-                            last_id = event_id or last_id
+                        for sse in events.iter_sse():
+                            last_id = sse.id or last_id
                             delay = poll_s
+                            event, data = sse.event, sse.data
                             if event == "state":
                                 ev = json.loads(data)
                                 view.update(state=ev.get("state", view["state"]), stage=ev.get("stage", view["stage"]),
@@ -278,8 +270,7 @@ class Client:
         # The value type httpx asks for (a list is invariant, so list[tuple[str, str]] would not do).
         params: list[tuple[str, str | int | float | bool | None]] = [("model_id", model_id), ("target", target)]
         for name, shape in shapes.items():
-            s = _shape_of(shape)
-            params.append(("shape", f"{name}={s if isinstance(s, str) else 'x'.join(map(str, s))}"))
+            params.append(("shape", f"{name}={format_shape(_shape_of(shape))}"))
         resp = self.http.get("/v1/artifacts/lookup", params=params)
         if resp.status_code == 404:
             return None
@@ -292,7 +283,7 @@ class Client:
         hash still matches are not downloaded again."""
         art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
         cached = self.cache_dir / "artifacts" / f"{art.key}.pt2"
-        if not (cached.exists() and _sha256(cached) == art.sha256):
+        if not (cached.exists() and _file_sha256(cached) == art.sha256):
             cached.parent.mkdir(parents=True, exist_ok=True)
             tmp = cached.with_suffix(f".part{os.getpid()}")
             digest = hashlib.sha256()
@@ -304,7 +295,8 @@ class Client:
                         f.write(chunk)
             if digest.hexdigest() != art.sha256:
                 tmp.unlink(missing_ok=True)
-                raise ClientError(502, f"artifact {art.key} arrived corrupt: sha256 {digest.hexdigest()} != {art.sha256}")
+                raise ClientError(502, f"artifact {art.key} arrived corrupt: sha256 {digest.hexdigest()} != "
+                                       f"{art.sha256}")
             os.replace(tmp, cached)
         if dest is None:
             return cached
@@ -312,7 +304,7 @@ class Client:
         if dest.resolve() != cached.resolve():
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(dest.name + ".part")
-            tmp.write_bytes(cached.read_bytes())
+            shutil.copyfile(cached, tmp)
             os.replace(tmp, dest)
         return dest
 
@@ -335,11 +327,12 @@ class Client:
         loads every artifact in it, and the callable picks the smallest bucket that fits each call (padding the
         batch, dim 0, unless `pad=False`), else the main artifact."""
         if isinstance(artifact, Bundle):
-            main = (artifact.main, self.load(artifact.main, device)) if artifact.main.meta.get("package", True) else None
+            main = ((artifact.main, self.load(artifact.main, device)) if artifact.main.meta.get("package", True)
+                    else None)
             return BucketedModel(main, [(b, self.load(b, device)) for b in artifact.buckets], pad=pad)
         art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
         path = self.pull(art)
-        from compiler.torch_compat import aoti_load_package  # imports torch: only to load
+        from compiler.compat.aoti import aoti_load_package  # imports torch: only to load
 
         target = Target.parse(str(art.meta.get("target", "")))
         device = device or ("cuda:0" if target.kind == "cuda" else "cpu")
@@ -370,9 +363,6 @@ def _check_target(target: Target, device: str) -> None:
         raise ClientError(409, f"artifact {why}")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
+def _file_sha256(path: Path) -> str:
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()

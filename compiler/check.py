@@ -11,10 +11,10 @@ from typing import Any
 import torch
 
 from compiler import inputs as inputs_mod
-from compiler import torch_compat
+from compiler.compat import pytree
+from compiler.compat.aoti import aoti_load_package
 from compiler.errors import CheckFailed
 from compiler.loading import load_program
-from compiler.torch_compat import pytree
 
 # Error allowed, as max|compiled - eager| / max(max|eager|, 1), by output dtype. Compiled code reorders
 # reductions and fuses ops, so low-precision dtypes differ by a few ulps of their own.
@@ -26,7 +26,8 @@ TOLERANCE: dict[torch.dtype, float] = {
 }
 # A package compiled with precision=bf16/fp16 computes in that dtype whatever its outputs' dtype: the tolerance is
 # at least that of the compute dtype.
-PRECISION_TOLERANCE: dict[str, float] = {"keep": 0.0, "bf16": TOLERANCE[torch.bfloat16], "fp16": TOLERANCE[torch.float16]}
+PRECISION_TOLERANCE: dict[str, float] = {"keep": 0.0, "bf16": TOLERANCE[torch.bfloat16],
+                                          "fp16": TOLERANCE[torch.float16]}
 
 
 def _sync(device: str) -> None:
@@ -103,7 +104,7 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
             expected = eager(*args, **kwargs)
             eager_ms = time_ms(lambda: eager(*args, **kwargs), device)
         cases.append((label, shapes, args, kwargs, expected, eager_ms))
-    compiled = torch_compat.aoti_load_package(package_path, device)
+    compiled = aoti_load_package(package_path, device)
     results = []
     for label, shapes, args, kwargs, expected, eager_ms in cases:
         with torch.inference_mode():

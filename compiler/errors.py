@@ -17,12 +17,13 @@
      └── CheckFailed               the artifact ran but disagrees with eager beyond tolerance
 
 Every message says what was wrong and, where it can, what would be right: a user's mistake is never a 500.
-A CompileError on a valid model is permanent: retrying gives the same answer. Crashes,
-timeouts and lost workers are not exceptions: each failed attempt becomes a `Failure` record.
+A CompileError on a valid model is permanent: retrying gives the same answer. Crashes, timeouts and lost
+workers are not exceptions: each failed attempt becomes a `Failure` record.
 
     Failure                        type, message, stage, excerpt; retryable follows from the type
-      Timeout, Crashed, OutOfMemory, WorkerLost, WorkerError       retryable: the machine failed, not the model
-      Cancelled, ToolchainMismatch, NotFound, GaveUp, any CompileError   final
+      Timeout, Crashed, OutOfMemory, WorkerLost, WorkerError    retryable: the machine failed, not the model
+      Cancelled, ToolchainMismatch, NotFound, any CompileError  final
+    A job that has used its attempts fails with its last failure's type, marked not retryable.
 """
 
 from __future__ import annotations
@@ -169,6 +170,24 @@ class Failure:
     @classmethod
     def worker_error(cls, e: BaseException, stage: str) -> Failure:
         return cls("WorkerError", f"the worker failed: {type(e).__name__}: {e}", stage)
+
+    @classmethod
+    def toolchain_mismatch(cls, wanted: Any, have: Any) -> Failure:
+        """A job keyed for another toolchain than the worker's: its artifact would not be what the key says."""
+        return cls("ToolchainMismatch", f"job was keyed for toolchain {wanted}, but this worker runs {have}", "claim")
+
+    @classmethod
+    def not_found(cls, message: str, stage: str) -> Failure:
+        """Something the job needs is gone from the store (e.g. its model, at fetch)."""
+        return cls("NotFound", message, stage)
+
+    @classmethod
+    def gave_up(cls, max_attempts: int, last: dict[str, Any]) -> Failure:
+        """A job claimed past its attempts (odd histories, e.g. a refund racing a reaper): final, keeping the type
+        and details of its last failure (`last`, an entry of the job's `failures`)."""
+        f = cls.from_json({**last, "type": last.get("type") or "GaveUp"})
+        return cls(f.type, f"gave up after {max_attempts} attempts; last: {last.get('message', 'worker lost')}",
+                   f.stage, "", f.extra, retry=False)
 
 def _out_of_memory(e: BaseException) -> bool:
     """MemoryError or torch's (CUDA) OutOfMemoryError anywhere in the cause chain."""

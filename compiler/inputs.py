@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from compiler.torch_compat import pytree
+from compiler.compat import pytree
 
 Spec = list[dict[str, Any]]
 

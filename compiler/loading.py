@@ -1,12 +1,12 @@
 """Load an uploaded torch.export archive without letting it run code.
 
 Three layers, each enough on its own for the attacks it covers:
-1. the API's static checks again (compiler.archive.inspect: pickles against the allow-list, expression strings and
+1. the API's static checks again (compiler.archive: pickles against the allow-list, expression strings and
    guards against a whitelist grammar, no custom-object constants, no AOTInductor code) - the archive on the
    worker is the same bytes, but the worker must not trust that the API looked;
 2. every pickled entry is loaded with torch.load(weights_only=True) before torch.export.load sees it;
-3. torch.export.load runs inside torch_compat.guarded_export_load, which forces weights_only=True, blocks
-   pickle.loads / torchbind / AOTInductor loading in torch's reader and re-checks each expression string.
+3. torch.export.load runs inside compiler.compat.safe_load.guarded_export_load, which forces weights_only=True,
+   blocks pickle.loads / torchbind / AOTInductor loading in torch's reader and re-checks each expression string.
 After loading, guards_code (exec'd by torch when the program runs) is checked once more on the loaded object.
 """
 
@@ -18,10 +18,10 @@ import zipfile
 
 import torch
 
-from compiler import torch_compat
-from compiler.errors import BadModel, UnsafeModel
-from compiler.archive import inspect as archive_mod  # pure: no torch, no Redis/HTTP
-from compiler.errors import AotcError, UnsafeArchive
+from compiler.archive.exprs import check_guard, check_sym_expr
+from compiler.archive.inspect import inspect_archive
+from compiler.compat.safe_load import DeserializationRefused, guarded_export_load
+from compiler.errors import AotcError, BadModel, UnsafeArchive, UnsafeModel
 
 STAGE = "load"
 MAX_PICKLE_ENTRY_BYTES = 64 * 2**30
@@ -30,7 +30,7 @@ MAX_PICKLE_ENTRY_BYTES = 64 * 2**30
 def _validate(path: str) -> list[str]:
     """The API's inspection, mapped to compiler errors; returns the pickled entries to pre-load."""
     try:
-        info = archive_mod.inspect_archive(path)
+        info = inspect_archive(path)
     except UnsafeArchive as e:
         raise UnsafeModel(e.message, stage=STAGE) from None
     except AotcError as e:
@@ -65,7 +65,7 @@ def _preload_pickles(path: str, entries: list[str]) -> None:
 def _check_loaded(ep: torch.export.ExportedProgram) -> None:
     for guard in getattr(ep, "_guards_code", None) or []:
         try:
-            archive_mod.check_guard(guard)
+            check_guard(guard)
         except AotcError as e:
             raise UnsafeModel(e.message, stage=STAGE) from None
 
@@ -79,10 +79,10 @@ def load_program(path: str) -> torch.export.ExportedProgram:
     entries = _validate(path)
     _preload_pickles(path, entries)
     try:
-        with torch_compat.guarded_export_load(archive_mod.check_sym_expr) as events:
+        with guarded_export_load(check_sym_expr) as events:
             try:
                 ep = torch.export.load(path)
-            except torch_compat.DeserializationRefused as e:
+            except DeserializationRefused as e:
                 raise UnsafeModel(str(e), stage=STAGE, excerpt="\n".join(events)) from None
     except (UnsafeModel, BadModel):
         raise

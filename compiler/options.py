@@ -7,7 +7,6 @@ small allow-list in `InductorSettings`: a user never passes config strings throu
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -60,7 +59,7 @@ class CompileOptions(BaseModel):
     prims_view: bool = Field(default=False, description="Also record the graph decomposed to prims in the report.")
 
     @model_validator(mode="after")
-    def _inference_only_options(self) -> "CompileOptions":
+    def _inference_only_options(self) -> CompileOptions:
         if self.mode == "training" and (self.precision != "keep" or self.freezing):
             raise ValueError("precision casts and freezing are for inference; mode=training keeps the program's "
                              "dtypes and weights")
@@ -69,9 +68,6 @@ class CompileOptions(BaseModel):
     def canonical(self) -> dict[str, Any]:
         """Every option with its value, defaults included, so equal options hash equal."""
         return self.model_dump(mode="json")
-
-    def canonical_json(self) -> str:
-        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
 
     @property
     def training(self) -> bool:

@@ -105,7 +105,8 @@ def compile_model(
 
     result: dict[str, Any] = {"package": None, "size": 0}
     if options.training:
-        why = "mode=training stops after AOTAutograd and lowering: the report and the graphs are the result (no package yet)"
+        why = ("mode=training stops after AOTAutograd and lowering: the report and the graphs are the result "
+               "(no package yet)")
         for name in ("fusion", "codegen", "package"):
             report["stages"][name] = rep.skipped(why)
     else:

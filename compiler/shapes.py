@@ -143,7 +143,8 @@ def canonical_spec(program_inputs: list[dict[str, Any]], requested: dict[str, An
             where = f"input {name!r} dim {i}"
             if isinstance(have, int):
                 if d != have:
-                    raise Unprocessable(f"{where} is static ({have}) in the exported program; the request gives {_fmt(d)}")
+                    raise Unprocessable(f"{where} is static ({have}) in the exported program; "
+                                        f"the request gives {_fmt(d)}")
             else:
                 lo, hi = have.get("min"), have.get("max")
                 d_lo, d_hi = (d, d) if isinstance(d, int) else (d["min"], d["max"])

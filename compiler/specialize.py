@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from compiler import inputs as inputs_mod
+from compiler.compat import pytree
 from compiler.errors import SpecError
-from compiler.torch_compat import pytree
 
 
 def dynamic_shapes(spec: inputs_mod.Spec, program_inputs: list[dict[str, Any]]) -> list[dict[int, Any] | None]:
@@ -59,7 +59,8 @@ def cast_edges(module: torch.fx.GraphModule, dtype: torch.dtype) -> torch.fx.Gra
     with graph.inserting_before(out_node):
         back = {n: graph.call_function(torch.ops.aten._to_copy.default, (n,), {"dtype": d})
                 for n, d in out_dtypes.items() if d != dtype}
-    out_node.args = tuple(pytree.tree_map(lambda a: back.get(a, a) if isinstance(a, torch.fx.Node) else a, out_node.args))
+    out_node.args = tuple(pytree.tree_map(lambda a: back.get(a, a) if isinstance(a, torch.fx.Node) else a,
+                                          out_node.args))
     graph.lint()
     module.recompile()
     return module
@@ -78,7 +79,8 @@ def specialize(
     args, kwargs = inputs_mod.call_args(ep, example)
     ds_args, ds_kwargs = pytree.tree_unflatten(dynamic_shapes(spec, program_inputs), ep.call_spec.in_spec)
     ds: Any = None
-    if any(d is not None for d in pytree.tree_leaves((ds_args, ds_kwargs), is_leaf=lambda x: x is None or isinstance(x, dict))):
+    if any(d is not None for d in pytree.tree_leaves((ds_args, ds_kwargs),
+                                                     is_leaf=lambda x: x is None or isinstance(x, dict))):
         ds = (tuple(ds_args) + tuple(ds_kwargs[k] for k in kwargs)) if kwargs else tuple(ds_args)
     try:
         return torch.export.export(module, args, kwargs or None, dynamic_shapes=ds, strict=False)

@@ -12,7 +12,7 @@
 capture, autograd and lowering run torch.export's own passes on the specialised program (cheap re-traces: the
 compile does the same work inside Inductor, fused into one trace, where it cannot be seen apart). fusion, codegen
 and package are read off the compile that builds the package: no second compile. Every torch-private hook lives in
-compiler.torch_compat; a stage whose hook this torch lacks reports itself "unavailable" and the compile goes on.
+compiler.compat; a stage whose hook this torch lacks reports itself "unavailable" and the compile goes on.
 """
 
 from __future__ import annotations
@@ -30,7 +30,11 @@ import torch
 
 from compiler import inputs as inputs_mod
 from compiler import report as rep
-from compiler import torch_compat
+from compiler.compat.aoti import aoti_compile_and_package
+from compiler.compat.autograd import aot_joint_and_partition
+from compiler.compat.graphs import graph_facts, is_inplace_op, node_sources, op_name
+from compiler.compat.observe import InductorObservation, observe_inductor, run_and_get_code, triton_kernels_in
+from compiler.compat.prims import prims_graph
 from compiler.errors import CompileError
 from compiler.inputs import Spec
 from compiler.options import CompileOptions
@@ -138,7 +142,7 @@ def capture(ep: torch.export.ExportedProgram, spec: Spec, program_inputs: list[d
     shapes = inputs_mod.hint_shapes(spec, program_inputs)
     example = inputs_mod.random_inputs(spec, shapes, device, inputs_mod.int_ranges(ep))
     args, kwargs = inputs_mod.call_args(ep, example)
-    g = torch_compat.graph_facts(special.graph)
+    g = graph_facts(special.graph)
     facts = rep.stage(
         seconds=seconds, observed_by="torch.export.export of the uploaded program's module at the requested shapes",
         graph=_graph_block(g, "graphs/capture.py"), **_io_facts(special), dynamic_dims=_dynamic_dims(special, spec),
@@ -161,7 +165,7 @@ def _map_back(nodes: list[torch.fx.Node], known: set[str]) -> dict[str, list[tor
     """Earlier-graph node name -> the nodes of a re-traced graph that came from it (by from_node provenance)."""
     out: dict[str, list[torch.fx.Node]] = collections.defaultdict(list)
     for n in nodes:
-        src = next((s for s in torch_compat.node_sources(n) if s in known), None)
+        src = next((s for s in node_sources(n) if s in known), None)
         if src is not None:
             out[src].append(n)
     return out
@@ -177,7 +181,7 @@ class TrainingTraceError(CompileError):
 
 def _training_facts(c: Captured) -> tuple[dict[str, Any], dict[str, str]]:
     try:
-        got = torch_compat.aot_joint_and_partition(c.program.module(), c.args, c.kwargs)
+        got = aot_joint_and_partition(c.program.module(), c.args, c.kwargs)
     except Exception as e:
         raise TrainingTraceError(f"tracing forward and backward failed: {type(e).__name__}: {str(e)[:1500]}",
                                  stage="autograd") from e
@@ -186,11 +190,12 @@ def _training_facts(c: Captured) -> tuple[dict[str, Any], dict[str, str]]:
                                  "needs a gradient", stage="autograd")
     blocks, codes = {}, {}
     for part in ("joint", "forward", "backward"):
-        f = torch_compat.graph_facts(got[part].graph)
+        f = graph_facts(got[part].graph)
         blocks[part] = _graph_block(f, f"graphs/{part}.py")
         codes[f"graphs/{part}.py"] = f["code"]
     saved = [n for n in got["backward"].graph.nodes
-             if n.op == "placeholder" and not n.name.startswith("tangents") and isinstance(n.meta.get("val"), torch.Tensor)]
+             if n.op == "placeholder" and not n.name.startswith("tangents")
+             and isinstance(n.meta.get("val"), torch.Tensor)]
     primals = [n.name for n in saved if n.name.startswith("primals")]
     facts = {
         **blocks,
@@ -199,7 +204,8 @@ def _training_facts(c: Captured) -> tuple[dict[str, Any], dict[str, str]]:
         "saved_activations": len(saved) - len(primals),
         "saved_inputs_and_weights": len(primals),
         "saved": [n.name for n in saved],
-        "tangents": sum(1 for n in got["backward"].graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")),
+        "tangents": sum(1 for n in got["backward"].graph.nodes
+                        if n.op == "placeholder" and n.name.startswith("tangents")),
         "traced_at": {k: list(v.shape) for k, v in zip([f"arg{i}" for i in range(len(c.args))], c.args)
                       if isinstance(v, torch.Tensor)},
     }
@@ -216,12 +222,12 @@ def autograd(c: Captured, training: bool = False) -> Functional:
     intermediates, not weights or inputs), saved (names)."""
     t0 = time.perf_counter()
     functional = c.program.run_decompositions({})
-    g = torch_compat.graph_facts(functional.graph)
-    captured_inplace = [n for n in _calls(c.program.graph) if torch_compat.is_inplace_op(n.target)]
-    left = [n for n in _calls(functional.graph) if torch_compat.is_inplace_op(n.target)]
+    g = graph_facts(functional.graph)
+    captured_inplace = [n for n in _calls(c.program.graph) if is_inplace_op(n.target)]
+    left = [n for n in _calls(functional.graph) if is_inplace_op(n.target)]
     became = _map_back(_calls(functional.graph), {n.name for n in _calls(c.program.graph)})
-    details = [{"node": n.name, "op": torch_compat.op_name(n.target),
-                "became": [f"{m.name} ({torch_compat.op_name(m.target)})" for m in became.get(n.name, [])]}
+    details = [{"node": n.name, "op": op_name(n.target),
+                "became": [f"{m.name} ({op_name(m.target)})" for m in became.get(n.name, [])]}
                for n in captured_inplace]
     facts = rep.stage(
         seconds=time.perf_counter() - t0,
@@ -229,9 +235,9 @@ def autograd(c: Captured, training: bool = False) -> Functional:
         "functionalisation without decompositions (a separate trace; the compile repeats it inside Inductor)",
         graph=_graph_block(g, "graphs/functional.py"),
         inplace_removed=len(captured_inplace) - len(left),
-        inplace_ops=dict(collections.Counter(torch_compat.op_name(n.target) for n in captured_inplace)),
+        inplace_ops=dict(collections.Counter(op_name(n.target) for n in captured_inplace)),
         inplace=details,
-        inplace_left=[torch_compat.op_name(n.target) for n in left],
+        inplace_left=[op_name(n.target) for n in left],
     )
     graphs = {"graphs/functional.py": g["code"]}
     if training:
@@ -264,16 +270,16 @@ def lowering(f: Functional, c: Captured, prims_view: bool = False) -> Lowered:
         raise ValueError("no functional program to decompose")
     t0 = time.perf_counter()
     core = f.program.run_decompositions()
-    g = torch_compat.graph_facts(core.graph)
+    g = graph_facts(core.graph)
     before_nodes = _calls(f.program.graph)
     origin = _map_back(_calls(core.graph), {n.name for n in before_nodes})
     decomposed: dict[str, dict[str, Any]] = {}
     mapped = bool(origin)
     for n in before_nodes:
-        op = torch_compat.op_name(n.target)
+        op = op_name(n.target)
         if op == "operator.getitem":  # structural: it picks one output of a multi-output op
             continue
-        into = [torch_compat.op_name(m.target) for m in origin.get(n.name, []) if m.target is not operator.getitem]
+        into = [op_name(m.target) for m in origin.get(n.name, []) if m.target is not operator.getitem]
         if mapped and op in into:  # the op survived as itself (perhaps with view or getitem helpers)
             continue
         if not mapped and op in g["histogram"]:  # no provenance: only a vanished op counts as decomposed
@@ -281,7 +287,7 @@ def lowering(f: Functional, c: Captured, prims_view: bool = False) -> Lowered:
         d = decomposed.setdefault(op, {"op": op, "count": 0, "into": collections.Counter()})
         d["count"] += 1
         d["into"].update(into)
-    before = torch_compat.graph_facts(f.program.graph)
+    before = graph_facts(f.program.graph)
     facts = rep.stage(
         seconds=time.perf_counter() - t0,
         observed_by="ExportedProgram.run_decompositions() (core ATen table) on the functional program "
@@ -295,8 +301,8 @@ def lowering(f: Functional, c: Captured, prims_view: bool = False) -> Lowered:
     if prims_view:
         t1 = time.perf_counter()
         try:
-            pg = torch_compat.prims_graph(core.module(), c.args, c.kwargs)
-            p = torch_compat.graph_facts(pg.graph)
+            pg = prims_graph(core.module(), c.args, c.kwargs)
+            p = graph_facts(pg.graph)
             facts["prims"] = {**_graph_block(p, "graphs/prims.py"), "seconds": round(time.perf_counter() - t1, 3),
                               "observed_by": "make_fx under torch._prims.context.TorchRefsMode (ops without a "
                               "prims reference stay ATen)"}
@@ -317,13 +323,13 @@ _ORDER = ("fusion", "codegen", "package")
 @dataclass
 class Compiled:
     package: str
-    observation: torch_compat.InductorObservation
+    observation: InductorObservation
     seconds: float
     phases: dict[str, float | None]  # fusion / codegen / package seconds, from the compile's own marks
     device: str
 
 
-def _phases(obs: torch_compat.InductorObservation, total: float) -> dict[str, float | None]:
+def _phases(obs: InductorObservation, total: float) -> dict[str, float | None]:
     first: dict[str, float] = {}
     for name, t in obs.marks:
         first.setdefault(name, t)
@@ -359,9 +365,9 @@ def inductor(c: Captured, options: CompileOptions, out_path: str, device: str,
 
     on_stage("fusion")
     t0 = time.perf_counter()
-    with torch_compat.observe_inductor(on_event) as obs:
-        package = torch_compat.run_and_get_code(
-            lambda: torch_compat.aoti_compile_and_package(c.program, out_path, options.inductor_configs()), obs)
+    with observe_inductor(on_event) as obs:
+        package = run_and_get_code(
+            lambda: aoti_compile_and_package(c.program, out_path, options.inductor_configs()), obs)
     total = time.perf_counter() - t0
     return Compiled(str(package), obs, total, _phases(obs, total), device)
 
@@ -381,7 +387,7 @@ def _library(kernel: str, device: str) -> str:
     return "BLAS (aten)" if gemm else "mkldnn (aten convolution)" if "conv" in k else "aten"
 
 
-def _provenance(obs: torch_compat.InductorObservation) -> dict[str, dict[str, list[str]]]:
+def _provenance(obs: InductorObservation) -> dict[str, dict[str, list[str]]]:
     """kernel name -> {"post_grad": [...], "capture": [...]} from the provenance trace artifact, if logged."""
     payloads = obs.artifacts.get("inductor_provenance_tracking_node_mappings") or []
     if not payloads:
@@ -506,7 +512,7 @@ def codegen(compiled: Compiled) -> Generated:
     triton: dict[str, str] = {}
     python_sources = list(obs.output_code) + obs.artifacts.get("inductor_autotune_at_compile_time_code", [])
     for code in python_sources:
-        triton.update(torch_compat.triton_kernels_in(code))
+        triton.update(triton_kernels_in(code))
     if obs.output_code and triton:
         files["code/wrapper.py"] = obs.output_code[0]
         kinds["code/wrapper.py"] = "wrapper"

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from procs import MAX_UPLOAD_MB, ROOT, start_api, start_worker, stop, wait_workers
-from service.store.embedded import EmbeddedRedis
 from service.store import Store
+from service.store.embedded import EmbeddedRedis
+
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:

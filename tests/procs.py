@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from service.store.embedded import EmbeddedRedis, free_port
 from service.store import Store
+from service.store.embedded import EmbeddedRedis, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_UPLOAD_MB = 8  # the API under test refuses larger uploads; every test model is far smaller
@@ -43,12 +43,14 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def start_api(env: dict[str, str], log_path: Path) -> tuple[str, subprocess.Popen[bytes]]:
-    """The API served by uvicorn on a free port, in its own process; returns its URL once it answers."""
+def start_api(env: dict[str, str], log_path: Path, *,
+              log_level: str = "warning") -> tuple[str, subprocess.Popen[bytes]]:
+    """The API served by uvicorn on a free port, in its own process; returns its URL once it answers.
+    `log_level="info"` logs each request and the shutdown, for tests that read the log."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning"],
+         "--port", str(port), "--log-level", log_level],
         env=env, cwd=ROOT, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     wait_http(url, proc)
@@ -63,7 +65,7 @@ def start_worker(env: dict[str, str], log_path: Path, **extra: str) -> subproces
 def wait_workers(store: Store, n: int = 1, timeout: float = 60.0) -> list[dict]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        live = store.live_workers()
+        live = store.workers.live()
         if len(live) >= n:
             return live
         time.sleep(0.2)
@@ -116,7 +118,7 @@ class Cluster:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"worker exited with {proc.returncode}"
-            mine = [w for w in self.store.live_workers() if w["pid"] == proc.pid]
+            mine = [w for w in self.store.workers.live() if w["pid"] == proc.pid]
             if mine:
                 return proc, mine[0]["id"]
             time.sleep(0.1)
@@ -135,7 +137,7 @@ class Cluster:
         return dict(r.json()["job"])
 
     def job(self, job_id: str) -> dict[str, Any]:
-        job = self.store.get_job(job_id)
+        job = self.store.jobs.get(job_id)
         assert job is not None
         return job
 

@@ -46,9 +46,9 @@ def main(workdir: str) -> int:
 
     try:
         if task["kind"] == "compile":
+            from compiler.compat.caches import inductor_cache_settings
             from compiler.options import CompileOptions
             from compiler.pipeline import compile_model
-            from compiler.torch_compat import inductor_cache_settings
 
             options = CompileOptions(**task["options"])
             share = None

@@ -15,14 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from compiler.errors import Failure
+
 _ROOT = str(Path(__file__).resolve().parent.parent)  # so `python -m worker.child` imports this checkout
 
 
 @dataclass
 class Outcome:
+    """What a child did: its result, or why it failed (`failure` is set exactly when `ok` is false)."""
+
     ok: bool
     result: dict[str, Any] = field(default_factory=dict)
-    error: dict[str, Any] = field(default_factory=dict)
+    failure: Failure | None = None
     cancelled: bool = False
     seconds: float = 0.0
 
@@ -93,15 +97,12 @@ def run_child(
                 now = time.monotonic()
                 if now - t0 > timeout_s:
                     _kill(proc)
-                    return Outcome(False, error={
-                        "type": "Timeout", "message": f"{kind} timed out after {timeout_s:g} s and was killed",
-                        "stage": kind, "excerpt": excerpt(log_path), "retryable": True,
-                    }, seconds=now - t0)
+                    return Outcome(False, failure=Failure.timeout(kind, timeout_s, excerpt(log_path)),
+                                   seconds=now - t0)
                 if should_cancel():  # cheap to call each poll: the caller rate-limits what costs a round trip
                     _kill(proc)
-                    return Outcome(False, cancelled=True, error={
-                        "type": "Cancelled", "message": f"cancelled while running ({kind})", "stage": kind,
-                        "excerpt": "", "retryable": False}, seconds=now - t0)
+                    return Outcome(False, failure=Failure.cancelled(f"cancelled while running ({kind})", kind),
+                                   cancelled=True, seconds=now - t0)
                 time.sleep(poll_s)
         except BaseException:
             _kill(proc)  # the worker is going down (SIGTERM, Ctrl-C): never leave an orphan compile behind
@@ -110,16 +111,16 @@ def run_child(
     result_path = workdir / "result.json"
     if rc == 0 and result_path.exists():
         out = json.loads(result_path.read_text())
-        return Outcome(bool(out["ok"]), out.get("result") or {}, out.get("error") or {}, seconds=seconds)
-    if rc is not None and rc < 0:
-        name = _signal_name(-rc)
-        why = " (out of memory? the kernel's OOM killer sends SIGKILL)" if -rc == signal.SIGKILL else ""
-        message = f"{kind} crashed: the child process died of {name} (signal {-rc}){why}"
+        if out["ok"]:
+            return Outcome(True, out.get("result") or {}, seconds=seconds)
+        return Outcome(False, failure=Failure.from_json(out.get("error") or {}), seconds=seconds)
+    died_of = -rc if rc is not None and rc < 0 else None
+    if died_of is not None:
+        why = " (out of memory? the kernel's OOM killer sends SIGKILL)" if died_of == signal.SIGKILL else ""
+        message = f"{kind} crashed: the child process died of {_signal_name(died_of)} (signal {died_of}){why}"
     else:
         message = f"{kind} child exited with status {rc} without a result"
-    return Outcome(False, error={"type": "Crashed", "message": message, "stage": kind,
-                                 "excerpt": crash_excerpt(log_path), "retryable": True, "signal": -rc if rc and rc < 0 else None},
-                   seconds=seconds)
+    return Outcome(False, failure=Failure.crashed(kind, message, crash_excerpt(log_path), died_of), seconds=seconds)
 
 
 def _relay_events(path: Path, seen: int, on_stage: Callable[[str], None]) -> int:

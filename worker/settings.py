@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field, model_validator
@@ -18,7 +17,9 @@ class WorkerSettings(BaseSettings):
     compile_timeout_s: float = Field(default=1800.0, gt=0, description="A compile running longer is killed.")
     check_timeout_s: float = Field(default=600.0, gt=0, description="An artifact check running longer is killed.")
     heartbeat_s: float = Field(default=5.0, gt=0, description="Registry and lease renewal period.")
-    lease_s: float = Field(default=30.0, gt=0, description="A claimed job whose lease is not renewed this long is reclaimed.")
+    lease_s: float = Field(
+        default=30.0, gt=0, description="A claimed job whose lease is not renewed this long is reclaimed."
+    )
     reap_interval_s: float = Field(default=5.0, gt=0, description="How often this worker looks for expired leases.")
     worker_ttl_s: float = Field(default=15.0, gt=0, description="Registry entry lifetime without a heartbeat.")
     batch_max_wait_s: float = Field(
@@ -38,12 +39,7 @@ class WorkerSettings(BaseSettings):
     keep_work: bool = Field(default=False, description="Keep each job's scratch folder (logs, package) for debugging.")
 
     @model_validator(mode="after")
-    def _lease_outlives_heartbeat(self) -> "WorkerSettings":
+    def _lease_outlives_heartbeat(self) -> WorkerSettings:
         if self.lease_s <= 2 * self.heartbeat_s:
             raise ValueError(f"AOTC_LEASE_S ({self.lease_s}) must exceed twice AOTC_HEARTBEAT_S ({self.heartbeat_s})")
         return self
-
-
-@lru_cache
-def get_worker_settings() -> WorkerSettings:
-    return WorkerSettings()

@@ -1,7 +1,7 @@
 """Share max-autotune's matmul/conv timings between workers through the service's Redis.
 
 With mode=max-autotune Inductor benchmarks every candidate kernel of every matmul and convolution, most of
-such a compile's time, and keeps the timings in a local file only (compiler.torch_compat explains the layout).
+such a compile's time, and keeps the timings in a local file only (compiler.compat.caches explains the layout).
 A worker with a fresh disk, or a second worker, would time them all again. Around each compile the child:
 
 - pull: merges the timings other workers published for this target and system into the local file, so
@@ -44,17 +44,17 @@ def _decode(field: bytes | str, value: bytes | str) -> tuple[Entry, float] | Non
 
 class GemmTimingShare:
     def __init__(self, redis_url: str, target: str) -> None:
-        from compiler import torch_compat
+        from compiler.compat import caches
 
         self.r = redis.Redis.from_url(redis_url, socket_timeout=10)
-        self.file = torch_compat.gemm_timings_file()
+        self.file = caches.gemm_timings_file()
         self.key = keys.gemm_tuning(target, self.file[1]) if self.file else None
         self.stats: dict[str, Any] = {"shared": 0, "measured": 0, "published": 0}
         self._before: set[Entry] = set()
 
     def pull(self) -> None:
         """Merge what others measured into the local file. Never fails a compile: Redis trouble is noted."""
-        from compiler import torch_compat
+        from compiler.compat import caches
 
         if not self.file or not self.key:
             self.stats["note"] = "this torch keeps max-autotune timings differently: not shared"
@@ -68,18 +68,18 @@ class GemmTimingShare:
                         remote[d[0]] = d[1]
             else:
                 self.stats["note"] = f"{size} shared timings exceed {MAX_ENTRIES}: not pulled"
-            self.stats["shared"] = torch_compat.merge_gemm_timings(self.file[0], remote)
+            self.stats["shared"] = caches.merge_gemm_timings(self.file[0], remote)
         except redis.RedisError as e:
             self.stats["note"] = f"pull failed: {type(e).__name__}: {e}"
-        self._before = set(torch_compat.read_gemm_timings(self.file[0]))
+        self._before = set(caches.read_gemm_timings(self.file[0]))
 
     def push(self) -> None:
         """Publish the timings this compile measured (those not in the file before it ran)."""
-        from compiler import torch_compat
+        from compiler.compat import caches
 
         if not self.file or not self.key:
             return
-        new = {e: ms for e, ms in torch_compat.read_gemm_timings(self.file[0]).items() if e not in self._before}
+        new = {e: ms for e, ms in caches.read_gemm_timings(self.file[0]).items() if e not in self._before}
         self.stats["measured"] = len(new)
         if not new:
             return

@@ -13,15 +13,15 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
-from starlette.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from compiler.errors import AotcError
-from service.store.leases import reap_all
 from service.api.routes import artifacts, compilations, health, jobs, models, workers
 from service.api.settings import Settings, get_settings
 from service.store import Store
+from service.store.reaper import reap_all
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -30,7 +30,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not settings.redis_url:
-            raise RuntimeError("AOTC_REDIS_URL is not set: run `aotc serve`, which starts an embedded Redis, or set it")
+            raise RuntimeError(
+                "AOTC_REDIS_URL is not set: run `aotc-server`, which starts an embedded Redis, or set it")
         app.state.store = store = Store(settings.redis_url, chunk_bytes=settings.chunk_mb * 2**20)
         app.state.aredis = aioredis.Redis.from_url(settings.redis_url, decode_responses=True,
                                                    socket_connect_timeout=2.0, socket_timeout=10.0)

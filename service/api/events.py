@@ -25,8 +25,8 @@ import redis
 import redis.asyncio as aioredis
 
 from service.store import keys
+from service.store.jobs import TERMINAL
 
-TERMINAL = ("succeeded", "failed", "cancelled")
 _BLOCK_MS = 1000  # one blocking read; also how soon a shutdown ends open streams
 _KEEPALIVE_S = 10.0
 

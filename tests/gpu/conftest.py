@@ -29,12 +29,12 @@ def gpu_worker(service_env: dict[str, str], store: Store, tmp_path_factory: pyte
 
     extra = {"AOTC_DEVICE": "cuda:0"}
     # Some images crash inside AOTInductor's package loader unless the system libstdc++ is preloaded
-    # (see README, GPU notes). The check child must load packages, so give it the same preload.
+    # (see docs/development.md, "On a GPU"). The check child must load packages, so give it the same preload.
     if os.environ.get("LD_PRELOAD"):
         extra["AOTC_CHILD_LD_PRELOAD"] = os.environ["LD_PRELOAD"]
     proc = start_worker(service_env, tmp_path_factory.mktemp("logs") / "gpu-worker.log", **extra)
     deadline = time.monotonic() + 120
-    while not (gpu := [w for w in store.live_workers() if w["target"].startswith("cuda-")]):
+    while not (gpu := [w for w in store.workers.live() if w["target"].startswith("cuda-")]):
         assert time.monotonic() < deadline and proc.poll() is None, "the GPU worker did not register"
         time.sleep(0.2)
     yield gpu[0]

@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+
 from modelzoo import export, seeded
 from procs import ROOT, Cluster, stop
-
 from service.store import keys
 
 pytestmark = pytest.mark.slow

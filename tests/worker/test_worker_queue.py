@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from service.store import keys
-from service.store import Store
+from service.store import Store, keys
 from worker.main import Worker
 from worker.settings import WorkerSettings
 
@@ -14,7 +13,7 @@ from worker.settings import WorkerSettings
 def _worker(store: Store, target: str, **settings: float) -> Worker:
     info = {"target": target, "host": "test", "device": "cpu", "device_name": "test", "toolchain": {"torch": "x"}}
     w = Worker(WorkerSettings(redis_url=store.url, poll_ms=100, **settings), info)
-    w.store.ensure_group(target)
+    w.store.queues.ensure(target)
     return w
 
 
@@ -22,7 +21,7 @@ FIELDS = {"model_id": "m", "spec": [], "options": {}, "toolchain": {"torch": "x"
 
 
 def _submit(store: Store, target: str, priority: str) -> str:
-    job_id, _ = store.submit_job(uuid.uuid4().hex, target, FIELDS, priority=priority)
+    job_id, _ = store.jobs.submit(uuid.uuid4().hex, target, FIELDS, priority=priority)
     return job_id
 
 
@@ -31,10 +30,10 @@ def _serve_all(w: Worker, store: Store) -> list[tuple[str, str]]:
     served = []
     while (msg := w.next_message()) is not None:
         lease, job_id = msg
-        outcome = store.start_job(job_id, lease)[0]
+        outcome = store.jobs.start(job_id, lease)[0]
         served.append((job_id, outcome))
         if outcome == "running":
-            assert store.finish_job(job_id, "succeeded", lease=lease, artifact="k")
+            assert store.jobs.finish(job_id, "succeeded", lease=lease, artifact="k")
     return served
 
 
@@ -53,16 +52,14 @@ def test_a_batch_entry_read_together_with_an_interactive_one_goes_back_in_line(s
     # Entries land on both streams between the non-blocking looks and the blocking read: simulate that read.
     b = _submit(store, target, "batch")
     i = _submit(store, target, "interactive")
-    res = store.r.xreadgroup(keys.QUEUE_GROUP, w.id, {s: ">" for s in w.streams}, count=1)
-    assert len(res) == 2  # one entry per stream: the case next_message handles
-    from service.store.leases import Lease
-
-    got = {s: entries[0] for s, entries in res}
+    got = store.queues.read(w.id, w.streams)
+    assert [job_id for _, job_id in got] == [i, b]  # one entry per stream, most urgent first: what Reader.next handles
     batch_stream = keys.queue(target, "batch")
-    msg_id, fields = got[batch_stream]
-    assert store.requeue_job(fields["job"], Lease(batch_stream, msg_id, w.id), expect_state="queued")
-    assert store.get_job(b)["attempts"] == 0 and store.get_job(b)["state"] == "queued"
-    assert store.get_job(i)["state"] == "queued"
+    lease = got[1][0]
+    assert lease.stream == batch_stream
+    assert store.jobs.requeue(b, lease, expect_state="queued")
+    assert store.jobs.get(b)["attempts"] == 0 and store.jobs.get(b)["state"] == "queued"
+    assert store.jobs.get(i)["state"] == "queued"
     assert int(store.r.xpending(batch_stream, keys.QUEUE_GROUP)["pending"]) == 0
 
 
@@ -71,25 +68,25 @@ def test_an_idle_worker_reaps_a_lost_job_and_then_takes_it(store):
     lost = _worker(store, target)
     job_id = _submit(store, target, "interactive")
     lease, got = lost.next_message()
-    assert got == job_id and store.start_job(job_id, lease)[0] == "running"
+    assert got == job_id and store.jobs.start(job_id, lease)[0] == "running"
 
     rescuer = _worker(store, target, lease_s=0.3, heartbeat_s=0.1, reap_interval_s=0.1)
     time.sleep(0.4)
     msg = rescuer.next_message()  # reaps first (requeue), then reads the requeued entry
     assert msg is not None and msg[1] == job_id
-    assert store.start_job(job_id, msg[0]) == ("running", 2)
-    assert store.get_job(job_id)["failures"][0]["worker"] == lost.id
+    assert store.jobs.start(job_id, msg[0]) == ("running", 2)
+    assert store.jobs.get(job_id)["failures"][0]["worker"] == lost.id
 
 
 def test_an_interactive_request_joining_a_queued_batch_job_moves_it_ahead(store):
     target = f"cpu-test-{uuid.uuid4().hex[:8]}"
     w = _worker(store, target)
     wanted, ahead = f"k-{uuid.uuid4().hex}", f"k-{uuid.uuid4().hex}"
-    ahead_id, _ = store.submit_job(ahead, target, FIELDS, priority="batch")
-    job_id, _ = store.submit_job(wanted, target, FIELDS, priority="batch")
-    joined, created = store.submit_job(wanted, target, FIELDS, priority="interactive")  # a deploy needs it now
+    ahead_id, _ = store.jobs.submit(ahead, target, FIELDS, priority="batch")
+    job_id, _ = store.jobs.submit(wanted, target, FIELDS, priority="batch")
+    joined, created = store.jobs.submit(wanted, target, FIELDS, priority="interactive")  # a deploy needs it now
     assert (joined, created) == (job_id, False)
-    assert store.get_job(job_id)["priority"] == "interactive"
+    assert store.jobs.get(job_id)["priority"] == "interactive"
     assert [e[1].get("priority") for e in store.r.xrange(keys.job_events(job_id))] == [None, "interactive"]
 
     # The job ran first, from the interactive queue; its old batch entry was dropped when read, after the other job.
@@ -100,20 +97,20 @@ def test_an_interactive_request_joining_a_queued_batch_job_moves_it_ahead(store)
 
     # A batch request joining a queued interactive job does not demote it, nor queue it twice.
     k = f"k-{uuid.uuid4().hex}"
-    j, _ = store.submit_job(k, target, FIELDS, priority="interactive")
-    assert store.submit_job(k, target, FIELDS, priority="batch") == (j, False)
-    assert store.get_job(j)["priority"] == "interactive" and store.r.xlen(keys.queue(target, "batch")) == 0
+    j, _ = store.jobs.submit(k, target, FIELDS, priority="interactive")
+    assert store.jobs.submit(k, target, FIELDS, priority="batch") == (j, False)
+    assert store.jobs.get(j)["priority"] == "interactive" and store.r.xlen(keys.queue(target, "batch")) == 0
 
 
 def test_a_promoted_job_cancelled_while_queued_leaves_no_entry_behind(store):
     target = f"cpu-test-{uuid.uuid4().hex[:8]}"
     w = _worker(store, target)
     key = f"k-{uuid.uuid4().hex}"
-    job_id, _ = store.submit_job(key, target, FIELDS, priority="batch")
-    store.submit_job(key, target, FIELDS, priority="interactive")
-    assert store.request_cancel(job_id) == "cancelled"
+    job_id, _ = store.jobs.submit(key, target, FIELDS, priority="batch")
+    store.jobs.submit(key, target, FIELDS, priority="interactive")
+    assert store.jobs.cancel(job_id) == "cancelled"
     msg = w.next_message()  # the batch entry, still in line
-    assert msg is not None and msg[1] == job_id and store.start_job(job_id, msg[0]) == ("cancelled", 0)
+    assert msg is not None and msg[1] == job_id and store.jobs.start(job_id, msg[0]) == ("cancelled", 0)
     assert w.next_message() is None
     for priority in keys.PRIORITIES:
         assert store.r.xlen(keys.queue(target, priority)) == 0

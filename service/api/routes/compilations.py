@@ -1,57 +1,32 @@
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Response
 
-from compiler.options import CompileOptions
 from compiler import cachekey
-from compiler.targets import Target, pick_worker
 from compiler import shapes as specs
-from service.api.deps import SettingsDep, StoreDep
 from compiler.errors import Unavailable, Unprocessable
+from compiler.targets import Target, pick_worker
+from service.api.deps import SettingsDep, StoreDep, resolve_model
 from service.api.lookup import find_artifact
-from service.api.routes.models import resolve_model
+from service.api.schemas import CompilationAnswer, CompilationRequest, errors
+from service.api.settings import Settings
+from service.store import Store
 
 router = APIRouter(prefix="/v1/compilations", tags=["compilations"])
 
 
-class CompilationRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model_id: str = Field(description="The id POST /v1/models returned (the sha256 of the archive).")
-    shapes: dict[str, Any] = Field(
-        description="Per input, its dims: a size (8), a range ({'min': 1, 'max': 32}), or a string '1..32x3x224x224'.",
-        examples=[{"x": [8, 3, 224, 224]}, {"x": [{"min": 1, "max": 32}, 3, 224, 224]}],
-    )
-    target: str = Field(default="cpu", description="'cpu', 'cuda', or a concrete target such as 'cuda-sm90'.")
-    options: CompileOptions = Field(default_factory=CompileOptions)
-    buckets: list[dict[str, Any]] = Field(
-        default_factory=list,
-        max_length=16,
-        description="Extra static shape buckets, each {input: dims} like `shapes` (e.g. batch 1, 8, 32). Each gets "
-        "its own artifact under its own key; a client picks the smallest bucket that fits at run time, else the "
-        "artifact for `shapes`.",
-        examples=[[{"x": [1, 3, 224, 224]}, {"x": [8, 3, 224, 224]}, {"x": [32, 3, 224, 224]}]],
-    )
-    priority: Literal["interactive", "batch"] = Field(
-        default="interactive",
-        description="Workers serve every queued interactive job before any batch job. A request that joins a job "
-        "already queued keeps that job's priority.",
-    )
-
-
-def _answer(store: Any, settings: Any, model: dict[str, Any], spec: list[dict[str, Any]], worker: dict[str, Any],
-            options: dict[str, Any], priority: str) -> dict[str, Any]:
-    """The answer for one spec: {"status": "cached", "key", "artifact"} or {"status": "queued"|"joined", "key", "job"}."""
+def _answer(store: Store, settings: Settings, model: dict[str, Any], spec: list[dict[str, Any]],
+            worker: dict[str, Any], options: dict[str, Any], priority: str) -> dict[str, Any]:
+    """The answer for one spec: {"status": "cached", "key", "artifact"} or
+    {"status": "queued"|"joined", "key", "job"}."""
     factors = cachekey.factors(model["id"], spec, worker["target"], worker["toolchain"], options)
     key = cachekey.cache_key(factors)
-    artifact = store.get_artifact(key)
+    artifact = store.artifacts.get(key)
     if artifact:
         return {"status": "cached", "key": key, "artifact": artifact}
-    job_id, created = store.submit_job(
+    job_id, created = store.jobs.submit(
         key,
         worker["target"],
         {
@@ -64,7 +39,7 @@ def _answer(store: Any, settings: Any, model: dict[str, Any], spec: list[dict[st
         },
         priority=priority,
     )
-    return {"status": "queued" if created else "joined", "key": key, "job": store.get_job(job_id)}
+    return {"status": "queued" if created else "joined", "key": key, "job": store.jobs.get(job_id)}
 
 
 def _bucket_specs(model: dict[str, Any], buckets: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -81,8 +56,16 @@ def _bucket_specs(model: dict[str, Any], buckets: list[dict[str, Any]]) -> list[
     return out
 
 
-@router.post("", status_code=202, responses={200: {"description": "Matching artifacts are cached"}})
-def request_compilation(req: CompilationRequest, store: StoreDep, settings: SettingsDep) -> JSONResponse:
+@router.post("", status_code=202, response_model=CompilationAnswer, response_model_exclude_unset=True, responses={
+    200: {"model": CompilationAnswer, "description": "Matching artifacts are cached"},
+    **errors(404, 422, 503, why={
+        404: "No such model",
+        422: "The shapes contradict the exported program, or the target or options do not validate",
+        503: "No live worker serves the target (error.live_targets lists those served), or Redis is unreachable",
+    }),
+})
+def request_compilation(req: CompilationRequest, response: Response, store: StoreDep,
+                        settings: SettingsDep) -> dict[str, Any]:
     """Compile a model for some shapes and a target, and optionally for extra static shape buckets.
 
     200 with the artifact when one is cached; otherwise 202 with the job (identical requests share one job).
@@ -96,16 +79,16 @@ def request_compilation(req: CompilationRequest, store: StoreDep, settings: Sett
     target = Target.parse(req.target)
     options = req.options.canonical()
 
-    worker = pick_worker(target, store.live_workers())
+    worker = pick_worker(target, store.workers.live())
     if worker is None:
         answers = []
         for s in [spec, *bucket_specs]:
             cached = find_artifact(store, model["id"], target, s, options)
             if not (cached and cached["factors"]["spec"] == s):
-                live = sorted({w["target"] for w in store.live_workers()})
+                live = sorted({w["target"] for w in store.workers.live()})
                 raise Unavailable(
                     f"no live worker serves target {str(target)!r} (live targets: {live or 'none'}); "
-                    f"start one on a matching machine with `aotc worker`, or ask for one of the live targets",
+                    f"start one on a matching machine with `aotc-worker`, or ask for one of the live targets",
                     live_targets=live,
                 )
             answers.append({"status": "cached", "key": cached["key"], "artifact": cached})
@@ -114,8 +97,10 @@ def request_compilation(req: CompilationRequest, store: StoreDep, settings: Sett
 
     body = dict(answers[0])
     if req.buckets:
-        body["buckets"] = [{"spec": s, **a} for s, a in zip(bucket_specs, answers[1:])]
+        body["buckets"] = [{"spec": s, **a} for s, a in zip(bucket_specs, answers[1:], strict=True)]
     if all(a["status"] == "cached" for a in answers):
-        return JSONResponse(body, status_code=200)
-    headers = {"Location": f"/v1/jobs/{body['job']['id']}"} if "job" in body else {}
-    return JSONResponse(body, status_code=202, headers=headers)
+        response.status_code = 200
+        return body
+    if "job" in body:
+        response.headers["Location"] = f"/v1/jobs/{body['job']['id']}"
+    return body

@@ -6,20 +6,23 @@ import tempfile
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
 
 from compiler.archive.inspect import inspect_archive
-from service.api.deps import SettingsDep, StoreDep
-from compiler.errors import BadRequest, NotFound, PayloadTooLarge, Unprocessable
-from service.store import Store
+from compiler.errors import BadRequest, PayloadTooLarge
+from service.api.deps import ModelDep, SettingsDep, StoreDep
+from service.api.schemas import ModelList, ModelRecord, errors
 
-router = APIRouter(prefix="/v1/models", tags=["models"])
+router = APIRouter(prefix="/v1/models", tags=["models"], responses=errors(503))
 
 
-@router.post("", status_code=201, responses={200: {"description": "Already uploaded"}})
-async def upload_model(request: Request, store: StoreDep, settings: SettingsDep, name: str | None = None) -> JSONResponse:
+@router.post("", status_code=201, response_model=ModelRecord, response_model_exclude_unset=True, responses={
+    200: {"model": ModelRecord, "description": "Already uploaded"},
+    **errors(400, 413, 415, 422, why={400: "The body is empty", 422: "Not an exported program, or an unsafe one"}),
+})
+async def upload_model(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
+                       name: str | None = None) -> dict[str, Any]:
     """Upload a `torch.export.save` archive as the raw request body.
 
     The body is streamed to disk under the size limit, hashed, and inspected without unpickling anything:
@@ -45,9 +48,10 @@ async def upload_model(request: Request, store: StoreDep, settings: SettingsDep,
         if size == 0:
             raise BadRequest("the request body is empty; send the .pt2 file as the body")
         model_id = digest.hexdigest()
-        existing = await run_in_threadpool(store.get_model, model_id)
+        existing = await run_in_threadpool(store.models.get, model_id)
         if existing:
-            return JSONResponse(existing, status_code=200)
+            response.status_code = 200
+            return existing
         info = await run_in_threadpool(inspect_archive, path, max_json_bytes=settings.max_json_mb * 2**20)
         record: dict[str, Any] = {
             "id": model_id,
@@ -59,33 +63,23 @@ async def upload_model(request: Request, store: StoreDep, settings: SettingsDep,
 
         def _persist() -> None:
             with open(path, "rb") as src:
-                store.put_blob("model", model_id, src)
-            store.put_model(record)  # the record last: a model is visible only once its bytes are stored
+                store.blobs.put("model", model_id, src)
+            store.models.put(record)  # the record last: a model is visible only once its bytes are stored
 
         await run_in_threadpool(_persist)
-        return JSONResponse(record, status_code=201)
+        return record
     finally:
         os.unlink(path)
 
 
-def resolve_model(store: Store, model_id: str) -> dict[str, Any]:
-    """The model with this id, or with this unique id prefix (8+ hex digits, as `aotc models` prints)."""
-    ids = store.find_models(model_id) if len(model_id) >= 8 and all(c in "0123456789abcdef" for c in model_id) else []
-    if len(ids) > 1:
-        raise Unprocessable(f"model id prefix {model_id!r} is ambiguous; give more digits")
-    model = store.get_model(ids[0]) if ids else None
-    if model is None:
-        raise NotFound(f"no model {model_id!r}; upload it with POST /v1/models")
-    return model
-
-
-@router.get("")
+@router.get("", response_model=ModelList, response_model_exclude_unset=True, responses=errors(422))
 def list_models(store: StoreDep, limit: int = 100) -> dict[str, Any]:
     """Uploaded models, newest first."""
-    return {"models": store.list_models(limit)}
+    return {"models": store.models.recent(limit)}
 
 
-@router.get("/{model_id}")
-def get_model(model_id: str, store: StoreDep) -> dict[str, Any]:
+@router.get("/{model_id}", response_model=ModelRecord, response_model_exclude_unset=True,
+            responses=errors(404, 422, why={404: "No such model", 422: "The id prefix is ambiguous"}))
+def get_model(model: ModelDep) -> dict[str, Any]:
     """One model: its inputs as the exported program declares them. A unique id prefix works too."""
-    return resolve_model(store, model_id)
+    return model

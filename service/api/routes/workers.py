@@ -5,30 +5,31 @@ from typing import Any
 from fastapi import APIRouter
 
 from service.api.deps import StoreDep
+from service.api.schemas import CachesRemoved, CompileCaches, Stats, WorkerList, errors
 
-router = APIRouter(prefix="/v1", tags=["workers"])
+router = APIRouter(prefix="/v1", tags=["workers"], responses=errors(503))
 
 
-@router.get("/workers")
+@router.get("/workers", response_model=WorkerList, response_model_exclude_unset=True)
 def list_workers(store: StoreDep) -> dict[str, Any]:
     """Live workers: their target, toolchain, device and current job."""
-    return {"workers": store.live_workers()}
+    return {"workers": store.workers.live()}
 
 
-@router.get("/stats")
+@router.get("/stats", response_model=Stats)
 def stats(store: StoreDep) -> dict[str, Any]:
     """Counters: compiles actually run (cache hits run none)."""
-    return {"compiles": store.count_compiles()}
+    return {"compiles": store.caches.compiles()}
 
 
-@router.get("/caches")
+@router.get("/caches", response_model=CompileCaches)
 def compile_caches(store: StoreDep) -> dict[str, Any]:
     """What workers share through Redis to compile faster: max-autotune's matmul/convolution timings per target
     and system, and the number of Inductor remote-cache entries (Triton autotune results)."""
-    return store.compile_caches()
+    return store.caches.summary()
 
 
-@router.delete("/caches")
+@router.delete("/caches", response_model=CachesRemoved)
 def clear_compile_caches(store: StoreDep) -> dict[str, Any]:
     """Drop the shared compile caches (artifacts stay; the next compiles run cold). Returns what was removed."""
-    return {"removed": store.clear_compile_caches()}
+    return {"removed": store.caches.clear()}

@@ -20,13 +20,14 @@ def _publish(store, tmp_path, model_id: str, spec: list, mode: str, ms: float | 
               "options": options, "worker": {"device_name": device}}
     if ms is not None:
         record["check"] = {"passed": True, "compiled_ms": ms}
-    store.put_artifact(record, package)
+    store.artifacts.put(record, package)
     return key
 
 
 def _model(store, model_id: str) -> None:
-    store.put_model({"id": model_id, "name": "lookup", "size": 1, "created": time.time(),
-                     "inputs": [{"name": "x", "dtype": "float32", "shape": [{"symbol": "s0", "min": 1, "max": 64}, 4]}]})
+    dims = [{"symbol": "s0", "min": 1, "max": 64}, 4]
+    store.models.put({"id": model_id, "name": "lookup", "size": 1, "created": time.time(),
+                      "inputs": [{"name": "x", "dtype": "float32", "shape": dims}]})
 
 
 def _lookup(api_url: str, model_id: str, **params: str) -> httpx.Response:

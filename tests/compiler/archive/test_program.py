@@ -1,11 +1,13 @@
-"""Operators that ATen spells as dunders are real operators; dunders that any object has are not."""
+"""compiler.archive.program: operators that ATen spells as dunders are real operators, dunders that any object
+has are not; the serialized dtype table matches torch's."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from compiler.archive.inspect import _is_operator_target, inspect_archive
+from compiler.archive.inspect import inspect_archive
+from compiler.archive.program import SCALAR_TYPES, _is_operator_target
 
 
 def test_attention_mask_and_is_accepted(tmp_path):
@@ -25,3 +27,12 @@ def test_attention_mask_and_is_accepted(tmp_path):
                                     "torch.__builtins__", "torch.ops.__dict__.x.y"])
 def test_object_dunders_are_refused(target):
     assert not _is_operator_target(target)
+
+
+def test_scalar_type_table_matches_torch() -> None:
+    from torch._export.serde.schema import ScalarType
+    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
+
+    for st, dt in _SERIALIZE_TO_TORCH_DTYPE.items():
+        if st != ScalarType.UNKNOWN:
+            assert SCALAR_TYPES[int(st)] == str(dt).removeprefix("torch."), st

@@ -22,37 +22,27 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from httpx_sse import connect_sse
 
+from compiler.errors import Failure
 from modelzoo import MLP, export, seeded
-from procs import ROOT, stop, wait_http
-from service.store import keys
-from service.store.embedded import free_port
+from procs import ROOT, start_api, stop
+from service.store import Store, keys
 from service.store.leases import Lease
-from service.store import Store
 
 TARGET = f"cpu-sse-{uuid.uuid4().hex[:8]}"
 
 
-def _start_api(env: dict[str, str], log: Path) -> tuple[str, subprocess.Popen[bytes]]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "info"],
-        env=env, cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    wait_http(url, proc)
-    return url, proc
-
-
 @pytest.fixture(scope="module")
-def api(service_env: dict[str, str], store: Store, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    store.heartbeat_worker({"id": f"fake-{TARGET}", "target": TARGET, "toolchain": {"torch": "fake"},
+def api(service_env: dict[str, str], store: Store,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    store.workers.heartbeat({"id": f"fake-{TARGET}", "target": TARGET, "toolchain": {"torch": "fake"},
                             "device_name": "none", "started": time.time()}, ttl_s=3600)
     log = tmp_path_factory.mktemp("sse") / "api.log"
-    url, proc = _start_api(service_env, log)
+    url, proc = start_api(service_env, log, log_level="info")  # the tests read its access log
     yield url, log
     stop(proc)
-    store.remove_worker(f"fake-{TARGET}")
+    store.workers.remove(f"fake-{TARGET}")
 
 
 def _model(tmp_path: Path) -> Path:
@@ -75,7 +65,7 @@ def _take(store: Store, job_id: str) -> Lease:
             msg_id, fields = res[0][1][0]
             assert fields["job"] == job_id
             lease = Lease(stream, msg_id, "fake-worker")
-            assert store.start_job(job_id, lease) == ("running", 1)
+            assert store.jobs.start(job_id, lease) == ("running", 1)
             return lease
         time.sleep(0.05)
     raise AssertionError("no queue entry")
@@ -92,12 +82,11 @@ class SSE:
         self.thread.start()
 
     def _run(self, url: str, headers: dict[str, str]) -> None:
-        from client.sdk import _sse
-
-        with httpx.stream("GET", url, headers=headers, timeout=30) as resp:
-            assert resp.headers["content-type"].startswith("text/event-stream")
-            for event, event_id, data in _sse(resp.iter_lines()):
-                self.frames.append((event, event_id, json.loads(data)))
+        with httpx.Client(timeout=30) as http, connect_sse(http, "GET", url, headers=headers) as events:
+            assert events.response.headers["content-type"].startswith("text/event-stream")
+            for sse in events.iter_sse():
+                if sse.data:  # the `retry:` frame and keepalive comments carry no data
+                    self.frames.append((sse.event, sse.id or None, json.loads(sse.data)))
         self.ended.set()
 
     def wait_for(self, n: int, timeout: float = 10) -> None:
@@ -114,10 +103,10 @@ def test_events_stream_each_change_live_then_the_job_and_resume_after_last_event
     sse.wait_for(1)
     lease = _take(store, job["id"])
     sse.wait_for(2)  # each change arrives as it happens, not at the end
-    store.set_stage(job["id"], "fake-worker", "compile")
+    store.jobs.set_stage(job["id"], "fake-worker", "compile")
     sse.wait_for(3)
-    store.retry_or_fail({**store.get_job(job["id"]), "worker": "fake-worker"}, lease, {
-        "type": "CheckFailed", "message": "max error 0.5 vs eager", "stage": "check", "retryable": False})
+    store.jobs.retry_or_fail({**store.jobs.get(job["id"]), "worker": "fake-worker"}, lease,
+                             Failure("CheckFailed", "max error 0.5 vs eager", "check"))
     assert sse.ended.wait(10)
 
     states = [(e, d.get("state"), d.get("stage")) for e, _, d in sse.frames]
@@ -147,15 +136,15 @@ def test_cli_compile_shows_live_progress_from_events_without_polling(api, store,
     while job_id is None:
         assert time.monotonic() < deadline and cli.poll() is None
         time.sleep(0.1)
-        for j in store.list_jobs(20):
+        for j in store.jobs.recent(20):
             if j["target"] == TARGET and j["state"] == "queued":
                 job_id = j["id"]
     lease = _take(store, job_id)
     for stage in ("load", "capture", "fusion", "codegen", "package", "check"):
         time.sleep(0.2)
-        store.set_stage(job_id, "fake-worker", stage)
-    store.finish_job(job_id, "cancelled", lease=lease, error={"type": "Cancelled", "message": "cancelled while running (check)",
-                                                                  "stage": "check"})
+        store.jobs.set_stage(job_id, "fake-worker", stage)
+    store.jobs.finish(job_id, "cancelled", lease=lease,
+                      error=Failure.cancelled("cancelled while running (check)", "check"))
     out, err = cli.communicate(timeout=30)
     assert cli.returncode == 1, err
     shown = [re.fullmatch(r"\[ *[0-9.]+s\] job (\w+) \[([#-]{20})\] (.*)", ln) for ln in err.splitlines()
@@ -174,40 +163,43 @@ def test_cli_compile_shows_live_progress_from_events_without_polling(api, store,
 
 
 def test_sigterm_drains_requests_and_ends_event_streams(service_env, store, tmp_path):
-    store.heartbeat_worker({"id": f"fake-drain-{TARGET}", "target": TARGET, "toolchain": {"torch": "fake"},
+    store.workers.heartbeat({"id": f"fake-drain-{TARGET}", "target": TARGET, "toolchain": {"torch": "fake"},
                             "device_name": "none", "started": time.time()}, ttl_s=120)
-    url, proc = _start_api(service_env, tmp_path / "api.log")
-    job = _submit(url, tmp_path)
-    sse = SSE(url, job["id"])
-    sse.wait_for(1)
+    url, proc = start_api(service_env, tmp_path / "api.log", log_level="info")
+    try:
+        job = _submit(url, tmp_path)
+        sse = SSE(url, job["id"])
+        sse.wait_for(1)
 
-    body = _model(tmp_path).read_bytes()
-    answer: dict[str, Any] = {}
+        body = _model(tmp_path).read_bytes()
+        answer: dict[str, Any] = {}
 
-    def slow_upload() -> None:
-        def chunks() -> Iterator[bytes]:
-            step = len(body) // 8 + 1
-            for i in range(0, len(body), step):
-                yield body[i:i + step]
-                time.sleep(0.25)
+        def slow_upload() -> None:
+            def chunks() -> Iterator[bytes]:
+                step = len(body) // 8 + 1
+                for i in range(0, len(body), step):
+                    yield body[i:i + step]
+                    time.sleep(0.25)
 
-        answer["r"] = httpx.post(f"{url}/v1/models", content=chunks(), timeout=30)
+            answer["r"] = httpx.post(f"{url}/v1/models", content=chunks(), timeout=30)
 
-    uploader = threading.Thread(target=slow_upload)
-    uploader.start()
-    time.sleep(0.6)  # the upload is under way
-    t0 = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    assert sse.ended.wait(5), "the event stream did not end on shutdown"
-    assert sse.frames[-1][0] == "unavailable" and "shutting down" in sse.frames[-1][2]["message"]
-    uploader.join(15)
-    assert answer["r"].status_code == 201, answer["r"].text  # the request in flight was finished
-    # uvicorn re-raises the SIGTERM once it has drained, so the exit status is the signal's; the log shows the
-    # drain finished rather than being cut short.
-    assert proc.wait(15) in (0, -signal.SIGTERM)
-    log = (tmp_path / "api.log").read_text()
-    assert "Finished server process" in log and "timeout graceful shutdown exceeded" not in log
-    print(f"\nAPI exit after SIGTERM with an upload and an event stream open: {time.monotonic() - t0:.2f} s")
-    with pytest.raises(httpx.TransportError):
-        httpx.get(f"{url}/healthz", timeout=2)
-    store.remove_worker(f"fake-drain-{TARGET}")
+        uploader = threading.Thread(target=slow_upload)
+        uploader.start()
+        time.sleep(0.6)  # the upload is under way
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert sse.ended.wait(5), "the event stream did not end on shutdown"
+        assert sse.frames[-1][0] == "unavailable" and "shutting down" in sse.frames[-1][2]["message"]
+        uploader.join(15)
+        assert answer["r"].status_code == 201, answer["r"].text  # the request in flight was finished
+        # uvicorn re-raises the SIGTERM once it has drained, so the exit status is the signal's; the log shows the
+        # drain finished rather than being cut short.
+        assert proc.wait(15) in (0, -signal.SIGTERM)
+        log = (tmp_path / "api.log").read_text()
+        assert "Finished server process" in log and "timeout graceful shutdown exceeded" not in log
+        print(f"\nAPI exit after SIGTERM with an upload and an event stream open: {time.monotonic() - t0:.2f} s")
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/healthz", timeout=2)
+    finally:  # a failed assertion must not leave the API running
+        stop(proc)
+        store.workers.remove(f"fake-drain-{TARGET}")

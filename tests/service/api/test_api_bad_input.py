@@ -7,16 +7,14 @@ import pickle
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
 from modelzoo import MLP, export, seeded
+from procs import MAX_UPLOAD_MB, ROOT
 from service.store import keys
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +37,8 @@ def _queue_state(store) -> tuple[int, int]:
 
 
 def test_importing_the_api_leaves_torch_out():
-    code = "import sys, service.api.app; service.api.app.create_app(); assert 'torch' not in sys.modules, 'torch imported'"
+    code = ("import sys, service.api.app; service.api.app.create_app(); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
@@ -78,8 +77,6 @@ def test_zip_that_is_not_an_exported_program(api_url):
 
 
 def test_upload_over_the_size_limit(api_url):
-    from procs import MAX_UPLOAD_MB
-
     r = httpx.post(f"{api_url}/v1/models", content=b"PK" + b"\0" * (MAX_UPLOAD_MB * 2**20 + 10))
     assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
 

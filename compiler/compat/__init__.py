@@ -1,0 +1,34 @@
+"""The one place aotc touches torch APIs that are private or moved between versions.
+
+aotc runs on torch 2.13 (the CPU build in CI) and torch 2.11 (the GPU workers). Code elsewhere in compiler/, worker/
+and client/ uses only these adapters and torch's public API; an adapter does the version check it needs:
+
+    aoti        build and load AOTInductor packages
+    safe_load   the guard around torch.export.load for untrusted archives
+    graphs      reading FX graphs: op names, histograms, in-place ops, provenance
+    observe     watching the one Inductor compile that builds the package, through its hooks
+    autograd    AOTAutograd's joint graph and its forward/backward partition (mode=training)
+    prims       the program traced to prims (the report's prims view)
+    caches      what Inductor does with its caches; the max-autotune timings file
+
+A torch-private module is imported inside the function that needs it, so a torch that lacks it fails that call
+(where the caller records the stage as unavailable or falls back), never the import of the adapter.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import torch.utils._pytree as _pytree
+
+# torch's pytree utilities are private by name but stable across 2.11-2.13; every other module takes them from here.
+pytree = _pytree
+
+
+def optional_module(name: str) -> types.ModuleType | None:
+    """The module `name`, or None where this torch lacks it (or it fails to import)."""
+    try:
+        return importlib.import_module(name)
+    except Exception:
+        return None

@@ -1,0 +1,102 @@
+"""Inductor's caches, as a fleet of compile workers sees them.
+
+Three caches matter (torch 2.11 and 2.13 alike):
+  FX graph cache      compile_fx skips it when aot_mode is set (`... and not aot_mode`), so AOTInductor
+                      compiles neither read nor write it, locally or remotely.
+  autotune cache      the best Triton config per kernel source, local (beside the kernel) and, with
+                      autotune_remote_cache, in Redis (TORCHINDUCTOR_REDIS_URL). JSON, keyed by torch, Triton
+                      and the GPU, so sharing it is safe. It has no CPU counterpart.
+  max-autotune timings  AlgorithmSelectorCache (a PersistentCache) keeps every benchmarked matmul/conv choice's
+                      time in one local JSON file per system, {"cache": {op: {inputs: {precision: {choice:
+                      ms}}}}}; Inductor has no remote form of it. gemm_timings_file() and the two functions
+                      after it read and merge that file so the worker can share it (worker/tuning.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+from typing import Any
+
+
+def inductor_cache_settings() -> dict[str, Any]:
+    """What Inductor will do with its caches in this process (after the worker set TORCHINDUCTOR_* variables)."""
+    from torch._inductor import compile_fx as _compile_fx
+    from torch._inductor import config
+
+    try:  # the line that keeps AOTInductor away from the FX graph cache, present in 2.11 and 2.13
+        fx_in_aot: bool | None = "and not aot_mode" not in inspect.getsource(_compile_fx)
+    except (OSError, TypeError):
+        fx_in_aot = None
+    return {
+        "fx_graph_remote_cache": bool(getattr(config, "fx_graph_remote_cache", False)),
+        "autotune_remote_cache": bool(getattr(config, "autotune_remote_cache", False)),
+        "fx_graph_cache_used_by_aot_compiles": fx_in_aot,
+    }
+
+
+def gemm_timings_file() -> tuple[str, str] | None:
+    """(path of the local max-autotune timings file, hash of the system it is valid for), or None where this
+    torch lays the cache out differently. The hash covers the GPU (name, CUDA/HIP versions) and torch's
+    version; on a machine without CUDA it is the hash of nothing, so callers add their own target to keys."""
+    try:
+        from torch._inductor.codecache import CacheBase
+
+        return str(CacheBase.get_local_cache_path()), str(CacheBase.get_system()["hash"])
+    except Exception:
+        return None
+
+
+def read_gemm_timings(path: str) -> dict[tuple[str, str, str, str], float]:
+    """Every (op, inputs, precision, choice) -> time in the local timings file; {} if there is none or its
+    layout is not the one above (then nothing is shared, and Inductor benchmarks as usual)."""
+    try:
+        with open(path) as f:
+            cache = json.load(f).get("cache", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    out: dict[tuple[str, str, str, str], float] = {}
+    if not isinstance(cache, dict):
+        return out
+    for op, by_inputs in cache.items():
+        for inputs, by_precision in (by_inputs.items() if isinstance(by_inputs, dict) else ()):
+            for precision, by_choice in (by_precision.items() if isinstance(by_precision, dict) else ()):
+                for choice, ms in (by_choice.items() if isinstance(by_choice, dict) else ()):
+                    if isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms):
+                        out[(op, inputs, precision, choice)] = float(ms)
+    return out
+
+
+def merge_gemm_timings(path: str, timings: dict[tuple[str, str, str, str], float]) -> int:
+    """Add the timings the local file lacks (local measurements win) and write it atomically, in the layout
+    Inductor reads. Returns how many were added."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        if not isinstance(doc, dict) or not isinstance(doc.get("cache"), dict):
+            return 0
+    except FileNotFoundError:
+        doc = {"system": {}, "cache": {}}
+    except (OSError, ValueError):
+        return 0
+    added = 0
+    for (op, inputs, precision, choice), ms in timings.items():
+        level = doc["cache"]
+        for k in (op, inputs, precision):
+            nxt = level.setdefault(k, {})
+            if not isinstance(nxt, dict):
+                break
+            level = nxt
+        else:
+            if choice not in level:
+                level[choice] = ms
+                added += 1
+    if added:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.aotc-{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, path)
+    return added

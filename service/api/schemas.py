@@ -1,0 +1,368 @@
+"""What the API takes and answers, as pydantic models: the OpenAPI schema at /docs.
+
+Records that the store keeps (models, jobs, artifacts, workers, stage reports) are open: the stable fields are typed
+and anything else a record holds passes through unchanged (`extra="allow"`). Routes answer with
+`response_model_exclude_unset=True`, so an optional field that a record lacks stays absent rather than showing up
+as null. Fields that may be ints in one record and floats in another are left untyped: a `float` field would turn
+`3` into `3.0`.
+
+Stored records are declared with their fields in alphabetical order: the store writes them as canonical JSON
+(sorted keys), and declaring them in that order keeps the answers' key order as it was.
+
+Errors are not rendered through these models (the app's exception handlers write them); `ErrorBody` documents
+what they write, and `errors(...)` declares it on a route for each status code the route can answer with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from compiler.options import CompileOptions
+
+
+class Record(BaseModel):
+    """A record the store keeps: typed where stable, open for the rest."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# -- errors ------------------------------------------------------------------------------------------------------
+
+
+class ValidationIssue(BaseModel):
+    loc: list[str | int]
+    msg: str
+
+
+class ErrorDetail(Record):
+    code: str = Field(description="invalid, not_found, conflict, too_large, not_a_zip, unsafe_archive, "
+                      "unavailable, redis_unavailable, bad_request")
+    message: str = Field(description="What was wrong and, where it can say, what would be right.")
+    errors: list[ValidationIssue] | None = Field(default=None, description="Request validation: each problem.")
+    inputs: list[str] | None = Field(default=None, description="The inputs the exported program takes (422).")
+    live_targets: list[str] | None = Field(default=None, description="Targets live workers serve (503).")
+    state: str | None = Field(default=None, description="The job's state when it had already ended (409).")
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: 4xx for a request the service refuses, 503 when it cannot serve it now."""
+
+    error: ErrorDetail
+
+
+_WHY = {
+    400: "Malformed request",
+    404: "Not found",
+    409: "Conflicts with the current state",
+    413: "Over the size limit (AOTC_MAX_UPLOAD_MB)",
+    415: "Not a zip archive",
+    422: "The request does not validate",
+    503: "The service cannot reach its Redis (retry after Retry-After seconds)",
+}
+
+
+def errors(*codes: int, why: Mapping[int, str] | None = None) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` entries for the errors a route can give, each with the error body."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        out[code] = {"model": ErrorBody, "description": (why or {}).get(code, _WHY[code])}
+        if code == 503:
+            out[code]["headers"] = {"Retry-After": {"description": "Seconds to wait (Redis unreachable)",
+                                                    "schema": {"type": "integer"}}}
+    return out
+
+
+# -- shapes ------------------------------------------------------------------------------------------------------
+
+
+class Range(Record):
+    """A dynamic dim of a spec: min < max."""
+
+    max: int
+    min: int
+
+
+class InputSpec(Record):
+    """One input of a canonical spec (compiler.shapes): every user input in program order."""
+
+    dtype: str
+    name: str
+    shape: list[int | Range]
+
+
+class ProgramDim(Record):
+    """A dynamic dim of an exported program: a symbol, or an expression of symbols, with its range."""
+
+    expr: str | None = Field(default=None, description="A size expression, e.g. '2*s0'.")
+    max: int | None = Field(default=None, description="None when unbounded.")
+    min: int | None = None
+    symbol: str | None = Field(default=None, description="Dims that share a symbol must be the same size.")
+
+
+class ProgramInput(Record):
+    dtype: str
+    name: str
+    shape: list[int | ProgramDim]
+
+
+# -- models ------------------------------------------------------------------------------------------------------
+
+
+class Params(Record):
+    bytes: int
+    count: int
+
+
+class ModelRecord(Record):
+    """An uploaded exported program, as inspected without unpickling anything."""
+
+    created: float
+    id: str = Field(description="The sha256 of the archive.")
+    inputs: list[ProgramInput] = Field(description="The user inputs the program declares, in order.")
+    name: str
+    outputs: int | None = None
+    params: Params | None = None
+    pickles: list[str] | None = Field(default=None, description="Archive entries scanned as pickles.")
+    root: str | None = None
+    schema_version: str | None = None
+    size: int = Field(description="Bytes.")
+    torch_version: str | None = None
+
+
+class ModelList(BaseModel):
+    models: list[ModelRecord]
+
+
+# -- artifacts ---------------------------------------------------------------------------------------------------
+
+
+class CacheFactors(Record):
+    """Everything the cache key hashes (compiler.cachekey)."""
+
+    format: int
+    model: str
+    options: dict[str, Any]
+    spec: list[InputSpec]
+    target: str = Field(description="The concrete target, e.g. 'cuda-sm90' or 'cpu-x86_64-avx512'.")
+    toolchain: dict[str, Any]
+
+
+class BuiltBy(Record):
+    device_name: str | None = None
+    host: str | None = None
+    id: str | None = None
+
+
+class ArtifactRecord(Record):
+    """A stored artifact: its cache-key factors, sizes, timings and the artifact check's result."""
+
+    caches: Any = None
+    check: dict[str, Any] | None = Field(
+        default=None, description="The artifact check: passed, errors against eager, latencies, per point.")
+    created: float
+    dynamic_dims: Any = None
+    factors: CacheFactors
+    job_id: str | None = None
+    key: str
+    model_id: str
+    options: dict[str, Any]
+    package: bool = Field(default=True, description="False for a report only (mode=training): no .pt2 to pull.")
+    sha256: str | None = Field(description="The package's sha256 (its ETag); None for a report only.")
+    size: int
+    spec: list[InputSpec]
+    target: str
+    timings: dict[str, Any] | None = Field(default=None, description="Seconds per stage.")
+    worker: BuiltBy | None = None
+
+
+class ArtifactList(BaseModel):
+    artifacts: list[ArtifactRecord]
+
+
+class StageReport(Record):
+    """What each compiler stage saw (compiler.report, schema 1); `stages` maps each stage to its facts."""
+
+    caches: Any = None
+    device: str | None = None
+    hooks: dict[str, Any] | None = None
+    key: str | None = None
+    mode: str | None = None
+    notes: list[Any] | None = None
+    options: dict[str, Any] | None = None
+    schema_: int | None = Field(default=None, alias="schema")
+    spec: list[InputSpec] | None = None
+    stages: dict[str, dict[str, Any]] | None = Field(
+        default=None, description="capture, autograd, lowering, fusion, codegen, package: each with its status, "
+        "seconds, how it was observed, and its facts.")
+    timings: dict[str, Any] | None = None
+    torch: str | None = None
+
+
+class SourceFile(BaseModel):
+    path: str
+    kind: Literal["graph", "kernels", "wrapper", "other"]
+    bytes: int
+    url: str = Field(description="Where to GET the file, as text.")
+
+
+class SourceListing(BaseModel):
+    key: str
+    files: list[SourceFile]
+
+
+# -- jobs --------------------------------------------------------------------------------------------------------
+
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class FailureRecord(Record):
+    """Why a job failed (compiler.errors.Failure): retryable follows from the type."""
+
+    type: str
+    message: str | None = None
+    stage: str | None = None
+    excerpt: str | None = None
+    retryable: bool | None = None
+
+
+class JobRecord(Record):
+    """A compile job. `key` is the cache key of what it produces; identical requests share one job."""
+
+    id: str
+    state: JobState
+    stage: str | None = Field(default=None, description="queued, fetch, load, capture, ..., check, publish; "
+                              "the state once it has ended.")
+    key: str | None = None
+    target: str | None = None
+    priority: Literal["interactive", "batch"] | None = None
+    model_id: str | None = None
+    spec: list[InputSpec] | None = None
+    options: dict[str, Any] | None = None
+    toolchain: dict[str, Any] | None = None
+    factors: dict[str, Any] | None = Field(default=None, description="What the cache key hashes (as CacheFactors).")
+    created: float | None = None
+    started: float | None = None
+    finished: float | None = None
+    attempts: int | None = Field(default=None, description="Claims so far, counted when a worker takes the job.")
+    attempt: int | None = None
+    max_attempts: int | None = None
+    worker: str | None = Field(default=None, description="The worker running it.")
+    last_worker: str | None = None
+    artifact: str | None = Field(default=None, description="The artifact's key, once it succeeded.")
+    timings: dict[str, Any] | None = None
+    check: dict[str, Any] | None = None
+    error: FailureRecord | None = None
+    failures: list[dict[str, Any]] | None = Field(default=None, description="Each failed attempt.")
+    cancel_requested: bool
+
+
+class JobList(BaseModel):
+    jobs: list[JobRecord]
+
+
+# -- compilations ------------------------------------------------------------------------------------------------
+
+
+class CompilationRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model_id: str = Field(description="The id POST /v1/models returned (the sha256 of the archive).")
+    shapes: dict[str, Any] = Field(
+        description="Per input, its dims: a size (8), a range ({'min': 1, 'max': 32}), or a string '1..32x3x224x224'.",
+        examples=[{"x": [8, 3, 224, 224]}, {"x": [{"min": 1, "max": 32}, 3, 224, 224]}],
+    )
+    target: str = Field(default="cpu", description="'cpu', 'cuda', or a concrete target such as 'cuda-sm90'.")
+    options: CompileOptions = Field(default_factory=CompileOptions)
+    buckets: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Extra static shape buckets, each {input: dims} like `shapes` (e.g. batch 1, 8, 32). Each gets "
+        "its own artifact under its own key; a client picks the smallest bucket that fits at run time, else the "
+        "artifact for `shapes`.",
+        examples=[[{"x": [1, 3, 224, 224]}, {"x": [8, 3, 224, 224]}, {"x": [32, 3, 224, 224]}]],
+    )
+    priority: Literal["interactive", "batch"] = Field(
+        default="interactive",
+        description="Workers serve every queued interactive job before any batch job. A request that joins a job "
+        "already queued keeps that job's priority.",
+    )
+
+
+Status = Literal["cached", "queued", "joined"]
+
+
+class BucketAnswer(BaseModel):
+    spec: list[InputSpec]
+    status: Status
+    key: str
+    artifact: ArtifactRecord | None = None
+    job: JobRecord | None = None
+
+
+class CompilationAnswer(BaseModel):
+    """`cached` with the artifact, or `queued` (a new job) / `joined` (an identical job under way) with the job."""
+
+    status: Status
+    key: str = Field(description="The cache key.")
+    artifact: ArtifactRecord | None = None
+    job: JobRecord | None = None
+    buckets: list[BucketAnswer] | None = Field(default=None, description="One entry per requested bucket.")
+
+
+# -- workers, caches, health -------------------------------------------------------------------------------------
+
+
+class WorkerRecord(Record):
+    """A live worker, as its last heartbeat described it."""
+
+    device: str | None = None
+    device_name: str | None = None
+    heartbeat: float | None = None
+    host: str | None = None
+    id: str
+    job: str | None = Field(default=None, description="The job it runs now; None when idle.")
+    jobs_done: int | None = None
+    pid: int | None = None
+    started: float | None = None
+    target: str = Field(description="The concrete target it compiles for.")
+    toolchain: dict[str, Any]
+
+
+class WorkerList(BaseModel):
+    workers: list[WorkerRecord]
+
+
+class Stats(BaseModel):
+    compiles: int = Field(description="Compiles actually run (a cache hit runs none).")
+
+
+class GemmTimings(BaseModel):
+    target: str
+    system: str
+    entries: int
+
+
+class CompileCaches(BaseModel):
+    gemm_timings: list[GemmTimings] = Field(description="max-autotune's shared timings, per target and system.")
+    inductor_entries: int = Field(description="Entries in Inductor's remote caches (Triton autotune results).")
+
+
+class RemovedCounts(BaseModel):
+    gemm_timings: int
+    inductor_entries: int
+
+
+class CachesRemoved(BaseModel):
+    removed: RemovedCounts
+
+
+class Health(BaseModel):
+    ok: bool
+
+
+class Ready(BaseModel):
+    ok: bool
+    targets: list[str] = Field(description="The targets live workers serve.")

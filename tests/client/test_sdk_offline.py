@@ -1,0 +1,128 @@
+"""The SDK's HTTP side against a scripted transport: following a job's events across reconnects, pulling and
+verifying an artifact, shapes read before they are sent. tests/e2e runs the same calls against a real service."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from client.sdk import Client, ClientError, JobFailed
+
+JOB = "a26295e1974f4d7eb225520e162a5310"
+KEY = "491be8f7" * 4
+BLOB = b"an AOTInductor package" * 100
+META = {"key": KEY, "sha256": hashlib.sha256(BLOB).hexdigest(), "size": len(BLOB), "target": "cpu"}
+
+
+def frame(event: str, data: object, event_id: str | None = None) -> str:
+    return (f"id: {event_id}\n" if event_id else "") + f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
+def sse(*frames: str) -> httpx.Response:
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, text="retry: 1000\n\n" + "".join(frames))
+
+
+def scripted(tmp_path, handler: Callable[[httpx.Request], httpx.Response]) -> Client:
+    c = Client("http://aotc.test", cache_dir=tmp_path / "cache")
+    c.http = httpx.Client(base_url=c.url, transport=httpx.MockTransport(handler))
+    return c
+
+
+def test_wait_follows_the_events_and_resumes_after_the_last_one_seen(tmp_path):
+    streams = [
+        sse(frame("state", {"state": "queued", "stage": "queued"}, "1-0"),
+            ": keepalive\n\n",
+            frame("state", {"state": "running", "stage": "fetch", "attempt": "1"}, "2-0"),
+            frame("unavailable", {})),  # the API is going away: reconnect
+        httpx.Response(503, json={"error": {"message": "redis is down"}}),
+        sse(frame("state", {"state": "running", "stage": "capture"}, "3-0"),
+            frame("end", {"id": JOB, "state": "succeeded", "stage": "succeeded", "artifact": KEY})),
+    ]
+    resumed_after: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == f"/v1/jobs/{JOB}/events":
+            assert request.headers["accept"] == "text/event-stream"
+            resumed_after.append(request.headers.get("last-event-id"))
+            return streams.pop(0)
+        assert request.url.path == f"/v1/artifacts/{KEY}/meta"
+        return httpx.Response(200, json=META)
+
+    seen: list[tuple[str, str, int]] = []
+    with scripted(tmp_path, handler) as c:
+        art = c.wait(JOB, progress=lambda j: seen.append((j["state"], j["stage"], j.get("attempts", 0))),
+                     poll_s=0.01)
+    assert art.key == KEY and art.sha256 == META["sha256"]
+    assert resumed_after == [None, "2-0", "2-0"]
+    assert seen == [("queued", "queued", 0), ("running", "fetch", 1), ("running", "capture", 1),
+                    ("succeeded", "succeeded", 0)]
+
+
+def test_wait_raises_job_failed_with_the_jobs_error(tmp_path):
+    failed = {"id": JOB, "state": "failed", "stage": "failed",
+              "error": {"stage": "capture", "message": "input 'x' dim 0 is 300, the exported program allows 1..256"}}
+
+    with scripted(tmp_path, lambda request: sse(frame("end", failed))) as c, pytest.raises(JobFailed) as got:
+        c.wait(JOB)
+    assert str(got.value) == f"job {JOB} failed at stage capture: {failed['error']['message']}"
+
+
+def test_wait_reports_an_unknown_job_as_refused(tmp_path):
+    gone = httpx.Response(404, json={"error": {"message": f"no job {JOB}"}})
+    with scripted(tmp_path, lambda request: gone) as c, pytest.raises(ClientError) as got:
+        c.wait(JOB)
+    assert got.value.status == 404 and got.value.message == f"no job {JOB}"
+
+
+def test_pull_verifies_the_sha256_and_reuses_the_cached_copy(tmp_path):
+    downloads = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/meta"):
+            return httpx.Response(200, json=META)
+        downloads.append(request.url.path)
+        return httpx.Response(200, content=BLOB)
+
+    with scripted(tmp_path, handler) as c:
+        first = c.pull(KEY, tmp_path / "out" / "model.pt2")
+        again = c.pull(KEY, tmp_path / "again.pt2")
+    assert first.read_bytes() == again.read_bytes() == BLOB
+    assert downloads == [f"/v1/artifacts/{KEY}"]  # the second came from the cache, its hash checked
+    assert (tmp_path / "cache" / "artifacts" / f"{KEY}.pt2").read_bytes() == BLOB
+
+
+def test_pull_refuses_a_corrupt_download(tmp_path):
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/meta"):
+            return httpx.Response(200, json=META)
+        return httpx.Response(200, content=BLOB[:-1] + b"!")
+
+    with scripted(tmp_path, handler) as c, pytest.raises(ClientError, match="arrived corrupt"):
+        c.pull(KEY)
+    assert not list((tmp_path / "cache" / "artifacts").iterdir())
+
+
+def test_lookup_sends_shapes_in_the_grammar_compiler_shapes_reads(tmp_path):
+    asked: list[list[str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.params.get_list("shape"))
+        return httpx.Response(200, json=META)
+
+    with scripted(tmp_path, handler) as c:
+        art = c.lookup("a07a21adf616", {"x": [{"min": 1, "max": 32}, 3, 64, 64], "y": "8x4", "z": []})
+    assert art is not None and art.key == KEY
+    assert asked == [["x=1..32x3x64x64", "y=8x4", "z=scalar"]]
+
+
+def test_a_shape_string_that_cannot_be_read_is_refused_before_any_request(tmp_path):
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise AssertionError(f"no request expected, got {request.url}")
+
+    with scripted(tmp_path, handler) as c, pytest.raises(ClientError) as got:
+        c.lookup("a07a21adf616", {"x": "8x3xbig"})
+    assert got.value.status == 422 and "cannot read shape '8x3xbig'" in got.value.message

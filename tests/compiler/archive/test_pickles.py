@@ -1,0 +1,99 @@
+"""compiler.archive.pickles: the static opcode scan against what torch.save writes and hand-built hostile pickles."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from archives import MLP, exec_pickle, system_pickle
+from compiler.archive import pickles
+from compiler.errors import UnsafeArchive
+
+
+def test_scan_what_torch_save_writes() -> None:
+    objects: list[Any] = [
+        torch.randn(3),
+        torch.nn.Parameter(torch.randn(2)),
+        torch.nn.Parameter(torch.randn(2), requires_grad=False),
+        MLP().state_dict(),
+        ((torch.randn(2, 3), torch.ones(2, dtype=torch.int64)), {}),
+        ((torch.randn(1),), {"y": torch.randn(1), "d": torch.device("cpu"), "t": torch.float16}),
+        ((torch.randn(2), 3, 2.5, True, None, "s", torch.Size([2])), {}),
+        torch.randn(4, 4).t(),
+        torch.randn(2).bfloat16(),
+        torch.randn(2).to(torch.float8_e4m3fn),
+        torch.ones(2, dtype=torch.uint16),
+        {f"w{i}": torch.randn(1) for i in range(2000)},  # enough to need memo gets and frames
+    ]
+    for obj in objects:
+        for protocol in (2, 3, 4, 5):
+            buf = io.BytesIO()
+            torch.save(obj, buf, pickle_protocol=protocol)
+            found = pickles.scan_pickle(buf.getvalue())
+            assert found and not pickles.disallowed(found), (obj, protocol, found)
+            pickles.check_pickle(buf.getvalue(), "x")
+
+
+def _sbu(s: str) -> bytes:
+    return b"\x8c" + bytes([len(s)]) + s.encode()
+
+
+def test_stack_global_through_memo_is_resolved() -> None:
+    data = (
+        b"\x80\x04" + _sbu("posix") + b"\x94" + b"0" + _sbu("system") + b"\x94" + b"0"
+        + b"h\x00h\x01\x93" + _sbu("true") + b"\x85R."
+    )
+    assert pickles.scan_pickle(data) == ["posix.system"]
+    with pytest.raises(UnsafeArchive, match="posix.system"):
+        pickles.check_pickle(data, "entry")
+
+
+def test_unresolvable_stack_global_is_unsafe() -> None:
+    data = b"\x80\x04" + _sbu("posix") + _sbu("system") + b")0\x93" + _sbu("true") + b"\x85R."
+    with pytest.raises(pickles.PickleError):
+        pickles.scan_pickle(data)
+    with pytest.raises(UnsafeArchive, match="entry: the pickle cannot be verified"):
+        pickles.check_pickle(data, "entry")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pickle.dumps(1, protocol=0),  # protocol 0/1: no header to recognise, refused outright
+        b"\x80\x02K\x01",  # no STOP
+        b"\x80\x02K\x01.garbage",  # trailing bytes
+        b"\x80\x02\x82\x01R.",  # EXT1
+        b"\x80\x02cos system\n.",  # GLOBAL os.system
+        b"\x80\x02cos x\nsystem\n.",  # GLOBAL whose module has a space
+        b"\x80\x02cposix\n.",  # truncated GLOBAL
+        b"\x80\x09.",  # unknown protocol
+        b"PK\x03\x04 not really a zip",
+    ],
+)
+def test_malformed_pickles_are_unsafe(data: bytes) -> None:
+    with pytest.raises(UnsafeArchive):
+        pickles.check_pickle(data, "entry")
+
+
+def test_second_pickle_in_stream_is_scanned() -> None:
+    data = pickle.dumps(1, protocol=2) + system_pickle(Path("/nonexistent"))
+    assert f"{os.system.__module__}.system" in pickles.scan_pickle(data)
+
+
+def test_nested_zip_every_pkl_is_scanned() -> None:
+    good = io.BytesIO()
+    torch.save(torch.zeros(1), good)
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(good.getvalue())) as src, zipfile.ZipFile(out, "w") as z:
+        for info in src.infolist():
+            z.writestr(info, src.read(info))
+        z.writestr("archive/other.pkl", exec_pickle(Path("/nonexistent")))
+    with pytest.raises(UnsafeArchive, match="builtins.exec"):
+        pickles.check_pickle(out.getvalue(), "nested")
