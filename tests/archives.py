@@ -14,7 +14,9 @@ from typing import Any
 import torch
 
 
-class ConvNet(torch.nn.Module):
+class ConvBNReLU(torch.nn.Module):
+    """One conv, a BatchNorm and a ReLU (tests/modelzoo.py's ConvNet is the bigger net the compile tests use)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.conv = torch.nn.Conv2d(3, 8, 3)
@@ -24,7 +26,9 @@ class ConvNet(torch.nn.Module):
         return torch.relu(self.bn(self.conv(x)))
 
 
-class MLP(torch.nn.Module):
+class TinyMLP(torch.nn.Module):
+    """16 -> 32 -> 4 (tests/modelzoo.py's MLP is the configurable one the compile tests use)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.fc1 = torch.nn.Linear(16, 32)
@@ -32,12 +36,6 @@ class MLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(torch.relu(self.fc1(x)))
-
-
-def export(model: torch.nn.Module, args: tuple[Any, ...], path: Path, dynamic_shapes: Any = None) -> Path:
-    ep = torch.export.export(model.eval(), args, dynamic_shapes=dynamic_shapes)
-    torch.export.save(ep, str(path))
-    return path
 
 
 class _Reduce:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.export import Dim
 
-from archives import MLP, ConvNet, exec_pickle, read_json, rewrite, system_pickle, torch_zip_with
+from archives import ConvBNReLU, TinyMLP, exec_pickle, read_json, rewrite, system_pickle, torch_zip_with
 from compiler.archive.exprs import check_sym_expr
 from compiler.archive.inspect import inspect_archive
 from compiler.compat.safe_load import DeserializationRefused, guarded_export_load
@@ -40,8 +40,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     torch.manual_seed(0)
     out = {}
     for name, model, args, dyn in [
-        ("mlp", MLP(), (torch.randn(4, 16),), None),
-        ("conv", ConvNet(), (torch.randn(2, 3, 16, 16),), {"x": {0: Dim("batch", min=1, max=64)}}),
+        ("mlp", TinyMLP(), (torch.randn(4, 16),), None),
+        ("conv", ConvBNReLU(), (torch.randn(2, 3, 16, 16),), {"x": {0: Dim("batch", min=1, max=64)}}),
         ("pair", Pair(), (torch.randn(3, 5), torch.randn(3, 5)), {"a": {0: Dim("n")}, "b": {0: Dim("n")}}),
     ]:
         ep = torch.export.export(model.eval(), args, dynamic_shapes=dyn)

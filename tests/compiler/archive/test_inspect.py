@@ -22,9 +22,10 @@ import pytest
 import torch
 from torch.export import Dim
 
-from archives import MLP, ConvNet, exec_pickle, export, rewrite, system_pickle, torch_zip_with
+from archives import ConvBNReLU, TinyMLP, exec_pickle, rewrite, system_pickle, torch_zip_with
 from compiler.archive.inspect import inspect_archive
 from compiler.errors import AotcError, Unprocessable, UnsafeArchive, UnsupportedMedia
+from modelzoo import export
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -63,8 +64,8 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     shared = Dim("shared", min=2, max=32)
     half = Dim("half", min=1, max=16)
     return {
-        "conv": export(ConvNet(), (torch.randn(2, 3, 16, 16),), d / "conv.pt2", {"x": {0: batch}}),
-        "mlp": export(MLP(), (torch.randn(4, 16),), d / "mlp.pt2"),
+        "conv": export(ConvBNReLU(), (torch.randn(2, 3, 16, 16),), d / "conv.pt2", {"x": {0: batch}}),
+        "mlp": export(TinyMLP(), (torch.randn(4, 16),), d / "mlp.pt2"),
         "shared": export(
             SharedBatch(),
             (torch.randn(4, 8), torch.randn(4, 8), torch.ones(4, dtype=torch.int64)),
@@ -141,9 +142,9 @@ def test_conv_net_dynamic_batch(zoo: dict[str, Path]) -> None:
     batch, *rest = x["shape"]
     assert rest == [3, 16, 16]
     assert batch["min"] == 1 and batch["max"] == 64 and batch["symbol"].startswith("s")
-    n_state = len(ConvNet().state_dict())
+    n_state = len(ConvBNReLU().state_dict())
     assert info["params"]["count"] == n_state
-    assert info["params"]["bytes"] >= sum(t.numel() * t.element_size() for t in ConvNet().parameters())
+    assert info["params"]["bytes"] >= sum(t.numel() * t.element_size() for t in ConvBNReLU().parameters())
     assert info["pickles"] == ["conv/data/sample_inputs/model.pt"]
     json.dumps(info)  # JSON-able
 
@@ -235,7 +236,7 @@ def test_torchscript_archive(tmp_path: Path) -> None:
 
 def test_torch_save_checkpoint(tmp_path: Path) -> None:
     p = tmp_path / "ckpt.pt2"
-    torch.save(MLP().state_dict(), p)
+    torch.save(TinyMLP().state_dict(), p)
     refuse(p, Unprocessable, "torch.save checkpoint")
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from archives import MLP, exec_pickle, system_pickle
+from archives import TinyMLP, exec_pickle, system_pickle
 from compiler.archive import pickles
 from compiler.errors import UnsafeArchive
 
@@ -22,7 +22,7 @@ def test_scan_what_torch_save_writes() -> None:
         torch.randn(3),
         torch.nn.Parameter(torch.randn(2)),
         torch.nn.Parameter(torch.randn(2), requires_grad=False),
-        MLP().state_dict(),
+        TinyMLP().state_dict(),
         ((torch.randn(2, 3), torch.ones(2, dtype=torch.int64)), {}),
         ((torch.randn(1),), {"y": torch.randn(1), "d": torch.device("cpu"), "t": torch.float16}),
         ((torch.randn(2), 3, 2.5, True, None, "s", torch.Size([2])), {}),
