@@ -14,7 +14,17 @@ DEVSTAMP := $(VENV)/.installed-dev
 
 # pyproject.toml is a prerequisite because the editable install writes the console scripts (aotc, aotc-server,
 # aotc-worker) and the package metadata (dependencies, extras) from it.
+# Compile workers run each compile and check in a bubblewrap sandbox (worker/isolation.py): install bwrap as root
+# where it is missing; anyone else is told how (or runs with AOTC_SANDBOX=off, for trusted models only).
 $(STAMP): requirements.lock pyproject.toml
+	@command -v bwrap >/dev/null || [ "$$AOTC_SANDBOX" = off ] || \
+	if [ "$$(id -u)" = 0 ]; then \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
+	else \
+		echo "aotc: workers sandbox their compiles with bubblewrap, which is not installed. Install it as root" \
+			"(sudo apt-get install bubblewrap), or set AOTC_SANDBOX=off to run compiles unconfined (trusted models only)." >&2; \
+		exit 1; \
+	fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -r requirements.lock
 	$(BIN)/python -m pip install -q --no-deps -e .

@@ -5,6 +5,7 @@
     aotc report KEY                               a table of the compiler's stages for one artifact
     aotc source KEY [PATH]                        its generated code and graphs
     aotc caches [--clear]                         the compile caches workers share through Redis
+    aotc pin KEY | unpin KEY                      keep an artifact from eviction, or let it go again
     aotc models | jobs | workers | lookup | cancel
     aotc serve | worker                           exec `aotc-server` / `aotc-worker` (aotc[server], aotc[worker])
 
@@ -51,7 +52,8 @@ def _say(message: str) -> None:
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
-    _say(f"aotc: {message}")
+    # The message may quote what someone else uploaded (a model name, an archive entry): never raw to the terminal.
+    _say(f"aotc: {render.printable(message, newlines=True)}")
     raise typer.Exit(code)
 
 
@@ -132,6 +134,8 @@ def compile_(
     precision: Annotated[Precision, typer.Option(
         help="Compute in bf16/fp16 for inference; inputs and outputs keep their dtypes.")] = "keep",
     freezing: Annotated[bool, typer.Option("--freezing", help="Fold weights into the graph as constants.")] = False,
+    allow_nonfinite: Annotated[bool, typer.Option(
+        "--allow-nonfinite", help="Publish even if outputs hold NaN or inf (they must match eager's).")] = False,
     inductor: Annotated[list[str] | None, typer.Option(
         "--inductor", metavar="KEY=VALUE",
         help="An allow-listed Inductor setting, e.g. coordinate_descent_tuning=true (repeatable).")] = None,
@@ -142,6 +146,8 @@ def compile_(
     """Upload a .pt2 and compile it. Progress goes to stderr; the artifact key is stdout's last line."""
     shapes, target = _shapes(shape), _target(target)
     options: dict[str, Any] = {"mode": mode, "precision": precision, "freezing": freezing}
+    if allow_nonfinite:  # only when set: an option at its default is not part of the cache key
+        options["allow_nonfinite"] = True
     if inductor:
         options["inductor"] = _inductor_settings(inductor)
     with _service(ctx) as c:
@@ -175,6 +181,22 @@ def pull(
         path = c.pull(key, output)
     _say(f"pulled {key} ({path.stat().st_size} bytes, sha256 verified)")
     typer.echo(str(path))
+
+
+@app.command()
+def pin(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The artifact key.")]) -> None:
+    """Keep an artifact: the service never evicts a pinned one when its store is full."""
+    with _service(ctx) as c:
+        c.pin(key)
+    typer.echo(f"pinned {key}")
+
+
+@app.command()
+def unpin(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The artifact key.")]) -> None:
+    """Let an artifact be evicted again (least recently pulled first) when the service's store is full."""
+    with _service(ctx) as c:
+        c.unpin(key)
+    typer.echo(f"unpinned {key}")
 
 
 @app.command()

@@ -33,6 +33,18 @@ TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 # -- output --------------------------------------------------------------------------------------------------------
 
 
+def printable(value: Any, *, newlines: bool = False) -> str:
+    """`value` as text that cannot drive a terminal. The service echoes what others uploaded (model names, error
+    messages quoting an archive, compiler output), so every character that is not printable (control characters
+    such as ESC, format characters such as bidi overrides, line separators) is shown as its escape (\\x1b, \\u202e).
+    With `newlines`, line breaks stay line breaks (for multi-line compiler output)."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or (newlines and c == "\n") else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def plain(renderable: RenderableType) -> str:
     """The text of a renderable as a pipe gets it: no styles, no wrapping, no trailing spaces."""
     buf = io.StringIO()
@@ -52,12 +64,13 @@ def show(renderable: RenderableType, file: IO[str] | None = None) -> None:
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
-    """Left-aligned columns two spaces apart, as `column -t` would print them. Cells are text, never markup."""
+    """Left-aligned columns two spaces apart, as `column -t` would print them. Cells are text, never markup, and
+    never terminal control (printable())."""
     t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
     for h in header:
         t.add_column(h, no_wrap=True)
     for r in rows:
-        t.add_row(*(Text(str(v)) for v in r))
+        t.add_row(*(Text(printable(v)) for v in r))
     return t
 
 
@@ -88,7 +101,7 @@ def caches_summary(caches: dict[str, Any]) -> Group:
     return Group(
         table(["TARGET", "SYSTEM", "MAX-AUTOTUNE TIMINGS"],
               [[g["target"], g["system"][:16], g["entries"]] for g in caches["gemm_timings"]]),
-        Text(f"Inductor remote-cache entries (Triton autotune results): {caches['inductor_entries']}"),
+        Text(printable(f"Inductor remote-cache entries (Triton autotune results): {caches['inductor_entries']}")),
     )
 
 
@@ -162,15 +175,17 @@ def report_summary(key: str, meta: dict[str, Any], report: dict[str, Any]) -> Gr
     stages = table(["STAGE", "STATUS", "TIME", "NODES IN", "NODES OUT", "DETAIL"],
                    [[r["stage"], r["status"], _seconds(r["seconds"]), _dash(r["nodes_before"]),
                      _dash(r["nodes_after"]), r["detail"]] for r in rep.summary_rows(report)])
-    return Group(Text(head), Text(""), stages, Text(""), *(Text(line) for line in report_notes(key, report)))
+    return Group(Text(printable(head)), Text(""), stages, Text(""),
+                 *(Text(printable(line)) for line in report_notes(key, report)))
 
 
 def artifact_line(key: str, meta: dict[str, Any]) -> str:
     """What `aotc compile` says about the artifact it got, before printing the key."""
     check = meta.get("check") or {}
-    return (f"artifact {key}: {meta['size']} bytes, compiled in {meta['timings'].get('compile_total', 0):.1f} s, "
-            f"max error vs eager {check.get('max_rel_err', 0):.2g}, {check.get('eager_ms')} ms eager -> "
-            f"{check.get('compiled_ms')} ms compiled on the worker")
+    return printable(f"artifact {key}: {meta['size']} bytes, compiled in "
+                     f"{meta['timings'].get('compile_total', 0):.1f} s, max error vs eager "
+                     f"{check.get('max_rel_err', 0):.2g}, {check.get('eager_ms')} ms eager -> "
+                     f"{check.get('compiled_ms')} ms compiled on the worker")
 
 
 # -- job progress --------------------------------------------------------------------------------------------------
@@ -192,7 +207,7 @@ def status(job: dict[str, Any]) -> str:
     if job["state"] == "queued" and job.get("reason"):
         stage = f"queued again after: {job['reason']}"
     attempt = f", attempt {job['attempts']}" if job.get("attempts", 0) > 1 else ""
-    return f"{job['state']}: {stage}{attempt}"
+    return printable(f"{job['state']}: {stage}{attempt}")
 
 
 class JobProgress:
@@ -225,13 +240,13 @@ class JobProgress:
 
     def line(self, job: dict[str, Any]) -> str:
         n = round(self.WIDTH * self.done / len(JOB_STAGES))
-        return f"job {job['id'][:8]} [{'#' * n}{'-' * (self.WIDTH - n)}] {status(job)}"
+        return f"job {printable(job['id'][:8])} [{'#' * n}{'-' * (self.WIDTH - n)}] {status(job)}"
 
     def __call__(self, job: dict[str, Any]) -> None:
         self.done = stages_done(job, self.done)
         if self.bar is not None:
             if self.task is None:
-                self.task = self.bar.add_task(f"job {job['id'][:8]}", total=len(JOB_STAGES), status="")
+                self.task = self.bar.add_task(f"job {printable(job['id'][:8])}", total=len(JOB_STAGES), status="")
             self.bar.update(self.task, completed=self.done, status=status(job))
             return
         line = self.line(job)

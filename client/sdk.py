@@ -15,10 +15,12 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 from httpx_sse import connect_sse
@@ -278,26 +280,29 @@ class Client:
         meta = resp.json()
         return Artifact(meta["key"], meta)
 
-    def pull(self, artifact: Artifact | str, dest: str | Path | None = None) -> Path:
+    def pull(self, artifact: Artifact | str, dest: str | Path | None = None, *, attempts: int = 3) -> Path:
         """Download a package into the local cache (or `dest`), verified against its sha256. Cached copies whose
-        hash still matches are not downloaded again."""
+        hash still matches are not downloaded again.
+
+        The bytes land in `<key>.pt2.part` beside the cached copy and are renamed only once verified. A pull that
+        is cut off (a dropped connection, a killed process) resumes from what that file holds with a `Range`
+        request: within this call up to `attempts` times, and in any later pull. With an S3 blob store the service
+        redirects to a presigned URL and the bytes come straight from object storage."""
         art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
         cached = self.cache_dir / "artifacts" / f"{art.key}.pt2"
         if not (cached.exists() and _file_sha256(cached) == art.sha256):
             cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_suffix(f".part{os.getpid()}")
-            digest = hashlib.sha256()
-            with self.http.stream("GET", f"/v1/artifacts/{art.key}") as resp:
-                _raise_for(resp)
-                with open(tmp, "wb") as f:
-                    for chunk in resp.iter_bytes(1 << 20):
-                        digest.update(chunk)
-                        f.write(chunk)
-            if digest.hexdigest() != art.sha256:
-                tmp.unlink(missing_ok=True)
-                raise ClientError(502, f"artifact {art.key} arrived corrupt: sha256 {digest.hexdigest()} != "
-                                       f"{art.sha256}")
-            os.replace(tmp, cached)
+            part = cached.with_name(cached.name + ".part")
+            with open(part, "ab") as f, _locked(f):  # one writer per file, across processes
+                if cached.exists() and _file_sha256(cached) == art.sha256:  # another pull finished meanwhile
+                    _drop_if_empty(part, f)
+                else:
+                    digest = self._download(art, part, f, attempts)
+                    if digest != art.sha256:
+                        part.unlink(missing_ok=True)  # not a prefix worth resuming from
+                        raise ClientError(502, f"artifact {art.key} arrived corrupt: sha256 {digest} != "
+                                               f"{art.sha256}")
+                    os.replace(part, cached)
         if dest is None:
             return cached
         dest = Path(dest)
@@ -307,6 +312,73 @@ class Client:
             shutil.copyfile(cached, tmp)
             os.replace(tmp, dest)
         return dest
+
+    def _download(self, art: Artifact, part: Path, f: BinaryIO, attempts: int) -> str:
+        """Complete `part` (open for appending as `f`) from its current size; returns the sha256 of the whole."""
+        size = int(art.meta["size"])
+        for attempt in range(1, attempts + 1):
+            f.flush()  # what an attempt that was cut off still buffers belongs to the prefix
+            have = os.fstat(f.fileno()).st_size
+            if have > size:
+                f.truncate(0)
+                have = 0
+            digest = _file_sha256_object(part, have)
+            if have == size:
+                return digest.hexdigest()
+            # If-Range: a copy of other bytes (the artifact was evicted and built again) comes back whole (200).
+            headers = {"Range": f"bytes={have}-", "If-Range": f'"{art.sha256}"'} if have else {}
+            try:
+                with self.http.stream("GET", f"/v1/artifacts/{art.key}", headers=headers) as resp:
+                    if resp.status_code == 307:  # S3: the bytes come from the presigned URL (S3 has its own ETag)
+                        with self.http.stream("GET", resp.headers["location"],
+                                              headers={"Range": headers["Range"]} if have else {}) as direct:
+                            self._append(direct, f, digest, have)
+                    else:
+                        self._append(resp, f, digest, have)
+                return digest.hexdigest()
+            except _Restart:
+                f.truncate(0)
+            except httpx.TransportError:  # cut off midway: resume from what arrived
+                if attempt == attempts:
+                    raise
+        raise ClientError(502, f"artifact {art.key}: the service never sent the bytes asked for")
+
+    @staticmethod
+    def _append(resp: httpx.Response, f: BinaryIO, digest: Any, have: int) -> None:
+        if resp.status_code == 416:
+            raise _Restart  # what we hold is not a prefix of this artifact
+        if not resp.is_success:
+            resp.read()
+        _raise_for(resp)
+        if have and resp.status_code == 200:  # the whole body after all (If-Range did not match)
+            raise _Restart
+        if resp.status_code == 206 and not resp.headers.get("content-range", "").startswith(f"bytes {have}-"):
+            raise _Restart
+        # Hash and write each piece in a helper thread while the next one arrives (both release the GIL): on a
+        # fast link the pull is as fast as the slowest of the three, not their sum.
+        def keep(piece: bytes) -> None:
+            digest.update(piece)
+            f.write(piece)
+
+        with ThreadPoolExecutor(1, thread_name_prefix="aotc-pull") as pool:
+            pending: Future[None] | None = None
+            try:
+                for piece in resp.iter_bytes(1 << 20):
+                    if pending is not None:
+                        pending.result()
+                    pending = pool.submit(keep, piece)
+            finally:  # what arrived is kept, in order, even when the stream was cut off: a resume starts after it
+                if pending is not None:
+                    pending.result()
+                f.flush()
+
+    def pin(self, key: str) -> dict[str, Any]:
+        """Keep an artifact: a pinned artifact is never evicted from the service's bounded store."""
+        return dict(self._json("POST", f"/v1/artifacts/{key}/pin"))
+
+    def unpin(self, key: str) -> dict[str, Any]:
+        """Let an artifact be evicted again (least recently pulled first) when the store is full."""
+        return dict(self._json("DELETE", f"/v1/artifacts/{key}/pin"))
 
     def report(self, key: str) -> dict[str, Any]:
         """The artifact's stage report (GET /v1/artifacts/{key}/report)."""
@@ -366,3 +438,42 @@ def _check_target(target: Target, device: str) -> None:
 def _file_sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _file_sha256_object(path: Path, n: int) -> Any:
+    """A sha256 object fed the first `n` bytes of `path`, to go on hashing what a resumed pull appends."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while n > 0 and (piece := f.read(min(n, 1 << 20))):
+            digest.update(piece)
+            n -= len(piece)
+    return digest
+
+
+def _drop_if_empty(path: Path, f: BinaryIO) -> None:
+    """Remove the empty file this process created at `path`, unless `path` is another process's by now."""
+    try:
+        mine, there = os.fstat(f.fileno()), os.stat(path)
+    except FileNotFoundError:
+        return
+    if mine.st_size == 0 and (mine.st_ino, mine.st_dev) == (there.st_ino, there.st_dev):
+        path.unlink(missing_ok=True)
+
+
+class _Restart(Exception):
+    """What the partial file holds cannot be resumed: start again from nothing."""
+
+
+@contextmanager
+def _locked(f: BinaryIO) -> Iterator[None]:
+    """An exclusive lock on an open file, where the platform has one (fcntl)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock; the sha256 check still catches a mix-up
+        yield
+        return
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)

@@ -50,7 +50,27 @@ def time_ms(fn: Callable[[], Any], device: str, *, warmup: int = 3, runs: int = 
     return statistics.median(samples)
 
 
-def compare(expected: Any, actual: Any, min_tolerance: float = 0.0) -> dict[str, Any]:
+OPT_IN = ("set the compile option allow_nonfinite=true (aotc compile --allow-nonfinite) if this model's outputs "
+          "are meant to hold NaN or inf")
+
+
+def _nonfinite(t: torch.Tensor) -> dict[str, int]:
+    """NaN, +inf and -inf counts of a floating or complex tensor (a complex value counts once, by its worst part)."""
+    if t.is_complex():
+        t = torch.where(torch.isnan(t.real) | torch.isnan(t.imag), float("nan"), t.abs())
+    return {"nan": int(torch.isnan(t).sum()), "posinf": int(torch.isposinf(t).sum()),
+            "neginf": int(torch.isneginf(t).sum())}
+
+
+def _describe(counts: dict[str, int]) -> str:
+    n = counts["nan"] + counts["posinf"] + counts["neginf"]
+    return f"{n} non-finite values ({counts['nan']} NaN, {counts['posinf']} +inf, {counts['neginf']} -inf)"
+
+
+def compare(expected: Any, actual: Any, min_tolerance: float = 0.0, allow_nonfinite: bool = False) -> dict[str, Any]:
+    """Compare the compiled result with eager. Any NaN or inf in either fails, naming the output and the counts,
+    unless `allow_nonfinite`: then both must hold the same non-finite values in the same places, the finite rest
+    is compared as usual, and the counts are recorded (`nonfinite`) with a note."""
     exp, exp_spec = pytree.tree_flatten(expected)
     act, act_spec = pytree.tree_flatten(actual)
     if len(exp) != len(act):
@@ -64,15 +84,30 @@ def compare(expected: Any, actual: Any, min_tolerance: float = 0.0) -> dict[str,
         a = torch.as_tensor(a)
         if tuple(a.shape) != tuple(e.shape):
             return {"ok": False, "why": f"output {k} has shape {tuple(a.shape)}, eager gives {tuple(e.shape)}"}
+        if e.dtype.is_floating_point or e.dtype.is_complex:
+            ce, ca = _nonfinite(e.detach().cpu()), _nonfinite(a.detach().cpu())
+            if any(ce.values()) or any(ca.values()):
+                entry = {"output": k, "numel": e.numel(), "eager": ce, "compiled": ca}
+                worst.setdefault("nonfinite", []).append(entry)
+                if not allow_nonfinite:
+                    return {**worst, "ok": False, "why": (
+                        f"output {k} ({e.dtype}, {e.numel()} values) holds {_describe(ca)} in the compiled result "
+                        f"and {_describe(ce)} in eager; a non-finite result is refused: {OPT_IN}")}
         if not e.dtype.is_floating_point:
             if not torch.equal(e.cpu(), a.cpu().to(e.dtype)):
                 return {"ok": False, "why": f"output {k} ({e.dtype}) differs from eager"}
             continue
         e64, a64 = e.detach().double().cpu(), a.detach().double().cpu()
-        if not torch.equal(torch.isnan(e64), torch.isnan(a64)):
-            return {"ok": False, "why": f"output {k} has NaNs where eager has none, or the reverse"}
-        e64, a64 = torch.nan_to_num(e64), torch.nan_to_num(a64)
-        if e64.numel() and not e64.any():
+        same_places = all(torch.equal(f(e64), f(a64)) for f in (torch.isnan, torch.isposinf, torch.isneginf))
+        if not same_places:
+            return {**worst, "ok": False, "why": f"output {k} has NaN or inf where eager has none, or the reverse"}
+        if "nonfinite" in worst and worst["nonfinite"][-1]["output"] == k:
+            worst.setdefault("notes", []).append(
+                f"output {k} holds {_describe(worst['nonfinite'][-1]['eager'])} in eager and compiled alike at "
+                "these inputs; accepted because allow_nonfinite is set (the finite values are compared)")
+        finite = torch.isfinite(e64)
+        e64, a64 = torch.where(finite, e64, 0.0), torch.where(finite, a64, 0.0)
+        if e64.numel() and bool(finite.any()) and not e64.any():
             worst.setdefault("notes", []).append(
                 f"output {k} is all zeros in eager at these inputs, so this comparison shows little "
                 "(a model with zero-initialised weights?)")
@@ -89,7 +124,9 @@ def compare(expected: Any, actual: Any, min_tolerance: float = 0.0) -> dict[str,
 
 
 def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, seed: int = 0,
-                   precision: str = "keep") -> dict[str, Any]:
+                   precision: str = "keep", allow_nonfinite: bool = False) -> dict[str, Any]:
+    """Run the package and the program eagerly at every point of `spec` and compare (see `compare`). Raises
+    CheckFailed when they disagree, or when any output holds NaN or inf and `allow_nonfinite` is not set."""
     ep = load_program(model_path)
     eager = ep.module()
     eager.to(device)
@@ -108,7 +145,8 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     results = []
     for label, shapes, args, kwargs, expected, eager_ms in cases:
         with torch.inference_mode():
-            cmp = compare(expected, compiled(*args, **kwargs), PRECISION_TOLERANCE.get(precision, 0.0))
+            cmp = compare(expected, compiled(*args, **kwargs), PRECISION_TOLERANCE.get(precision, 0.0),
+                          allow_nonfinite)
             compiled_ms = time_ms(lambda: compiled(*args, **kwargs), device)
         results.append({"point": label, "shapes": {i["name"]: s for i, s in zip(spec, shapes)}, **cmp,
                         "eager_ms": round(eager_ms, 4), "compiled_ms": round(compiled_ms, 4),
@@ -125,6 +163,8 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         "compiled_ms": results[0]["compiled_ms"],
         "speedup": results[0]["speedup"],
         "notes": sorted({n for r in results for n in r.get("notes", [])}),
+        "allow_nonfinite": allow_nonfinite,
+        "nonfinite": [{"point": r["point"], **n} for r in results for n in r.get("nonfinite", [])],
     }
     if failed:
         raise CheckFailed(f"artifact disagrees with eager at {failed[0]['point']} shapes: {failed[0]['why']}",

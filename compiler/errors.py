@@ -14,6 +14,8 @@
      ├── UnsafeModel               an archive whose pickled parts would not load with weights_only=True
      ├── BadModel                  not an exported program torch can read, or one this service refuses
      ├── SpecError                 the requested shapes contradict the exported program
+     ├── UnsafeCode                the generated code calls what no kernel calls (system, exec*, dlopen, sockets,
+     │                             inline asm, a header off the allow-list): refused before anything ran it
      └── CheckFailed               the artifact ran but disagrees with eager beyond tolerance
 
 Every message says what was wrong and, where it can, what would be right: a user's mistake is never a 500.
@@ -94,6 +96,10 @@ class BadModel(CompileError):
 
 
 class SpecError(CompileError):
+    pass
+
+
+class UnsafeCode(CompileError):
     pass
 
 
@@ -180,6 +186,18 @@ class Failure:
     def not_found(cls, message: str, stage: str) -> Failure:
         """Something the job needs is gone from the store (e.g. its model, at fetch)."""
         return cls("NotFound", message, stage)
+
+    @classmethod
+    def limit_exceeded(cls, stage: str, what: str, setting: str, excerpt: str = "") -> Failure:
+        """A compile or check child that went past one of the worker's resource limits ("used more than 16 GiB of
+        memory"): final, since the same compile would again; the message names the setting that allows more."""
+        return cls("LimitExceeded", f"the {stage} {what}; the limit is {setting}", stage, excerpt, {"limit": setting})
+
+    @classmethod
+    def bad_output(cls, stage: str, message: str) -> Failure:
+        """A child whose outputs are not what the worker asked for (another path, a link, an oversized file):
+        final, and nothing of it is published."""
+        return cls("BadOutput", message, stage)
 
     @classmethod
     def gave_up(cls, max_attempts: int, last: dict[str, Any]) -> Failure:

@@ -7,7 +7,11 @@ Three layers, each enough on its own for the attacks it covers:
 2. every pickled entry is loaded with torch.load(weights_only=True) before torch.export.load sees it;
 3. torch.export.load runs inside compiler.compat.safe_load.guarded_export_load, which forces weights_only=True,
    blocks pickle.loads / torchbind / AOTInductor loading in torch's reader and re-checks each expression string.
-After loading, guards_code (exec'd by torch when the program runs) is checked once more on the loaded object.
+After loading, guards_code (exec'd by torch when the program runs) is checked once more on the loaded object, and
+the graph is made safe for codegen before any stage sees it (`_sanitize`): every node's free-text metadata is
+dropped (Inductor and AOTInductor write stack traces, module stacks and provenance into generated source and the
+package), and node names, string arguments and weight names are checked against compiler.archive.strings'
+grammars again.
 """
 
 from __future__ import annotations
@@ -20,17 +24,24 @@ import torch
 
 from compiler.archive.exprs import check_guard, check_sym_expr
 from compiler.archive.inspect import inspect_archive
+from compiler.archive.limits import DEFAULT_LIMITS, Limits
+from compiler.archive.strings import check
 from compiler.compat.safe_load import DeserializationRefused, guarded_export_load
 from compiler.errors import AotcError, BadModel, UnsafeArchive, UnsafeModel
 
 STAGE = "load"
+# What a node's meta keeps after loading: what torch's deserializer builds from the program's structure (tensor
+# values and unbacked-symbol bindings), which the stages read. Everything it builds from the free-text `metadata`
+# of model.json (stack_trace, nn_module_stack, source_fn_stack, torch_fn, custom, from_node) is dropped: the
+# stage report's provenance comes from the re-export and Inductor's own passes, not from the upload.
+KEPT_META = frozenset({"val", "tensor_meta", "unbacked_bindings"})
 MAX_PICKLE_ENTRY_BYTES = 64 * 2**30
 
 
-def _validate(path: str) -> list[str]:
+def _validate(path: str, limits: Limits = DEFAULT_LIMITS) -> list[str]:
     """The API's inspection, mapped to compiler errors; returns the pickled entries to pre-load."""
     try:
-        info = inspect_archive(path)
+        info = inspect_archive(path, limits)
     except UnsafeArchive as e:
         raise UnsafeModel(e.message, stage=STAGE) from None
     except AotcError as e:
@@ -70,13 +81,53 @@ def _check_loaded(ep: torch.export.ExportedProgram) -> None:
             raise UnsafeModel(e.message, stage=STAGE) from None
 
 
-def load_program(path: str) -> torch.export.ExportedProgram:
+def _strings_in(value: object) -> list[str]:
+    """Every string inside a node argument: lists, tuples, dicts (keys too), at any depth."""
+    out: list[str] = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+    return out
+
+
+def _sanitize(ep: torch.export.ExportedProgram) -> None:
+    """Drop free-text node metadata in every graph of the program (HOP subgraphs included), and check the strings
+    codegen pastes into source: node names, string arguments and keyword names, weight and constant names."""
+    try:
+        for gm in ep.graph_module.modules():
+            if not isinstance(gm, torch.fx.GraphModule):
+                continue
+            for node in gm.graph.nodes:
+                for key in [k for k in node.meta if k not in KEPT_META]:
+                    del node.meta[key]
+                where = f"node {node.name!r}"
+                check(node.name, "ident", f"{where} name", node=node.name)
+                for key in node.kwargs:
+                    check(key, "ident", f"{where} keyword", node=node.name)
+                if node.op == "call_function":
+                    for s in _strings_in((node.args, node.kwargs)):
+                        check(s, "text", f"{where} string argument", node=node.name)
+        for name in [*ep.state_dict, *ep.constants]:
+            check(name, "fqn", "weight or constant name")
+    except AotcError as e:
+        raise UnsafeModel(e.message, stage=STAGE) from None
+
+
+def load_program(path: str, limits: Limits | None = None) -> torch.export.ExportedProgram:
     """Load the exported program at `path` (an untrusted upload) safely.
 
     Raises UnsafeModel when any part would need unrestricted unpickling or code execution to load, BadModel when
-    the file is not an exported program torch can read.
+    the file is not an exported program torch can read. `limits` are the API's upload bounds (the defaults
+    unless the worker passes the ones its operator set).
     """
-    entries = _validate(path)
+    entries = _validate(path, limits) if limits is not None else _validate(path)
     _preload_pickles(path, entries)
     try:
         with guarded_export_load(check_sym_expr) as events:
@@ -104,4 +155,5 @@ def load_program(path: str) -> torch.export.ExportedProgram:
     if not isinstance(ep, torch.export.ExportedProgram):
         raise BadModel(f"the archive holds a {type(ep).__name__}, not an ExportedProgram", stage=STAGE)
     _check_loaded(ep)
+    _sanitize(ep)
     return ep

@@ -41,6 +41,10 @@ class InductorSettings(BaseModel):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+# Options newer than the cache key's format 2: spelled out in the canonical form (and so in the key) only when set.
+ADDED_AFTER_FORMAT_2 = ("allow_nonfinite",)
+
+
 class CompileOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -57,6 +61,11 @@ class CompileOptions(BaseModel):
     freezing: bool = Field(default=False, description="Fold weights into the graph as constants (inference).")
     inductor: InductorSettings = Field(default_factory=InductorSettings)
     prims_view: bool = Field(default=False, description="Also record the graph decomposed to prims in the report.")
+    allow_nonfinite: bool = Field(
+        default=False,
+        description="Publish an artifact whose outputs hold NaN or inf at the check's inputs (the compiled and the "
+        "eager results must still agree, non-finite values in the same places). Off: any NaN or inf fails the check.",
+    )
 
     @model_validator(mode="after")
     def _inference_only_options(self) -> CompileOptions:
@@ -66,8 +75,14 @@ class CompileOptions(BaseModel):
         return self
 
     def canonical(self) -> dict[str, Any]:
-        """Every option with its value, defaults included, so equal options hash equal."""
-        return self.model_dump(mode="json")
+        """Every option with its value, defaults included, so equal options hash equal. Options added after cache
+        key format 2 (`ADDED_AFTER_FORMAT_2`) appear only when set away from their default: a request that does
+        not use them keeps the key it had before they existed."""
+        d = self.model_dump(mode="json")
+        for name in ADDED_AFTER_FORMAT_2:
+            if d[name] == type(self).model_fields[name].default:
+                del d[name]
+        return d
 
     @property
     def training(self) -> bool:

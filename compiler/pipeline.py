@@ -2,8 +2,10 @@
 
 Each stage is reported through `on_stage` before it runs and timed; compiler.stages says what each one records.
 The stage report (report.json) and the sources archive (sources.zip: every stage's FX graph and the generated
-code) are written beside the package. For mode=training the pipeline stops after lowering: the report and the
-graphs are the result, and there is no package yet.
+code) are written beside the package. Before either, the generated sources are scanned (compiler.scan): a package
+whose code makes calls no kernel makes fails the compile as UnsafeCode and is removed, never checked. For
+mode=training the pipeline stops after lowering: the report and the graphs are the result, and there is no package
+yet.
 
 This module knows nothing of HTTP or Redis: the worker runs it in a child process and relays the stages.
 """
@@ -127,6 +129,10 @@ def compile_model(
         except Exception as e:
             raise CompileError(f"{type(e).__name__}: {e}", stage=current[0]) from e
         timings["compile"] = round(time.perf_counter() - t0, 3)
+        # The second line after codegen: nothing has run the package yet, and nothing will if its sources make
+        # calls no kernel makes (UnsafeCode, final; the package is removed).
+        scanned = stages.scan(compiled)
+        timings["scan"] = round(scanned.seconds, 4)
         for name in ("fusion", "codegen", "package"):
             if compiled.phases.get(name) is not None:
                 timings[name] = compiled.phases[name]  # type: ignore[assignment]
@@ -141,6 +147,7 @@ def compile_model(
         if compiled.observation.graphs:
             files["graphs/inductor_post_grad.py"] = compiled.observation.graphs[-1]["code"]
         observe("package", lambda: stages.package(compiled, captured))
+        report["stages"]["package"]["scan"] = scanned.facts()
         report["hooks"] = compiled.observation.hooks
         if compiled.observation.errors:
             report["notes"] += [f"observer error (the compile carried on): {e}" for e in compiled.observation.errors]

@@ -45,6 +45,8 @@ def attach_check(report: dict[str, Any], check: dict[str, Any] | None) -> dict[s
     if check:
         pkg["check"] = {k: check.get(k) for k in ("passed", "max_abs_err", "max_rel_err", "eager_ms", "compiled_ms",
                                                   "speedup", "device")}
+        if check.get("nonfinite"):  # outputs holding NaN or inf, accepted because the request set allow_nonfinite
+            pkg["check"]["nonfinite"] = check["nonfinite"]
         pkg["check"]["points"] = [{k: p.get(k) for k in ("point", "shapes", "max_rel_err", "eager_ms", "compiled_ms",
                                                          "speedup")} for p in check.get("points", [])]
     return report
@@ -96,6 +98,11 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 if check:
                     detail += (f"; check {'passed' if check.get('passed') else 'FAILED'}, max rel err "
                                f"{check.get('max_rel_err', 0):.2g}")
+                    if check.get("nonfinite"):
+                        detail += f", non-finite outputs allowed ({len(check['nonfinite'])})"
+                scan = s.get("scan") or {}
+                if scan:
+                    detail += f"; {scan.get('files')} source(s) scanned, {len(scan.get('findings') or [])} finding(s)"
         rows.append({"stage": name, "status": s.get("status"), "seconds": s.get("seconds"), "nodes_before": before,
                      "nodes_after": after, "detail": detail})
     return rows

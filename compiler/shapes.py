@@ -33,6 +33,13 @@ class InputSpec(TypedDict):
 
 
 Spec = list[InputSpec]  # every user input, in program order
+INT64_MAX = 2**63 - 1
+# Bytes per element of each dtype an exported program's inputs may have (compiler.archive.program's names).
+DTYPE_BYTES: dict[str, int] = {
+    "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2, "float32": 4, "float64": 8,
+    "complex32": 4, "complex64": 8, "complex128": 16, "bool": 1, "bfloat16": 2, "uint16": 2, "float8_e4m3fn": 1,
+    "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1, "uint32": 4, "uint64": 8,
+}
 _DIM_RE = re.compile(r"^(\d+)(?:\.\.(\d+))?$")
 
 
@@ -71,6 +78,8 @@ def _norm_dim(name: str, i: int, d: Any) -> Dim:
     if isinstance(d, int):
         if d < 0:
             raise Unprocessable(f"input {name!r} dim {i} is {d}; sizes cannot be negative")
+        if d > INT64_MAX:
+            raise Unprocessable(f"input {name!r} dim {i} is {d}, which does not fit in int64")
         return d
     if isinstance(d, str):
         parsed = parse_shape(d)
@@ -83,6 +92,8 @@ def _norm_dim(name: str, i: int, d: Any) -> Dim:
             raise Unprocessable(f"input {name!r} dim {i}: min and max must be integers")
         if lo < 0 or hi < lo:
             raise Unprocessable(f"input {name!r} dim {i}: range {lo}..{hi} is empty or negative")
+        if hi > INT64_MAX:
+            raise Unprocessable(f"input {name!r} dim {i}: range {lo}..{hi} does not fit in int64")
         return lo if lo == hi else {"min": lo, "max": hi}
     raise Unprocessable(f"input {name!r} dim {i}: {d!r} is neither a size nor a {{min, max}} range")
 
@@ -107,11 +118,29 @@ def format_spec(spec: Sequence[dict[str, Any]], *, dtypes: bool = False) -> str:
     return " ".join(f"{i['name']}={format_shape(i['shape'])}" for i in spec)
 
 
-def canonical_spec(program_inputs: list[dict[str, Any]], requested: dict[str, Any]) -> list[dict[str, Any]]:
+def check_input_bytes(spec: Sequence[dict[str, Any]], max_input_bytes: int) -> None:
+    """Refuse a spec one of whose inputs, at the largest shape it allows, would exceed `max_input_bytes` (the
+    API's AOTC_MAX_INPUT_MB): the artifact check allocates every input at its largest shape."""
+    for inp in spec:
+        largest = [bounds(d)[1] for d in inp["shape"]]
+        numel = 1
+        for n in largest:
+            numel *= n
+        size = numel * DTYPE_BYTES.get(inp["dtype"], 8)
+        if size > max_input_bytes:
+            raise Unprocessable(
+                f"input {inp['name']!r} at its largest shape {format_shape(largest)} ({inp['dtype']}) is {numel} "
+                f"elements, {size} bytes; the limit is {max_input_bytes} bytes (AOTC_MAX_INPUT_MB)",
+                setting="AOTC_MAX_INPUT_MB", input=inp["name"])
+
+
+def canonical_spec(program_inputs: list[dict[str, Any]], requested: dict[str, Any], *,
+                   max_input_bytes: int | None = None) -> list[dict[str, Any]]:
     """Check `requested` ({name: dims}) against the program's inputs and return the canonical spec.
 
     Raises Unprocessable naming the input and the dim for every contradiction: unknown or missing inputs, a wrong
-    rank, a size outside the exported range, a range on a static dim, dims sharing a symbol that disagree.
+    rank, a size outside the exported range, a range on a static dim, dims sharing a symbol that disagree, a
+    size that does not fit int64, and (with `max_input_bytes`) an input too large at its largest shape.
     """
     if not isinstance(requested, dict):
         raise Unprocessable("shapes must be an object mapping each input name to its dims")
@@ -162,6 +191,8 @@ def canonical_spec(program_inputs: list[dict[str, Any]], requested: dict[str, An
                     bound.setdefault(sym, (d, where))
             dims.append(d)
         spec.append({"name": name, "dtype": p["dtype"], "shape": dims})
+    if max_input_bytes is not None:
+        check_input_bytes(spec, max_input_bytes)
     return spec
 
 

@@ -8,6 +8,8 @@
     fusion    Compiled                         -> dict         scheduler nodes before/after fusion, fused groups
     codegen   Compiled                         -> Generated    generated C++ or Triton source and the wrapper
     package   Compiled                         -> dict         the package's size and compile time
+    scan      Compiled                         -> ScanResult   the generated sources scanned for calls no kernel
+                                                               makes (compiler.scan); a hit raises UnsafeCode
 
 capture, autograd and lowering run torch.export's own passes on the specialised program (cheap re-traces: the
 compile does the same work inside Inductor, fused into one trace, where it cannot be seen apart). fusion, codegen
@@ -20,6 +22,7 @@ from __future__ import annotations
 import collections
 import json
 import operator
+import os
 import re
 import time
 import zipfile
@@ -30,12 +33,13 @@ import torch
 
 from compiler import inputs as inputs_mod
 from compiler import report as rep
+from compiler import scan as scan_mod
 from compiler.compat.aoti import aoti_compile_and_package
 from compiler.compat.autograd import aot_joint_and_partition
 from compiler.compat.graphs import graph_facts, is_inplace_op, node_sources, op_name
 from compiler.compat.observe import InductorObservation, observe_inductor, run_and_get_code, triton_kernels_in
 from compiler.compat.prims import prims_graph
-from compiler.errors import CompileError
+from compiler.errors import CompileError, UnsafeCode
 from compiler.inputs import Spec
 from compiler.options import CompileOptions
 from compiler.specialize import specialize
@@ -551,8 +555,6 @@ def package(compiled: Compiled, captured: Captured) -> dict[str, Any]:
     """Facts: bytes, compile_seconds (the whole Inductor + AOTInductor call), contents (the package's files and
     sizes), dynamic_dims (which requested ranges stayed symbolic in the graph Inductor compiled). The artifact check
     (error against eager, eager vs compiled latency) is added by the worker once it has run."""
-    import os
-
     with zipfile.ZipFile(compiled.package) as zf:
         contents = [{"path": i.filename.split("/", 1)[-1], "bytes": i.file_size} for i in zf.infolist()
                     if not i.is_dir()]
@@ -574,3 +576,49 @@ def package(compiled: Compiled, captured: Captured) -> dict[str, Any]:
         contents=contents,
         dynamic_dims=dyn,
     )
+
+
+# -- scan --------------------------------------------------------------------------------------------------------
+
+MAX_FINDINGS_IN_EXCERPT = 50
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def scan(compiled: Compiled) -> scan_mod.ScanResult:
+    """The second line after codegen, before anything runs the package: every generated source in it (C++ wrapper
+    and kernels) and the Python the compile produced beside it (on GPUs the Python wrapper of AOTInductor's first
+    pass, where this torch shows it, and the compile-time autotune code; the Triton kernel sources in them are
+    scanned in turn). A hit removes the package and raises UnsafeCode, which is final: the package is never checked
+    or published. Facts: files, bytes, seconds, findings, scanned.
+
+    The compile itself has run by now: on GPUs the Triton kernels' module code and the autotune code ran inside it,
+    and g++ has read the C++. What the scan stops is everything after: the check, the publish, every load."""
+    obs = compiled.observation
+    python: dict[str, str] = {}
+    for n, code in enumerate(obs.output_code):
+        python[f"<python wrapper {n}>"] = code
+    for n, code in enumerate(obs.artifacts.get("inductor_autotune_at_compile_time_code", [])):
+        python[f"<autotune code {n}>"] = code
+    try:
+        result = scan_mod.scan_package(compiled.package, python)
+    except Exception as e:  # fail closed: a package that cannot be scanned is not checked either
+        _remove(compiled.package)
+        raise CompileError(f"the generated sources could not be scanned ({type(e).__name__}: {e}), so the "
+                           "package was refused", stage="package") from e
+    if result.findings:
+        _remove(compiled.package)
+        first, more = result.findings[0], len(result.findings) - 1
+        raise UnsafeCode(
+            f"the generated code calls what no kernel calls, so the package was refused before anything ran it: "
+            f"{first.file} line {first.line}: {first.call} ({first.why})"
+            + (f"; and {more} more finding(s), in the excerpt" if more else ""),
+            stage="package",
+            excerpt="\n".join(str(f) for f in result.findings[:MAX_FINDINGS_IN_EXCERPT]),
+        )
+    return result

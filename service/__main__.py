@@ -1,8 +1,15 @@
-"""`aotc-server` (and `python -m service`): the API, an embedded Redis unless AOTC_REDIS_URL is set, and one local
-worker in a subprocess. One command for a laptop or a single box; a fleet runs `aotc-server --workers 0` beside
+"""`aotc-server` (and `python -m service`): the API, an embedded Redis unless AOTC_REDIS_URL is set, and local
+workers in subprocesses. One command for a laptop or a single box; a fleet runs `aotc-server --workers 0` beside
 `aotc-worker`s and an external Redis.
 
-This process never imports torch (a worker needs it; the API does not): the worker runs as `python -m worker`.
+Its children die with it, `kill -9` included (service/procs.py): redis-server and the API processes get SIGTERM
+(Redis flushes its append-only file), workers SIGKILL (their compile child follows; a job one was running is
+requeued by a reaper once its lease expires). A lock on the data dir keeps a second aotc-server (and so a second
+redis-server on the same append-only file) off it. At start it removes what a killed one left behind
+(service/cleanup.py) before its API and workers run.
+
+This process never imports torch (a worker needs it; the API does not): workers run as `python -m worker`, and
+`--device cuda:all` counts GPUs with `nvidia-smi -L`.
 """
 
 from __future__ import annotations
@@ -10,12 +17,27 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
-from typing import Annotated
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
+
+from service.procs import DirLock, LockHeld, die_with_parent, set_parent_death_signal
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from service.api.settings import Settings
+
+log = logging.getLogger("aotc.server")
+SERVER_PID = "AOTC_SERVER_PID"  # tells API processes (uvicorn's children) whose death they die with
 
 
 def serve(
@@ -23,48 +45,211 @@ def serve(
     port: Annotated[int, typer.Option(help="Port the API listens on.")] = 8000,
     redis_port: Annotated[int | None, typer.Option(
         help="Port of the embedded Redis (default: a free one). Unused with AOTC_REDIS_URL.")] = None,
-    device: Annotated[str, typer.Option(help="Device of the local worker: auto, cpu, cuda:N.")] = "auto",
-    workers: Annotated[int, typer.Option(min=0, max=1, help="1 starts a local worker; 0 runs the API alone.")] = 1,
+    device: Annotated[str, typer.Option(
+        help="Device of the local workers: auto, cpu, cuda:N, or cuda:all (one worker per visible GPU).")] = "auto",
+    workers: Annotated[int, typer.Option(
+        min=0, help="Local workers to start (0 runs the API alone). Ignored with --device cuda:all.")] = 1,
+    api_workers: Annotated[int, typer.Option(
+        min=1, help="API processes (uvicorn workers) sharing the port.")] = 2,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
 ) -> None:
-    """Run the API, an embedded Redis (unless AOTC_REDIS_URL is set) and a worker for this machine's device."""
-    import uvicorn
-
-    from service.api.app import create_app
+    """Run the API, an embedded Redis (unless AOTC_REDIS_URL is set) and workers for this machine's devices."""
     from service.api.settings import Settings
     from service.store.embedded import EmbeddedRedis
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = Settings()
-    redis_proc = None
-    if not settings.redis_url:
-        redis_proc = EmbeddedRedis(settings.data_dir / "redis", port=redis_port).start()
-        settings = settings.model_copy(update={"redis_url": redis_proc.url})
-        print(f"aotc: embedded redis-server on {redis_proc.url} (data in {redis_proc.data_dir}, AOF on)",
-              file=sys.stderr)
-    worker = None
-    if workers:
-        if importlib.util.find_spec("torch") is None:
-            print("aotc: torch is not installed, so no worker starts (install aotc[worker])", file=sys.stderr)
-        else:
-            env = {**os.environ, "AOTC_REDIS_URL": settings.redis_url or "", "AOTC_DEVICE": device,
-                   "AOTC_WORK_DIR": str(settings.data_dir / "work")}
-            worker = subprocess.Popen([sys.executable, "-m", "worker"], env=env)
-            print(f"aotc: worker pid {worker.pid} for device {device}", file=sys.stderr)
-    # uvicorn re-raises the SIGTERM it caught once it has drained; turn it into SystemExit so the worker and Redis
-    # below are stopped too.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    devices = _worker_devices(device, workers)
     try:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
-    finally:
-        if worker and worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
+        lock = DirLock(settings.data_dir / "server.lock").acquire(wait_s=5.0)
+    except LockHeld:
+        holder = DirLock(settings.data_dir / "server.lock").holder()
+        _exit(f"another aotc-server (pid {holder}) is using the data dir {settings.data_dir.resolve()}; stop it "
+              "first, or give this one its own AOTC_DATA_DIR")
+    redis_proc = None
+    local: LocalWorkers | None = None
+    try:
+        if not settings.redis_url:
             try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+                redis_proc = EmbeddedRedis(settings.data_dir / "redis", port=redis_port).start()
+            except RuntimeError as e:
+                _exit(str(e))
+            settings = settings.model_copy(update={"redis_url": redis_proc.url})
+            print(f"aotc: embedded redis-server pid {redis_proc.proc.pid if redis_proc.proc else '?'} on "
+                  f"{redis_proc.url} (data in {redis_proc.data_dir}, AOF on)", file=sys.stderr)
+        work_dirs = [settings.data_dir / ("work" if i == 0 else f"work-{i}") for i in range(len(devices))]
+        _clean_up(settings, work_dirs, own_redis=redis_proc is not None)
+        if devices and importlib.util.find_spec("torch") is None:
+            print("aotc: torch is not installed, so no worker starts (install aotc[worker])", file=sys.stderr)
+        elif devices:
+            local = LocalWorkers(settings.redis_url or "", list(zip(devices, work_dirs, strict=True)))
+        _run_api(settings, host, port, api_workers, log_level)
+    finally:
+        if local:
+            local.stop()
         if redis_proc:
             redis_proc.stop()
+        lock.release()
+
+
+class LocalWorkers:
+    """aotc-server's own workers: each dies with aotc-server, and one that fails (a crash, an exception, the OOM
+    killer) is started again, after 1 s, doubling up to a minute while it keeps failing young. One that exits 0
+    was told to stop (a signal: Ctrl-C reaches it too) and stays stopped."""
+
+    def __init__(self, redis_url: str, slots: list[tuple[str, Path]]) -> None:
+        self.redis_url = redis_url
+        self.slots = slots  # (device, work dir) per worker
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.no_restarts = threading.Event()
+        self._done = threading.Event()
+        # The kernel signals a child when the *thread* that started it ends, so one thread starts them all and
+        # lives until they have stopped.
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._supervise, name="local-workers", daemon=True)
+        self._thread.start()
+        self._started.wait()
+
+    def _spawn(self, n: int) -> subprocess.Popen[bytes]:
+        device, work = self.slots[n]
+        env = {**os.environ, "AOTC_REDIS_URL": self.redis_url, "AOTC_DEVICE": device, "AOTC_WORK_DIR": str(work)}
+        # SIGKILL: a worker told to stop would wait for a Redis that is going down with us to hand its job back;
+        # killed, its lease expires and the next start's reaper requeues the job. Its compile child follows it.
+        p = subprocess.Popen([sys.executable, "-m", "worker"], env=env, preexec_fn=die_with_parent(signal.SIGKILL))
+        print(f"aotc: worker pid {p.pid} for device {device} (work dir {work})", file=sys.stderr)
+        return p
+
+    def _supervise(self) -> None:
+        self.procs = [self._spawn(n) for n in range(len(self.slots))]
+        started = [time.monotonic()] * len(self.procs)
+        delay = [1.0] * len(self.procs)
+        self._started.set()
+        while not self._done.wait(0.5):
+            for n, p in enumerate(self.procs):
+                if p.poll() in (None, 0) or self.no_restarts.is_set():
+                    continue
+                if time.monotonic() - started[n] > 300:
+                    delay[n] = 1.0  # it ran a good while: a fresh crash, not a loop
+                log.warning("worker pid %d exited with %s; starting another in %.0f s", p.pid, p.returncode, delay[n])
+                if self.no_restarts.wait(delay[n]):
+                    continue
+                self.procs[n], started[n], delay[n] = self._spawn(n), time.monotonic(), min(delay[n] * 2, 60.0)
+
+    def stop(self) -> None:
+        """SIGTERM each (a running job is handed back), wait, then let the supervising thread end."""
+        self.no_restarts.set()
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self._done.set()
+        self._thread.join(5)
+
+
+def _run_api(settings: Settings, host: str, port: int, api_workers: int, log_level: str) -> None:
+    import uvicorn
+
+    if api_workers == 1:
+        from service.api.app import create_app
+
+        # uvicorn re-raises the SIGTERM it caught once it has drained; turn it into SystemExit so the workers and
+        # Redis are stopped too.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
+        return
+    # Several processes accept on one socket, each with its own event loop and Redis connections. They read their
+    # settings from the environment, so the embedded Redis' URL goes there. uvicorn supervises them (restarts one
+    # that dies, stops them all on SIGTERM); each dies with this process too (api_app).
+    from uvicorn.supervisors import Multiprocess
+
+    os.environ["AOTC_REDIS_URL"] = settings.redis_url or ""
+    os.environ[SERVER_PID] = str(os.getpid())
+    config = uvicorn.Config("service.__main__:api_app", factory=True, workers=api_workers, host=host, port=port,
+                            log_level=log_level, timeout_graceful_shutdown=30)
+    Multiprocess(config, sockets=[_tcp_nodelay(config.bind_socket())]).run()  # what uvicorn.run does, but this
+
+
+def _tcp_nodelay(sock: socket.socket) -> socket.socket:
+    """The shared listening socket, as one whose connections send small answers at once.
+
+    uvicorn binds it without naming the protocol, so asyncio in the API processes does not set TCP_NODELAY on the
+    connections it accepts from it, and every answer written in two parts (headers, then body) waits for the
+    client's delayed ACK: 40 ms a request (measured: 23 req/s on one connection, against 500 with one process).
+    Naming the protocol lets asyncio set it; Linux also copies it from the listener to accepted connections."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    tcp = socket.socket(sock.family, sock.type, socket.IPPROTO_TCP, fileno=sock.detach())
+    tcp.set_inheritable(True)
+    return tcp
+
+
+def api_app() -> FastAPI:
+    """The app factory uvicorn calls in each API process that `--api-workers` starts."""
+    from service.api.app import create_app
+
+    parent = os.environ.get(SERVER_PID)
+    set_parent_death_signal(signal.SIGTERM, int(parent) if parent else None)
+    return create_app()
+
+
+def _clean_up(settings: Settings, work_dirs: list[Path], *, own_redis: bool) -> None:
+    """Remove what a killed aotc-server left behind (service/cleanup.py): nothing of ours runs yet."""
+    from service.cleanup import remove_incomplete_blobs, remove_stale_work_dirs, remove_temp_uploads
+    from service.store import Store
+
+    freed = remove_temp_uploads(settings.data_dir)
+    if freed:
+        print(f"aotc: removed {freed} bytes of unfinished uploads", file=sys.stderr)
+    assert settings.redis_url
+    store = Store(settings.redis_url)  # the blob store the API announced, else Redis
+    try:
+        for work in work_dirs:
+            if gone := remove_stale_work_dirs(store, work):
+                print(f"aotc: removed {len(gone)} work dir(s) of jobs no longer running from {work}", file=sys.stderr)
+        # Only our own Redis is sure to have no blob write under way; others' unfinished writes expire by themselves.
+        if own_redis and (n := remove_incomplete_blobs(store)):
+            print(f"aotc: removed {n} blob chunk(s) of unfinished writes", file=sys.stderr)
+    except Exception as e:  # never a reason not to start
+        log.warning("clean-up at start failed: %s", e)
+    finally:
+        store.close()
+
+
+def _worker_devices(device: str, workers: int) -> list[str]:
+    """The AOTC_DEVICE of each local worker: `workers` times `device`, or with cuda:all one per visible GPU."""
+    if device != "cuda:all":
+        return [device] * workers
+    if workers == 0:
+        return []
+    n = gpu_count()
+    if n == 0:
+        _exit("--device cuda:all found no GPU (nvidia-smi -L lists none, or CUDA_VISIBLE_DEVICES hides them all)")
+    return [f"cuda:{i}" for i in range(n)]
+
+
+def gpu_count() -> int:
+    """GPUs a worker would see, without importing torch: CUDA_VISIBLE_DEVICES when set, else `nvidia-smi -L`, else
+    the driver's /proc/driver/nvidia/gpus."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if smi := shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30, check=True).stdout
+            return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+        except (subprocess.SubprocessError, OSError):
+            pass
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return len(list(gpus.iterdir())) if gpus.is_dir() else 0
+
+
+def _exit(message: str) -> NoReturn:
+    print(f"aotc: {message}", file=sys.stderr)
+    raise SystemExit(1)
 
 
 # Plain tracebacks: this is a server's log, not a terminal session.

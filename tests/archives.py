@@ -91,3 +91,30 @@ def read_json(path: Path, rel: str) -> Any:
     with zipfile.ZipFile(path) as z:
         root = z.namelist()[0].split("/")[0]
         return json.loads(z.read(f"{root}/{rel}"))
+
+
+def edit_json(src: Path, dst: Path, rel: str, fn: Callable[[Any], Any]) -> Path:
+    """Copy an archive with the JSON entry `rel` (below the root) replaced by fn(its parsed content)."""
+    doc = read_json(src, rel)
+    return rewrite(src, dst, {rel: json.dumps(fn(doc)).encode()})
+
+
+def nodes(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The top-level graph's nodes of a parsed models/model.json."""
+    return doc["graph_module"]["graph"]["nodes"]
+
+
+def rezip(src: Path, dst: Path, *, compression: int = zipfile.ZIP_STORED, comment: bytes = b"",
+          prefix: bytes = b"", rename: Callable[[str], str] = lambda n: n,
+          add: dict[str, bytes] | None = None) -> Path:
+    """Copy an archive entry by entry into a zip of our own making: another compression, a comment, bytes before
+    it, renamed entries, extra entries (full names, root included)."""
+    with open(dst, "wb") as out:
+        out.write(prefix)
+        with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "a" if prefix else "w") as zout:
+            for info in zin.infolist():
+                zout.writestr(zipfile.ZipInfo(rename(info.filename)), zin.read(info), compress_type=compression)
+            for name, data in (add or {}).items():
+                zout.writestr(zipfile.ZipInfo(name), data, compress_type=compression)
+            zout.comment = comment
+    return dst

@@ -17,6 +17,14 @@ from service.store.embedded import EmbeddedRedis, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_UPLOAD_MB = 8  # the API under test refuses larger uploads; every test model is far smaller
+# Test workers share one set of trusted precompiled headers (worker/headers.py), built by the first worker that
+# needs it and kept across runs (a new toolchain builds a new set): without it each test worker's warm-up compile
+# would build its own, about a minute on 2 cores. Workers still run their compiles sandboxed (AOTC_SANDBOX=on).
+HEADERS_DIR = ROOT / ".aotc" / "test-headers"
+
+
+def _worker_env(env: dict[str, str], **extra: str) -> dict[str, str]:
+    return {"AOTC_HEADERS_DIR": str(HEADERS_DIR), **env, **extra}
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -58,7 +66,7 @@ def start_api(env: dict[str, str], log_path: Path, *,
 
 
 def start_worker(env: dict[str, str], log_path: Path, **extra: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "worker"], env={**env, **extra}, cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "worker"], env=_worker_env(env, **extra), cwd=ROOT,
                             stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
 
 
@@ -112,7 +120,7 @@ class Cluster:
     def start_worker(self, **env: str) -> tuple[subprocess.Popen[bytes], str]:
         """Start a worker; returns the process and its worker id once it has registered."""
         n = len(self.procs)
-        proc = subprocess.Popen([sys.executable, "-m", "worker"], env={**self.worker_env, **env}, cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "worker"], env=_worker_env(self.worker_env, **env), cwd=ROOT,
                                 stdout=open(self.base / f"worker-{n}.log", "wb"), stderr=subprocess.STDOUT)
         self.procs.append(proc)
         deadline = time.monotonic() + 60

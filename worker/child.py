@@ -1,8 +1,11 @@
-"""Entry point of the child process that runs one compile or one artifact check: `python -m worker.child DIR`.
+"""Entry point of the child process that runs one compile, one artifact check or the warm-up compile:
+`python -m worker.child JOBDIR KIND`, inside the sandbox (worker.isolation), with the limits already set.
 
-DIR/task.json says what to do. The child appends stage events to DIR/events.jsonl and writes DIR/result.json:
-{"ok": true, "result": ...} or {"ok": false, "error": ...}. A crash leaves no result; the parent reads that
-from the exit status. Compiler output goes to the parent's log file through stdout/stderr.
+JOBDIR/KIND-task.json (the worker's, read-only here) says what to do and names the one dir this child may write
+(task["dir"]). The child appends stage events to DIR/events.jsonl and writes DIR/result.json: {"ok": true,
+"result": ...} or {"ok": false, "error": ...}. A crash leaves no result; the parent reads that from the exit status.
+Compiler output goes to the parent's log file through stdout/stderr. The child has no Redis URL and no network:
+whatever it shares with other compiles (max-autotune timings), the worker reads from DIR and checks (worker.tuning).
 """
 
 from __future__ import annotations
@@ -18,25 +21,61 @@ from pathlib import Path
 from typing import Any
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the worker dies (kill -9 included), so a lost worker leaves no
-    compile running on; then check the worker did not die before the request took effect."""
+def _die_with_parent(parent: int | None) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (kill -9 included), so a lost worker leaves no
+    compile running on. In a sandbox the parent is bwrap's, which itself dies with the worker (--die-with-parent);
+    unconfined, the parent is the worker, and `parent` lets us check it did not die before the request took effect."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
 
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    parent = os.environ.get("AOTC_PARENT_PID")
-    if parent and os.getppid() != int(parent):
+    if parent and os.getppid() != parent:
         os._exit(1)
 
 
-def main(workdir: str) -> int:
-    _die_with_parent()
+class Tiny:
+    """The warm-up's built-in model: a Linear and a ReLU, enough for AOTInductor to build its headers."""
+
+    @staticmethod
+    def export(path: Path) -> None:
+        import torch
+
+        class Model(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.lin = torch.nn.Linear(8, 8)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return torch.relu(self.lin(x))
+
+        torch.manual_seed(0)
+        torch.export.save(torch.export.export(Model().eval(), (torch.randn(2, 8),)), str(path))
+
+
+def _warm_up(task: dict[str, Any], d: Path) -> dict[str, Any]:
+    """Compile the built-in model with the default options, so AOTInductor builds its precompiled headers in this
+    child's TMPDIR, where the worker takes them from (worker.headers)."""
+    from compiler.archive.inspect import inspect_archive
+    from compiler.options import CompileOptions
+    from compiler.pipeline import compile_model
+    from compiler.shapes import canonical_spec
+
+    model = d / "warmup.pt2"
+    Tiny.export(model)
+    inputs = inspect_archive(str(model))["inputs"]
+    spec = canonical_spec(inputs, {inputs[0]["name"]: [2, 8]})
+    t0 = time.perf_counter()
+    compile_model(str(model), spec, inputs, CompileOptions(), task["device"], str(d / "warmup-package.pt2"))
+    return {"seconds": round(time.perf_counter() - t0, 3)}
+
+
+def main(jobdir: str, kind: str) -> int:
+    task: dict[str, Any] = json.loads((Path(jobdir) / f"{kind}-task.json").read_text())
+    _die_with_parent(task.get("parent_pid"))
     faulthandler.enable()  # a segfault leaves the Python stack in the log, hence in the job's error excerpt
-    d = Path(workdir)
-    task: dict[str, Any] = json.loads((d / "task.json").read_text())
+    d = Path(task["dir"])
     events = open(d / "events.jsonl", "a", buffering=1)
 
     def on_stage(stage: str) -> None:
@@ -45,37 +84,32 @@ def main(workdir: str) -> int:
     from compiler.errors import Failure
 
     try:
-        if task["kind"] == "compile":
+        if kind == "compile":
             from compiler.compat.caches import inductor_cache_settings
             from compiler.options import CompileOptions
             from compiler.pipeline import compile_model
 
             options = CompileOptions(**task["options"])
-            share = None
-            if task.get("share_gemm_timings") and options.mode == "max-autotune":
-                from worker.tuning import GemmTimingShare
-
-                share = GemmTimingShare(task["share_gemm_timings"]["redis_url"], task["share_gemm_timings"]["target"])
-                share.pull()
             result = compile_model(
                 task["model_path"], task["spec"], task["program_inputs"], options, task["device"], task["out_path"],
                 on_stage,
             )
-            if share is not None:
-                share.push()
-            result["caches"] = {**inductor_cache_settings(), "gemm_timings": share.stats if share else None}
-        elif task["kind"] == "check":
+            result["caches"] = inductor_cache_settings()
+        elif kind == "check":
             from compiler.check import check_artifact
 
             on_stage("check")
-            precision = (task.get("options") or {}).get("precision", "keep")
+            asked = task.get("options") or {}
             result = check_artifact(task["model_path"], task["package_path"], task["spec"], task["device"],
-                                    precision=precision)
+                                    precision=asked.get("precision", "keep"),
+                                    allow_nonfinite=bool(asked.get("allow_nonfinite", False)))
+        elif kind == "warmup":
+            result = _warm_up(task, d)
         else:
-            raise ValueError(f"unknown task kind {task['kind']!r}")
+            raise ValueError(f"unknown task kind {kind!r}")
         out: dict[str, Any] = {"ok": True, "result": result}
     except Exception as e:
-        out = {"ok": False, "error": Failure.from_exception(e, task["kind"], traceback.format_exc()[-4000:]).to_json()}
+        out = {"ok": False, "error": Failure.from_exception(e, kind, traceback.format_exc()[-4000:]).to_json()}
     sys.stdout.flush()
     sys.stderr.flush()
     tmp = d / "result.json.tmp"
@@ -85,4 +119,4 @@ def main(workdir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,7 +1,9 @@
 """One job, from its queue entry to its end: claim -> compile -> check -> publish.
 
 The claim starts the job (counting the attempt) and checks it can run here; the compile and the check each run
-in a child process (worker.sandbox); a checked artifact is published write-then-record, so a job delivered twice
+in a sandboxed child process (worker.sandbox, worker.isolation), and this trusted parent does their I/O: it fetches
+the model, seeds and collects the shared max-autotune timings (worker.tuning), and takes the outputs out of the
+child's dir once it is dead; a checked artifact is published write-then-record, so a job delivered twice
 finds its own result. Every way an attempt ends is a job transition: succeeded, cancelled, a failure (retried or
 final, compiler.errors.Failure decides which), or handed back unspent when the worker shuts down or loses Redis.
 A job whose lease a reaper took is abandoned: it is someone else's now.
@@ -11,9 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +28,12 @@ from compiler.errors import Failure
 from compiler.report import attach_check  # torch-free
 from service.store import Lease, Store
 from worker.backoff import until_redis
-from worker.sandbox import Outcome, run_child
+from worker.headers import Headers, header_dir
+from worker.isolation import Sandbox, headers_dir
+from worker.limits import GIB, MIB, Limits
+from worker.sandbox import Outcome, run_child, take
 from worker.settings import WorkerSettings
+from worker.tuning import GemmTimingShare
 
 log = logging.getLogger("aotc.worker")
 
@@ -34,10 +43,12 @@ class JobRunner:
     renew_lease)."""
 
     def __init__(self, store: Store, settings: WorkerSettings, info: dict[str, Any], worker_id: str,
-                 stopping: threading.Event) -> None:
+                 stopping: threading.Event, sandbox: Sandbox) -> None:
         self.store = store
         self.settings = settings
         self.info = info
+        self.sandbox = sandbox
+        self.headers = Headers(headers_dir(settings), info)
         self.target: str = info["target"]
         self.id = worker_id
         self.stopping = stopping  # shutdown requested (SIGTERM/SIGINT)
@@ -127,7 +138,10 @@ class JobRunner:
 
         self.current = (job_id, lease)
         log.info("job %s attempt %d of %d (%s)", job_id, attempt, max_attempts, lease.stream.rsplit(":", 1)[-1])
-        workdir = self.settings.work_dir / f"{job_id}-{attempt}"
+        if not self.sandbox.on:
+            log.warning("job %s runs UNCONFINED: AOTC_SANDBOX=off, so its compile and check run with this worker's "
+                        "uid, network and files", job_id)
+        workdir = (self.settings.work_dir / f"{job_id}-{attempt}").resolve()
         try:
             outcome, result = self._compile_and_check(job, workdir)
             if self.lease_lost:  # a reaper requeued the job: it is someone else's now
@@ -169,24 +183,72 @@ class JobRunner:
         except redis.RedisError:
             return False
 
-    def _inductor_remote_cache_env(self) -> dict[str, str]:
-        """Point Inductor's own remote caches at the service's Redis (compile children only). torch reads these
-        when it starts, in the child and in its compile subprocesses alike; a Redis it cannot reach only turns
-        the cache off for that compile."""
-        if not self.settings.inductor_remote_cache:
-            return {"TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE": "0", "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0"}
-        return {"TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE": "1", "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1",
-                "TORCHINDUCTOR_REDIS_URL": self.settings.redis_url}
+    # -- the sandbox's inputs ---------------------------------------------------------------------------------
+
+    def limits(self) -> Limits:
+        """The children's rlimits, from the settings (0 turns one off). No address-space limit for CUDA children:
+        CUDA reserves far more address space than it uses."""
+        s = self.settings
+        cuda = self.info["device"].startswith("cuda")
+        return Limits(
+            memory_bytes=int(s.compile_max_memory_gb * GIB) if s.compile_max_memory_gb and not cuda else None,
+            cpu_s=s.child_max_cpu_s or None,
+            file_bytes=s.child_max_file_mb * MIB if s.child_max_file_mb else None,
+            procs=s.child_max_procs or None,
+            open_files=s.child_max_open_files or None,
+        )
+
+    def _hide(self) -> list[Path]:
+        """Besides the sandbox's own list: a file blob store's dir (every user's models and packages)."""
+        blobs = getattr(self.store.blobs, "primary", self.store.blobs)
+        root = getattr(blobs, "root", None)
+        return [root] if isinstance(root, Path) else []
+
+    def _headers(self, childdir: Path) -> list[tuple[Path, Path]]:
+        """The trusted precompiled headers, bound read-only into the child's private header dir."""
+        tmp = childdir / "tmp"
+        header_dir(tmp).mkdir(parents=True, exist_ok=True)
+        if not self.sandbox.on:
+            self.headers.link_into(tmp)
+            return []
+        return self.headers.binds(tmp)
+
+    def prepare(self) -> None:
+        """At start, before the first job: build the trusted precompiled headers, or find them built."""
+        def warm_up(adopt: Callable[[Path], None]) -> bool:
+            jobdir = (self.settings.work_dir / f"warmup-{os.getpid()}").resolve()
+            try:
+                outcome = run_child({"kind": "warmup", "device": self.info["device"]}, jobdir, sandbox=self.sandbox,
+                                    timeout_s=self.settings.compile_timeout_s, device=self.info["device"],
+                                    hide=self._hide(), should_cancel=self.stopping.is_set)
+                if not outcome.ok:
+                    assert outcome.failure is not None
+                    log.warning("warm-up compile failed: %s\n%s", outcome.failure.message, outcome.failure.excerpt)
+                    return False
+                built = jobdir / "headers"  # the worker's: out of the (dead) child's reach before they are adopted
+                built.mkdir()
+                found = header_dir(jobdir / "warmup" / "tmp")
+                for name in os.listdir(found) if found.is_dir() else []:
+                    take(found, name, built)
+                adopt(built)
+                return True
+            finally:
+                if not self.settings.keep_work:
+                    shutil.rmtree(jobdir, ignore_errors=True)
+
+        self.headers.ensure(warm_up)
 
     def _compile_and_check(self, job: dict[str, Any], workdir: Path) -> tuple[Outcome, dict[str, Any]]:
         store, job_id = self.store, job["id"]
         workdir.mkdir(parents=True, exist_ok=True)
+        os.chmod(workdir, 0o755)  # the worker's: children read the model and their task here, and write nothing
         model = store.models.get(job["model_id"])
         if model is None:
             return Outcome(False, failure=Failure.not_found(f"model {job['model_id']} is gone from the store",
                                                             "fetch")), {}
         model_path = workdir / "model.pt2"
         store.blobs.to_file("model", job["model_id"], model_path)
+        os.chmod(model_path, 0o644)
 
         def on_stage(stage: str) -> None:
             self._set_stage(job_id, stage)
@@ -194,45 +256,50 @@ class JobRunner:
         def cancelled() -> bool:
             return self._should_stop(job_id)
 
-        # Inductor's caches live in the work dir, and so does the temp dir: AOTInductor keeps its precompiled
-        # headers under tempfile.gettempdir() whatever TORCHINDUCTOR_CACHE_DIR says, and building them is most of
-        # a fresh worker's first compile (13 s of 27 s for a tiny CPU model here; about 60 s on the GPU machine).
-        # A work dir on a volume (docker-compose.yml) keeps them across restarts.
-        tmp = (self.settings.work_dir / "tmp").resolve()
-        tmp.mkdir(parents=True, exist_ok=True)
-        cache_dir = (self.settings.work_dir / "inductor-cache").resolve()
-        env = {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "TMPDIR": str(tmp)}
-        if self.settings.child_ld_preload:
-            env["LD_PRELOAD"] = self.settings.child_ld_preload
         device = self.info["device"]
-        package = workdir / "artifact.pt2"
+        run = partial(run_child, sandbox=self.sandbox, device=device, limits=self.limits(), hide=self._hide(),
+                      on_stage=on_stage, should_cancel=cancelled)
+        share = (GemmTimingShare(store.r, self.target)
+                 if self.settings.share_gemm_timings and (job["options"] or {}).get("mode") == "max-autotune" else None)
+
+        def prepare(childdir: Path) -> list[tuple[Path, Path]]:
+            if share is not None:
+                share.seed(childdir)
+            return self._headers(childdir)
+
+        compile_dir = workdir / "compile"
         store.caches.record_compile()
-        compiled = run_child(
+        compiled = run(
             {"kind": "compile", "model_path": str(model_path), "spec": job["spec"], "options": job["options"],
-             "program_inputs": model["inputs"], "device": device, "out_path": str(package),
-             "share_gemm_timings": ({"redis_url": self.settings.redis_url, "target": self.target}
-                                    if self.settings.share_gemm_timings else None)},
-            workdir, timeout_s=self.settings.compile_timeout_s, on_stage=on_stage, should_cancel=cancelled,
-            env={**env, **self._inductor_remote_cache_env()},
+             "program_inputs": model["inputs"], "device": device, "out_path": str(compile_dir / "artifact.pt2")},
+            workdir, timeout_s=self.settings.compile_timeout_s, prepare=prepare,
         )
+        if share is not None:
+            share.collect(compile_dir)
         if not compiled.ok:
             return compiled, {}
+        outputs = _take_outputs(compiled.result, compile_dir, workdir / "results")
+        if isinstance(outputs, Failure):
+            return Outcome(False, failure=outputs), {}
+        caches = {**(compiled.result.get("caches") or {}), "gemm_timings": share.stats if share else None}
         check: dict[str, Any] | None = None
         timings = {**compiled.result["timings"], "compile_total": round(compiled.seconds, 3)}
-        if compiled.result.get("package"):  # mode=training produces a report and graphs only: nothing to check
-            checked = run_child(
-                {"kind": "check", "model_path": str(model_path), "package_path": compiled.result["package"],
+        if outputs["package"] is not None:  # mode=training produces a report and graphs only: nothing to check
+            checked = run(
+                {"kind": "check", "model_path": str(model_path), "package_path": str(outputs["package"]),
                  "spec": job["spec"], "device": device, "options": job["options"]},
-                workdir, timeout_s=self.settings.check_timeout_s, on_stage=on_stage, should_cancel=cancelled, env=env,
+                workdir, timeout_s=self.settings.check_timeout_s,
             )
             if not checked.ok:
                 return checked, {}
             check, timings["check"] = checked.result, round(checked.seconds, 3)
         on_stage("publish")
         # The stage report and the generated sources go in before the record, which is written last.
-        report = attach_check(json.loads(Path(compiled.result["report"]).read_text()), check)
+        report_path = outputs["report"]
+        assert report_path is not None
+        report = attach_check(json.loads(report_path.read_text()), check)
         report["key"] = job["key"]
-        report["caches"] = compiled.result.get("caches")
+        report["caches"] = caches
         artifact = store.artifacts.put({
             "key": job["key"],
             "factors": job["factors"],
@@ -242,10 +309,34 @@ class JobRunner:
             "options": job["options"],
             "dynamic_dims": compiled.result["dynamic_dims"],
             "timings": timings,
-            "caches": compiled.result.get("caches"),
+            "caches": caches,
             "check": check,
             "job_id": job_id,
             "worker": {"id": self.id, "device_name": self.info["device_name"], "host": self.info["host"]},
-        }, Path(compiled.result["package"]) if compiled.result.get("package") else None,
-            report=report, sources=Path(compiled.result["sources"]))
+        }, outputs["package"], report=report, sources=outputs["sources"])
         return Outcome(True), {"key": artifact["key"], "timings": timings, "check": check}
+
+
+REPORT_MAX_BYTES = 256 * 2**20
+OUTPUTS = {"package": "artifact.pt2", "report": "report.json", "sources": "sources.zip"}
+
+
+def _take_outputs(result: dict[str, Any], childdir: Path, results: Path) -> dict[str, Path | None] | Failure:
+    """Move the compile's outputs into the worker's `results` dir, where the check child reads the package and
+    the publish reads everything. The child names them in its result, but only its own files are taken: any other
+    path it names (/etc/shadow, a symlink, a FIFO) fails the job."""
+    out: dict[str, Path | None] = {}
+    for key, name in OUTPUTS.items():
+        claimed = result.get(key)
+        if key == "package" and claimed is None:  # mode=training: no package
+            out[key] = None
+            continue
+        taken = take(childdir, name, results) if claimed == str(childdir / name) else None
+        if taken is None:
+            return Failure.bad_output("compile", f"the compile's {key} is not the plain file {name} in its own dir "
+                                                 f"(it named {str(claimed)[:200]!r})")
+        out[key] = taken
+    report = out["report"]
+    if report is not None and report.stat().st_size > REPORT_MAX_BYTES:
+        return Failure.bad_output("compile", f"the compile's stage report is over {REPORT_MAX_BYTES // 2**20} MiB")
+    return out

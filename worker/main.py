@@ -23,9 +23,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
-from service.store import Lease, Store
+from service.store import Lease, StorageOptions, Store
 from service.store.reaper import Reaper
 from worker.backoff import until_redis
+from worker.isolation import Sandbox, SandboxUnavailable, setup
 from worker.job import JobRunner
 from worker.queue import Reader
 from worker.settings import WorkerSettings
@@ -35,19 +36,21 @@ T = TypeVar("T")
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings, info: dict[str, Any]) -> None:
+    def __init__(self, settings: WorkerSettings, info: dict[str, Any], sandbox: Sandbox | None = None) -> None:
+        """`sandbox`: how children are confined (worker.isolation.setup, which probes it, when not given)."""
         self.settings = settings
         self.info = info
         self.target: str = info["target"]
         self.id = f"{info['host']}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.store = Store(settings.redis_url, chunk_bytes=settings.chunk_mb * 2**20)
+        self.store = Store(settings.redis_url, storage=StorageOptions.from_settings(settings))
         self.started = time.time()
         self.stopping = threading.Event()  # shutdown requested (SIGTERM/SIGINT)
         self._hb_stop = threading.Event()
         self.reader = Reader(self.store, self.target, self.id, batch_max_wait_s=settings.batch_max_wait_s,
                              poll_ms=settings.poll_ms)
         self.reaper = Reaper(self.store, settings.lease_s, settings.reap_interval_s)
-        self.runner = JobRunner(self.store, settings, info, self.id, self.stopping)
+        self.sandbox = sandbox or setup(settings, info["device"])
+        self.runner = JobRunner(self.store, settings, info, self.id, self.stopping, self.sandbox)
 
     @property
     def streams(self) -> list[str]:
@@ -64,6 +67,7 @@ class Worker:
             "started": self.started,
             "jobs_done": self.runner.jobs_done,
             "job": current[0] if current else None,
+            **self.sandbox.describe(),
             **self.info,
         }
 
@@ -93,10 +97,13 @@ class Worker:
         return self.reader.next()
 
     def run(self, max_jobs: int | None = None) -> None:
+        for warning in self._until_redis(self.store.check_redis, "check Redis's settings") or []:  # noeviction
+            log.warning("%s", warning)
         self._until_redis(lambda: self.store.queues.ensure(self.target), "create the queue")
         self._until_redis(self.heartbeat, "register")
         hb = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         hb.start()
+        self.runner.prepare()  # the trusted precompiled headers, before the first job (registered meanwhile)
         log.info("worker %s serving %s (%s)", self.id, self.target, self.info["device_name"])
         try:
             while not self.stopping.is_set():
@@ -135,7 +142,12 @@ def serve(settings: WorkerSettings, max_jobs: int | None = None) -> None:
     from compiler.device import detect
 
     info = detect(settings.device)
-    w = Worker(settings, info)
+    try:
+        sandbox = setup(settings, info["device"])
+    except SandboxUnavailable as e:
+        log.error("%s", e)
+        raise SystemExit(f"aotc-worker: refusing to start: {e}") from None
+    w = Worker(settings, info, sandbox)
 
     def _stop(signum: int, frame: Any) -> None:
         if w.stopping.is_set():  # the second signal: leave now; the lease expires and the reaper requeues

@@ -1,23 +1,37 @@
-"""Run one compile or check in a fresh child process, so that a segfault, a hang or an OOM fails a job and
-never the worker. Children are spawned (fork+exec of a new interpreter), never forked from a process that may
-hold CUDA state."""
+"""Run one compile or check in a fresh child process, confined (worker.isolation), so that a segfault, a hang or an
+OOM fails a job and never the worker, and hostile code in it reaches nothing of the worker's. Children are spawned
+(fork+exec of a new interpreter), never forked from a process that may hold CUDA state.
+
+A job dir (JOBDIR, the worker's, read-only to children) holds the model, each child's task (KIND-task.json) and
+log (KIND.log), and the outputs the worker took (results/). Each child writes only in a fresh JOBDIR/KIND/, which
+belongs to the sandbox uid: everything in it is the child's word. The worker reads from it with O_NOFOLLOW at every
+step and caps the size, and takes outputs out of it only once the child and everything it started are dead.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from compiler.errors import Failure
+from worker import limits as limits_mod
+from worker.isolation import Sandbox
+from worker.limits import Limits
 
-_ROOT = str(Path(__file__).resolve().parent.parent)  # so `python -m worker.child` imports this checkout
+RESULT_MAX_BYTES = 16 * 2**20
+EVENTS_MAX_BYTES = 2**20
+LAYOUT = ("home", "tmp", "cache", "triton")  # a child's HOME, TMPDIR, Inductor and Triton caches
 
 
 @dataclass
@@ -62,36 +76,112 @@ def _signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
+# -- reading what a child wrote ---------------------------------------------------------------------------------
+
+
+def open_beneath(base: Path, rel: str, flags: int = os.O_RDONLY) -> int:
+    """Open base/rel without following a symlink anywhere below `base` (the child may have planted one at any
+    level) and without blocking on a FIFO; OSError if anything on the way is not a plain dir or file."""
+    parts = [p for p in rel.split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        raise OSError(errno.EINVAL, f"bad path {rel!r}")
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        out = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(out).st_mode):
+        os.close(out)
+        raise OSError(errno.EINVAL, f"{rel} is not a regular file")
+    return out
+
+
+def read_untrusted(base: Path, rel: str, cap: int, offset: int = 0) -> bytes | None:
+    """Up to `cap` bytes of base/rel from `offset` (see open_beneath); None if it cannot be read as a plain file."""
+    try:
+        fd = open_beneath(base, rel)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        f.seek(offset)
+        return f.read(cap)
+
+
+def take(childdir: Path, name: str, dest_dir: Path) -> Path | None:
+    """Move the child's output `name` (a plain file directly in childdir) into the worker's `dest_dir`, the
+    worker's and read-only to children from now on; None if it is missing or not a plain file. Call only when the
+    child is dead: nothing can swap the file between the check and the move."""
+    src = childdir / name
+    try:
+        st = os.lstat(src)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        return None
+    dest_dir.mkdir(mode=0o755, exist_ok=True)
+    dest = dest_dir / name
+    os.rename(src, dest)
+    os.chown(dest, os.getuid(), os.getgid())
+    os.chmod(dest, 0o644)
+    return dest
+
+
+# -- running one child ------------------------------------------------------------------------------------------
+
+
 def run_child(
     task: dict[str, Any],
-    workdir: Path,
+    jobdir: Path,
     *,
+    sandbox: Sandbox,
     timeout_s: float,
+    device: str = "cpu",
+    limits: Limits | None = None,
+    prepare: Callable[[Path], Iterable[tuple[Path, Path]]] | None = None,
+    hide: Iterable[Path] = (),
     on_stage: Callable[[str], None] = lambda s: None,
     should_cancel: Callable[[], bool] = lambda: False,
-    env: dict[str, str] | None = None,
     poll_s: float = 0.25,
 ) -> Outcome:
-    workdir.mkdir(parents=True, exist_ok=True)
-    for name in ("result.json", "events.jsonl"):
-        (workdir / name).unlink(missing_ok=True)
-    (workdir / "task.json").write_text(json.dumps(task))
-    log_path = workdir / f"{task['kind']}.log"
-    child_env = {**os.environ, **(env or {})}
-    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, child_env.get("PYTHONPATH", "")) if p)
-    child_env["AOTC_PARENT_PID"] = str(os.getpid())  # the child dies with its parent (see worker.child)
+    """Run `task` (its "kind": compile, check, warmup) in a fresh JOBDIR/KIND. `prepare(childdir)` may seed the
+    fresh dir before the child owns it, and returns (trusted file, path in childdir) pairs to bind read-only."""
     kind = task["kind"]
+    jobdir.mkdir(parents=True, exist_ok=True)
+    os.chmod(jobdir, 0o755)
+    childdir = jobdir / kind
+    if childdir.exists():
+        shutil.rmtree(childdir)  # an earlier child's dir: rmtree never follows its symlinks
+    childdir.mkdir(mode=0o755)
+    for sub in LAYOUT:
+        (childdir / sub).mkdir(mode=0o755)
+    ro_files = list(prepare(childdir)) if prepare else []
+    sandbox.own(childdir)
+    task = {**task, "dir": str(childdir)}
+    if not sandbox.on:
+        task["parent_pid"] = os.getpid()  # the child dies with its parent (see worker.child)
+    task_path = jobdir / f"{kind}-task.json"
+    tmp = task_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(task))
+    os.chmod(tmp, 0o644)
+    tmp.rename(task_path)
+    log_path = jobdir / f"{kind}.log"
+    argv, popen_kw = sandbox.command([sys.executable, "-P", "-m", "worker.child", str(jobdir), kind],
+                                     jobdir=jobdir, childdir=childdir, device=device, limits=limits,
+                                     ro_files=ro_files, hide=hide)
     t0 = time.monotonic()
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.child", str(workdir)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env, start_new_session=True,
-        )
-        seen = 0
+        os.chmod(log_path, 0o644)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, **popen_kw)
+        events = _Events(childdir, on_stage)
         try:
             while True:
                 rc = proc.poll()
-                seen = _relay_events(workdir / "events.jsonl", seen, on_stage)
+                events.relay()
                 if rc is not None:
                     break
                 now = time.monotonic()
@@ -108,38 +198,102 @@ def run_child(
             _kill(proc)  # the worker is going down (SIGTERM, Ctrl-C): never leave an orphan compile behind
             raise
     seconds = time.monotonic() - t0
-    result_path = workdir / "result.json"
-    if rc == 0 and result_path.exists():
-        out = json.loads(result_path.read_text())
-        if out["ok"]:
-            return Outcome(True, out.get("result") or {}, seconds=seconds)
-        return Outcome(False, failure=Failure.from_json(out.get("error") or {}), seconds=seconds)
-    died_of = -rc if rc is not None and rc < 0 else None
-    if died_of is not None:
+    # bwrap reports a child killed by signal N as exit status 128+N; a plain child as -N. A sandbox is gone with
+    # its first process (pid namespace), so nothing the child started can still touch its dir.
+    assert rc is not None
+    died_of = -rc if rc < 0 else rc - 128 if sandbox.on and 128 < rc < 128 + 65 else None
+    raw = read_untrusted(childdir, "result.json", RESULT_MAX_BYTES + 1)
+    failure: Failure
+    if died_of is None and rc == 0 and raw is not None and len(raw) <= RESULT_MAX_BYTES:
+        try:
+            out = json.loads(raw)
+            if out.get("ok") is True and isinstance(out.get("result") or {}, dict):
+                return Outcome(True, out.get("result") or {}, seconds=seconds)
+            failure = Failure.from_json(out.get("error") if isinstance(out.get("error"), dict) else {})
+        except (ValueError, AttributeError):
+            failure = Failure.crashed(kind, f"{kind} child wrote an unreadable result", excerpt(log_path))
+    elif died_of is not None:
         why = " (out of memory? the kernel's OOM killer sends SIGKILL)" if died_of == signal.SIGKILL else ""
         message = f"{kind} crashed: the child process died of {_signal_name(died_of)} (signal {died_of}){why}"
+        failure = Failure.crashed(kind, message, crash_excerpt(log_path), died_of)
     else:
-        message = f"{kind} child exited with status {rc} without a result"
-    return Outcome(False, failure=Failure.crashed(kind, message, crash_excerpt(log_path), died_of), seconds=seconds)
+        failure = Failure.crashed(kind, f"{kind} child exited with status {rc} without a result",
+                                  crash_excerpt(log_path), None)
+    text = "\n".join((failure.message, failure.excerpt, excerpt(log_path, 64 * 1024)))
+    if (hit := limits_mod.breach(limits, died_of, text)) is not None:
+        failure = Failure.limit_exceeded(kind, hit.what, hit.setting, failure.excerpt or excerpt(log_path))
+    return Outcome(False, failure=failure, seconds=seconds)
 
 
-def _relay_events(path: Path, seen: int, on_stage: Callable[[str], None]) -> int:
-    try:
-        with open(path) as f:
-            lines = f.read().split("\n")[:-1]  # a last line without its newline is still being written
-    except FileNotFoundError:
-        return seen
-    for line in lines[seen:]:
+class _Events:
+    """Relays the stages a child appends to its events.jsonl, reading only what is new and at most a MiB."""
+
+    def __init__(self, childdir: Path, on_stage: Callable[[str], None]) -> None:
+        self.childdir = childdir
+        self.on_stage = on_stage
+        self.offset = 0
+        self.partial = b""
+
+    def relay(self) -> None:
+        if self.offset >= EVENTS_MAX_BYTES:
+            return
+        data = read_untrusted(self.childdir, "events.jsonl", EVENTS_MAX_BYTES - self.offset, self.offset)
+        if not data:
+            return
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")  # a last line without its newline is unfinished
+        for line in lines:
+            try:
+                stage = json.loads(line)["stage"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if isinstance(stage, str) and len(stage) <= 64:
+                self.on_stage(stage)
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
         try:
-            on_stage(json.loads(line)["stage"])
-        except (ValueError, KeyError):
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
             continue
-    return len(lines)
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            out += kids
+            todo += kids
+    return out
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the child and everything under it: its process group, and the sandbox's own processes (bwrap puts
+    them in a session and a pid namespace of their own; the namespace dies with its first process)."""
+    victims = _descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     proc.wait()
+    deadline = time.monotonic() + 2.0
+    while victims and time.monotonic() < deadline:  # they are not ours to wait for: watch them go
+        victims = [p for p in victims if _alive(p)]
+        if victims:
+            time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False

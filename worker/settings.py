@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -26,17 +27,66 @@ class WorkerSettings(BaseSettings):
         default=600.0, gt=0, description="A batch job queued longer than this is served before interactive ones."
     )
     poll_ms: int = Field(default=2000, gt=0, description="How long one queue read blocks.")
-    chunk_mb: int = Field(default=64, gt=0, le=512)
+    chunk_mb: int = Field(default=4, gt=0, le=512, description="Chunk size of blobs in Redis (AOTC_BLOB_STORE=redis).")
+    blob_store: str = Field(
+        default="", description="Where models and packages are stored: redis, file:///DIR or s3://bucket/prefix. "
+        "Empty: the store the API announced in Redis.")
+    store_max_gb: float = Field(
+        default=20.0, gt=0, description="Bytes artifacts (packages and sources) may hold in the blob store; beyond it "
+        "the least recently pulled ones that are not pinned are evicted.")
+    s3_endpoint_url: str = Field(default="", description="S3 endpoint (SeaweedFS, Garage, MinIO); empty: AWS.")
+    s3_region: str = Field(default="", description="S3 region; empty: AWS_REGION, else us-east-1.")
     child_ld_preload: str = Field(
         default="", description="LD_PRELOAD for compile/check children (some images need their system libstdc++)."
     )
-    inductor_remote_cache: bool = Field(
-        default=True, description="Point Inductor's Redis remote caches (Triton autotune results) at redis_url."
-    )
     share_gemm_timings: bool = Field(
-        default=True, description="Share max-autotune's matmul/conv timings with other workers through redis_url."
+        default=True, description="Share max-autotune's matmul/conv timings with other workers through redis_url "
+        "(the worker seeds and reads each compile's timings file; compile children never reach Redis)."
     )
     keep_work: bool = Field(default=False, description="Keep each job's scratch folder (logs, package) for debugging.")
+    data_dir: Path = Field(
+        default=Path(".aotc"), description="The service's data dir (the embedded Redis's data, uploads), read here "
+        "only to hide it from compile and check children."
+    )
+
+    # -- the sandbox of compile and check children (worker/isolation.py) ----------------------------------------
+    sandbox: Literal["on", "off"] = Field(
+        default="on", description="on: compile and check children run in a bubblewrap sandbox (an unprivileged "
+        "uid, no network, a private writable dir, resource limits); the worker refuses to start if it cannot set "
+        "one up. off: children run unconfined, with a warning on every job; only for trusted models."
+    )
+    sandbox_bwrap: str = Field(default="bwrap", description="The bubblewrap binary: a path, or a name on PATH.")
+    sandbox_uid: int = Field(
+        default=65534, ge=1, description="The uid children run as when the worker runs as root. RLIMIT_NPROC counts "
+        "per uid: give workers on one host their own uids to keep their counts apart."
+    )
+    sandbox_gid: int | None = Field(default=None, ge=1, description="The children's gid (default: the uid's group).")
+    sandbox_hide: list[Path] = Field(
+        default_factory=list, description="More paths to hide from children (an empty tmpfs over each), e.g. where "
+        "keys live. /tmp, /run, the work, data and headers dirs and the worker's home are always hidden."
+    )
+    headers_dir: Path | None = Field(
+        default=None, description="Where the trusted precompiled headers live, built at start by a sandboxed "
+        "compile of a built-in model and bound read-only into every compile (default: AOTC_WORK_DIR/headers)."
+    )
+    compile_max_memory_gb: float = Field(
+        default=16.0, ge=0, description="Address space (RLIMIT_AS) of each CPU compile or check child and of each "
+        "process it starts; 0: none. CUDA children get none: CUDA reserves far more address space than it uses."
+    )
+    child_max_cpu_s: int = Field(
+        default=36000, ge=0, description="CPU seconds (RLIMIT_CPU) of each process a compile or check child runs, "
+        "all its threads together; 0: none. The wall-clock limits are AOTC_COMPILE_TIMEOUT_S and AOTC_CHECK_TIMEOUT_S."
+    )
+    child_max_file_mb: int = Field(
+        default=16384, ge=0, description="Largest file a compile or check child may write (RLIMIT_FSIZE); 0: none."
+    )
+    child_max_procs: int = Field(
+        default=4096, ge=0, description="Processes and threads (RLIMIT_NPROC) of the sandbox's uid, counted host-wide "
+        "(Inductor's compile workers, g++ and every thread count); 0: none."
+    )
+    child_max_open_files: int = Field(
+        default=8192, ge=0, description="Open files per process (RLIMIT_NOFILE) in compile and check children; 0: none."
+    )
 
     @model_validator(mode="after")
     def _lease_outlives_heartbeat(self) -> WorkerSettings:

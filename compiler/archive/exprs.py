@@ -11,8 +11,13 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
+from compiler.archive.container import check_json_shape
+from compiler.archive.limits import DEFAULT_LIMITS, Limits
+from compiler.archive.strings import check
 from compiler.errors import AotcError, Unprocessable, UnsafeArchive
 
 MAX_EXPR_CHARS = 100_000
@@ -31,12 +36,12 @@ SYMPY_CALLS: frozenset[str] = frozenset(
     RoundDecimal ToFloat Identity""".split()
 )
 SYMPY_NAMES: frozenset[str] = frozenset({"oo", "zoo", "nan", "true", "false", "int_oo", "pi", "E"})
-_GENERATED_FN = re.compile(r"^(OpaqueUnaryFn_[a-z0-9_]+|BitwiseFn_bitwise_[a-z_]+)$")
+_GENERATED_FN = re.compile(r"^(OpaqueUnaryFn_[a-z0-9_]+|BitwiseFn_bitwise_[a-z_]+)\Z")
 _STR_ARG_CALLS = frozenset({"Symbol", "Dummy", "Float"})  # the only calls that take a string
 _POW_CALLS = frozenset({"Pow", "PowByNatural", "FloatPow", "LShift", "RShift"})
-_SYMBOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_FLOAT_TEXT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
-_KWARG = re.compile(r"^[a-z][a-z_]*$")
+_SYMBOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_FLOAT_TEXT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\Z")
+_KWARG = re.compile(r"^[a-z][a-z_]*\Z")
 MAX_INT_LITERAL = 2**128
 MAX_EXPONENT = 64
 
@@ -64,7 +69,43 @@ def _int_literal(node: ast.AST) -> int | None:
     return None
 
 
-def _check_sym_node(node: ast.AST, what: str) -> None:
+def _exponent(node: ast.AST) -> float | None:
+    """A literal exponent or shift: an int, Integer(n), Rational(p, q) or Float('x'); None for anything else."""
+    lit = _int_literal(node)
+    if lit is not None:
+        return float(lit) if abs(lit) <= MAX_INT_LITERAL else float("inf")
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
+        if node.func.id == "Rational" and len(node.args) == 2:
+            p, q = _int_literal(node.args[0]), _int_literal(node.args[1])
+            if p is not None and q:
+                return abs(p / q) if max(abs(p), abs(q)) <= MAX_INT_LITERAL else float("inf")
+        value = node.args[0].value if isinstance(node.args[0], ast.Constant) else None
+        if node.func.id == "Float" and isinstance(value, (str, int, float)):
+            try:
+                return abs(float(value))
+            except (TypeError, ValueError, OverflowError):
+                return None
+    return None
+
+
+def _check_power(fn: str, args: Sequence[ast.AST], degree: float, bad: Any) -> float:
+    """Powers and shifts take a literal right operand of at most MAX_EXPONENT, and nested powers multiply: the
+    degree of the base (the product of the exponents above it) must stay within MAX_EXPONENT too, so neither
+    `1 << 10**10` nor a tower of powers can be built. Returns the base's degree."""
+    exp = _exponent(args[1]) if len(args) == 2 else None
+    if exp is None:
+        raise bad(f"{fn} with an exponent or shift that is not a literal number")
+    if abs(exp) > MAX_EXPONENT:
+        raise bad(f"{fn} with exponent or shift {exp:g} (at most {MAX_EXPONENT}, MAX_EXPONENT)")
+    if fn in ("LShift", "RShift"):
+        return degree
+    degree *= max(abs(exp), 1)
+    if degree > MAX_EXPONENT:
+        raise bad(f"nested powers reach degree {degree:g} (at most {MAX_EXPONENT}, MAX_EXPONENT)")
+    return degree
+
+
+def _check_sym_node(node: ast.AST, what: str, degree: float = 1) -> None:
     def bad(why: str) -> UnsafeArchive:
         return UnsafeArchive(f"{what} is not a plain symbolic expression: {why}")
 
@@ -72,7 +113,7 @@ def _check_sym_node(node: ast.AST, what: str) -> None:
         if type(node.value) not in (int, float, bool) and node.value is not None:
             raise bad(f"literal {node.value!r} outside a Symbol/Float argument")
         if type(node.value) is int and abs(node.value) > MAX_INT_LITERAL:
-            raise bad("integer literal too large")
+            raise bad("integer literal too large (MAX_INT_LITERAL)")
         return
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         if not isinstance(node.operand, ast.Constant):
@@ -90,6 +131,7 @@ def _check_sym_node(node: ast.AST, what: str) -> None:
     fn = node.func.id
     if fn not in SYMPY_CALLS and not _GENERATED_FN.match(fn):
         raise bad(f"call of {fn!r}")
+    base_degree = _check_power(fn, node.args, degree, bad) if fn in _POW_CALLS else degree
     for i, arg in enumerate(node.args):
         if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
             if fn not in _STR_ARG_CALLS or i != 0:
@@ -98,11 +140,7 @@ def _check_sym_node(node: ast.AST, what: str) -> None:
             if not pattern.match(arg.value):
                 raise bad(f"{fn} argument {arg.value[:100]!r}")
             continue
-        _check_sym_node(arg, what)
-    if fn in _POW_CALLS and len(node.args) == 2:
-        exp = _int_literal(node.args[1])
-        if exp is not None and abs(exp) > MAX_EXPONENT:
-            raise bad(f"{fn} with exponent {exp}")
+        _check_sym_node(arg, what, base_degree if i == 0 else degree)
     for kw in node.keywords:
         if kw.arg is None or not _KWARG.match(kw.arg):
             raise bad("keyword argument")
@@ -112,8 +150,23 @@ def _check_sym_node(node: ast.AST, what: str) -> None:
 
 def check_sym_expr(text: object, where: str = "expression") -> None:
     """Raise UnsafeArchive unless `text` is a plain sympy srepr (what torch writes as a SymExpr's expr_str)."""
-    what = f"{where}: symbolic expression"
-    _check_sym_node(parse_expr(text, what).body, what)
+    if not isinstance(text, str):
+        raise UnsafeArchive(f"{where}: symbolic expression is not a string")
+    # Cache only short texts: the cache must not keep megabytes of an upload alive in the API.
+    why = _sym_expr_refusal(text) if len(text) <= 512 else _sym_expr_refusal.__wrapped__(text)
+    if why is not None:
+        raise UnsafeArchive(f"{where}: symbolic expression{why}")
+
+
+@lru_cache(maxsize=4096)
+def _sym_expr_refusal(text: str) -> str | None:
+    """Why `text` is refused (the message after "symbolic expression"), or None; a program repeats the same few
+    expressions thousands of times, so each distinct one is parsed once."""
+    try:
+        _check_sym_node(parse_expr(text, "").body, "")
+    except UnsafeArchive as e:
+        return e.message
+    return None
 
 
 # -- guards ----------------------------------------------------------------------------------------------------
@@ -125,31 +178,45 @@ GUARD_CALLS: frozenset[str] = frozenset(
 GUARD_METHODS: frozenset[str] = frozenset({"size", "stride", "storage_offset", "dim", "numel"})
 MATH_FUNCTIONS: frozenset[str] = frozenset({"floor", "ceil", "trunc", "sqrt", "log2", "log", "exp"})
 _GUARD_FORBIDDEN_CHARS = set("\"\\#\n\r\t\x00{}")
+_GUARD_BINOPS = frozenset({"Add", "Sub", "Mult", "Div", "FloorDiv", "Mod", "Pow", "LShift", "RShift", "BitAnd",
+                           "BitOr", "BitXor"})
+_GUARD_POWERS = {"Pow": "Pow", "LShift": "LShift", "RShift": "RShift"}  # bounded like their sympy forms
 
 
-def _check_guard_node(node: ast.AST, what: str) -> None:
+def _check_guard_node(node: ast.AST, what: str, degree: float = 1) -> None:
     def bad(why: str) -> UnsafeArchive:
         return UnsafeArchive(f"{what} is not a plain shape guard: {why}")
 
     if isinstance(node, ast.Constant):
         if type(node.value) not in (int, float, bool) and node.value is not None:
             raise bad(f"literal {node.value!r}")
+        if type(node.value) is int and abs(node.value) > MAX_INT_LITERAL:
+            raise bad("integer literal too large (MAX_INT_LITERAL)")
         return
-    if isinstance(node, (ast.BinOp,)):
-        _check_guard_node(node.left, what)
-        _check_guard_node(node.right, what)
+    if isinstance(node, ast.BinOp):
+        op = type(node.op).__name__
+        if op not in _GUARD_BINOPS:
+            raise bad(f"operator {op}")
+        if op in _GUARD_POWERS:
+            left_degree = _check_power(_GUARD_POWERS[op], [node.left, node.right], degree, bad)
+            _check_guard_node(node.left, what, left_degree)
+            return
+        _check_guard_node(node.left, what, degree)
+        _check_guard_node(node.right, what, degree)
         return
     if isinstance(node, ast.UnaryOp):
-        _check_guard_node(node.operand, what)
+        if not isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)):
+            raise bad(f"operator {type(node.op).__name__}")
+        _check_guard_node(node.operand, what, degree)
         return
     if isinstance(node, ast.BoolOp):
         for v in node.values:
-            _check_guard_node(v, what)
+            _check_guard_node(v, what, degree)
         return
     if isinstance(node, ast.Compare):
-        _check_guard_node(node.left, what)
+        _check_guard_node(node.left, what, degree)
         for c in node.comparators:
-            _check_guard_node(c, what)
+            _check_guard_node(c, what, degree)
         return
     if isinstance(node, ast.Name):
         if node.id not in ("L", "inf"):
@@ -162,7 +229,7 @@ def _check_guard_node(node: ast.AST, what: str) -> None:
                 raise bad(f"key {key.value[:100]!r}")
         elif _int_literal(key) is None:
             raise bad("subscript that is not a name or an integer")
-        _check_guard_node(node.value, what)
+        _check_guard_node(node.value, what, degree)
         return
     if isinstance(node, ast.Call):
         if node.keywords:
@@ -176,13 +243,13 @@ def _check_guard_node(node: ast.AST, what: str) -> None:
                 if fn.attr not in MATH_FUNCTIONS:
                     raise bad(f"math.{fn.attr}")
             elif fn.attr in GUARD_METHODS:
-                _check_guard_node(fn.value, what)
+                _check_guard_node(fn.value, what, degree)
             else:
                 raise bad(f"method {fn.attr!r}")
         else:
             raise bad("call of an expression")
         for a in node.args:
-            _check_guard_node(a, what)
+            _check_guard_node(a, what, degree)
         return
     raise bad(f"{type(node).__name__} is not allowed")
 
@@ -202,8 +269,13 @@ def check_guard(text: str, where: str = "guards_code") -> None:
 # -- tree specs --------------------------------------------------------------------------------------------------
 
 
-def check_treespec(text: Any, where: str) -> None:
-    """Refuse the two pytree spec features that import modules by name: defaultdict factories and enums."""
+def check_treespec(text: Any, where: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Refuse the two pytree spec features that import modules by name (defaultdict factories and enums), and any
+    string in the spec outside the TOKEN grammar: FX writes a spec's dict keys and the forward's argument names
+    into the Python code of `ep.module()` (`{'key': arg}`), which the worker runs."""
+    if not isinstance(text, str):
+        raise Unprocessable(f"{where}: tree spec is not a string")
+    check_json_shape(text.encode("utf-8", "replace"), f"{where} tree spec", limits)
     try:
         spec = json.loads(text)
         stack: list[Any] = [spec]
@@ -216,10 +288,15 @@ def check_treespec(text: Any, where: str) -> None:
                     raise UnsafeArchive(f"{where}: tree spec contains an enum (resolved by importing a module)")
                 if node.get("type") == "collections.defaultdict":
                     raise UnsafeArchive(f"{where}: tree spec contains a defaultdict (its factory is imported by name)")
+                for k in node:
+                    check(k, "token", f"{where}: a tree spec key", limits)
                 ctx = node.get("context")
                 if isinstance(ctx, str):
+                    check_json_shape(ctx.encode("utf-8", "replace"), f"{where} tree spec context", limits)
                     stack.append(json.loads(ctx))
                 stack.extend(v for k, v in node.items() if k != "context")
+            elif isinstance(node, str):
+                check(node, "token", f"{where}: a tree spec string", limits)
     except AotcError:
         raise
     except Exception as e:

@@ -23,21 +23,21 @@ from compiler.archive import pickles
 from compiler.archive.container import (
     NOT_A_ZIP,
     NOT_EXPORT,
-    check_names,
+    check_zip,
     looks_pickled,
     not_export_reason,
-    payload_config,
     read_entry,
     read_json,
     require,
     scan_pickle_entry,
 )
 from compiler.archive.exprs import check_guard, check_treespec
-from compiler.archive.program import user_inputs, walk_program
+from compiler.archive.limits import DEFAULT_LIMITS, Limits
+from compiler.archive.program import check_payload_config, storage_bytes, user_inputs, walk_program
 from compiler.errors import AotcError, Unprocessable, UnsafeArchive, UnsupportedMedia
 
 
-def inspect_archive(path: str, *, max_json_bytes: int = 256 * 2**20) -> dict[str, Any]:
+def inspect_archive(path: str, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
     """Validate an uploaded .pt2 statically and describe it (see module docstring for what is checked).
 
     Returns {"root", "torch_version", "schema_version", "inputs": [{"name", "dtype", "shape"}], "outputs": int,
@@ -49,8 +49,10 @@ def inspect_archive(path: str, *, max_json_bytes: int = 256 * 2**20) -> dict[str
             magic = f.read(4)
         if magic != pickles.ZIP_MAGIC:
             raise UnsupportedMedia(NOT_A_ZIP)
-        with zipfile.ZipFile(path) as zf:
-            return _inspect(zf, max_json_bytes)
+        with open(path, "rb") as f, zipfile.ZipFile(f) as zf:
+            infos = zf.infolist()
+            root = check_zip(f, infos, limits)
+            return _inspect(zf, root, limits)
     except AotcError:
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile) as e:
@@ -61,9 +63,8 @@ def inspect_archive(path: str, *, max_json_bytes: int = 256 * 2**20) -> dict[str
         raise Unprocessable(f"the archive cannot be read ({type(e).__name__}: {str(e)[:200]})") from None
 
 
-def _inspect(zf: zipfile.ZipFile, cap: int) -> dict[str, Any]:
+def _inspect(zf: zipfile.ZipFile, root: str, limits: Limits) -> dict[str, Any]:
     infos = zf.infolist()
-    root = check_names(infos)
     by_name = {i.filename: i for i in infos}
     names = set(by_name)
     p = f"{root}/"
@@ -92,7 +93,7 @@ def _inspect(zf: zipfile.ZipFile, cap: int) -> dict[str, Any]:
             entry=native[0],
         )
 
-    doc = read_json(zf, by_name[p + "models/model.json"], cap)
+    doc = read_json(zf, by_name[p + "models/model.json"], limits)
     where = "models/model.json"
     gm = require(doc, "graph_module", dict, where)
     rc = require(doc, "range_constraints", dict, where)
@@ -100,7 +101,7 @@ def _inspect(zf: zipfile.ZipFile, cap: int) -> dict[str, Any]:
     require(doc, "opset_version", dict, where)
     torch_version = doc.get("torch_version")
     major, minor = require(schema, "major", int, "schema_version"), require(schema, "minor", int, "schema_version")
-    walk_program(doc, where)
+    walk_program(doc, where, limits)
     guards = doc.get("guards_code", [])
     if not isinstance(guards, list):
         raise Unprocessable(f"{where}: guards_code is not a list")
@@ -112,7 +113,7 @@ def _inspect(zf: zipfile.ZipFile, cap: int) -> dict[str, Any]:
         if isinstance(sig, dict):
             for key in ("in_spec", "out_spec"):
                 if sig.get(key) is not None:
-                    check_treespec(sig[key], f"{where} module_call_graph {key}")
+                    check_treespec(sig[key], f"{where} module_call_graph {key}", limits)
 
     inputs = user_inputs(gm, rc)
     out_specs = require(require(gm, "signature", dict, "graph_module"), "output_specs", list, "signature")
@@ -128,14 +129,15 @@ def _inspect(zf: zipfile.ZipFile, cap: int) -> dict[str, Any]:
 
     wcfg_name = weights_dir + "model_weights_config.json"
     if wcfg_name in names:
-        wcfg = payload_config(zf, by_name[wcfg_name], cap)
+        wcfg = check_payload_config(read_json(zf, by_name[wcfg_name], limits), wcfg_name[len(p):], limits)
         files: set[str] = set()
         for fqn, meta in wcfg.items():
             entry = weights_dir + meta["path_name"]
             if entry not in names:
-                raise Unprocessable(f"weight {str(fqn)[:100]!r} points at {entry}, which is not in the archive")
+                raise Unprocessable(f"weight {fqn!r} points at {entry}, which is not in the archive")
             (to_scan.append(entry) if meta.get("use_pickle") else raw.add(entry))
             files.add(entry)
+            _check_storage(f"weight {fqn!r}", meta, by_name[entry])
         params = {"count": len(wcfg), "bytes": sum(by_name[e].file_size for e in files)}
     elif weights_dir + "model.pt" not in names:
         raise Unprocessable(NOT_EXPORT + " (no data/weights/model_weights_config.json)")
@@ -149,19 +151,21 @@ def _inspect(zf: zipfile.ZipFile, cap: int) -> dict[str, Any]:
             )
     ccfg_name = consts_dir + "model_constants_config.json"
     if ccfg_name in names:
-        for fqn, meta in payload_config(zf, by_name[ccfg_name], cap).items():
+        ccfg = check_payload_config(read_json(zf, by_name[ccfg_name], limits), ccfg_name[len(p):], limits)
+        for fqn, meta in ccfg.items():
             path_name = meta["path_name"]
             if path_name.startswith(("custom_obj_", "opaque_obj_")):
                 raise UnsafeArchive(
-                    f"constant {str(fqn)[:100]!r} is a custom object ({path_name}); the service cannot load it safely",
+                    f"constant {fqn!r} is a custom object ({path_name}); the service cannot load it safely",
                     entry=path_name,
                 )
             if not path_name.startswith("tensor_"):
-                raise Unprocessable(f"constant {str(fqn)[:100]!r} has unsupported payload {path_name!r}")
+                raise Unprocessable(f"constant {fqn!r} has unsupported payload {path_name!r}")
             entry = consts_dir + path_name
             if entry not in names:
-                raise Unprocessable(f"constant {str(fqn)[:100]!r} points at {entry}, which is not in the archive")
+                raise Unprocessable(f"constant {fqn!r} points at {entry}, which is not in the archive")
             (to_scan.append(entry) if meta.get("use_pickle") else raw.add(entry))
+            _check_storage(f"constant {fqn!r}", meta, by_name[entry])
     elif consts_dir + "model.pt" not in names:
         raise Unprocessable(NOT_EXPORT + " (no data/constants/model_constants_config.json)")
 
@@ -189,3 +193,19 @@ def _inspect(zf: zipfile.ZipFile, cap: int) -> dict[str, Any]:
         "params": params,
         "pickles": scanned,
     }
+
+
+def _check_storage(what: str, meta: dict[str, Any], info: zipfile.ZipInfo) -> None:
+    """A raw tensor's file holds its whole storage: its view (sizes, strides, offset, dtype) must fit in the
+    bytes the file really has. torch allocates the declared size for an empty file (torch.zeros), so an empty
+    file is right only for an empty tensor."""
+    if meta.get("use_pickle"):
+        return  # torch.load checks each storage against its record
+    itemsize, numel, needed = storage_bytes(what, meta.get("tensor_meta"))
+    have = info.file_size
+    if have == 0 and numel == 0:
+        return
+    if have == 0 or have % itemsize or needed > have:
+        raise Unprocessable(
+            f"{what} declares a tensor that needs {needed} bytes of storage, but its file "
+            f"{info.filename.split('/', 1)[1]} holds {have} bytes", entry=info.filename)

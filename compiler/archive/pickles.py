@@ -68,7 +68,7 @@ _PUT_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 _EXT_OPS = frozenset({"EXT1", "EXT2", "EXT4"})  # copyreg's extension registry: globals by number
 _NO_STACK_EFFECT = frozenset({"PROTO", "FRAME"})  # framing: may fall between the two operands of STACK_GLOBAL
 _UNKNOWN = object()  # a stack value the scanner does not track
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 
 class PickleError(Exception):

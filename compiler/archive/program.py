@@ -1,8 +1,10 @@
-"""The serialized program (models/model.json): node targets, every expression string, and the user inputs.
+"""The serialized program (models/model.json): node targets, every string, every int, the user inputs and weights.
 
 torch/_export/serde/schema.py describes the layout. The walk checks what torch would resolve or evaluate (node
-targets by getattr chains, `expr_str` by sympify) and reads what the API answers with: each user input's name,
-dtype and shape, a dim being an int or a symbol or expression with its range.
+targets by getattr chains, against ops.txt; `expr_str` by sympify), every other string against the grammar of
+where it sits (compiler.archive.strings: codegen pastes names and string arguments into C++ and Python source),
+and every int against int64. It reads what the API answers with: each user input's name, dtype and shape, a dim
+being an int or a symbol or expression with its range; and each weight's view, checked against its file.
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ from typing import Any
 
 from compiler.archive.container import require
 from compiler.archive.exprs import Bounds, check_sym_expr, expr_bounds, parse_expr, sym_to_text
-from compiler.errors import Unprocessable
+from compiler.archive.limits import DEFAULT_LIMITS, Limits
+from compiler.archive.ops import is_operator_target
+from compiler.archive.strings import check, shown
+from compiler.errors import Unprocessable, UnsafeArchive
+from compiler.shapes import DTYPE_BYTES
 
 UNBOUNDED = 2**62  # torch writes int_oo as null; older writers used sys.maxsize-like sentinels
 
@@ -43,43 +49,152 @@ SCALAR_TYPES: dict[int, str] = {
 }
 
 
-_TARGET = re.compile(r"^(torch|_operator|math)(\.[A-Za-z_][A-Za-z0-9_]*)+$|^#[A-Za-z0-9_.]+:[A-Za-z0-9_.]+$")
-# ATen spells some operators as dunders (aten.__and__.Tensor, from `mask & mask` in every HF attention mask).
-# Only these are allowed, and only as the operator name of torch.ops.<namespace>.<op>.<overload>: a dunder
-# that every Python object has (__class__, __init__...) would resolve to something other than an operator.
-_OP_DUNDERS = {f"__{n}__" for n in ("and", "or", "xor", "lshift", "rshift",
-                                     "iand", "ior", "ixor", "ilshift", "irshift")}
+INT64 = (-(2**63), 2**63 - 1)
+
+# Where a string sits decides its grammar (compiler.archive.strings). Strings under these keys have grammars of
+# their own (compiler.archive.exprs), checked where they are read; node metadata is free text, dropped by the
+# worker after loading (compiler.loading) and never pasted by it.
+_OWN_GRAMMAR = frozenset({"expr_str", "guards_code", "in_spec", "out_spec"})
+_TEXT_KEYS = frozenset({"as_string", "as_strings"})
+_IDENT_KEYS = frozenset({"name", "as_name", "as_names", "forward_arg_names", "user_input_name", "arg_name"})
+_FQN_KEYS = frozenset({"parameter_name", "buffer_name", "tensor_constant_name", "custom_obj_name", "fqn"})
+_IDENT_MAPS = frozenset({"tensor_values", "sym_int_values", "sym_bool_values", "sym_float_values",
+                         "custom_obj_values"})
+
+_Path = tuple[object, ...]  # (parent path, key): rendered only for an error message
 
 
-def _is_operator_target(target: str) -> bool:
-    if not _TARGET.match(target):
-        return False
-    if "__" not in target:
-        return True
-    parts = target.split(".")
-    return (len(parts) in (4, 5) and parts[:2] == ["torch", "ops"] and parts[3] in _OP_DUNDERS
-            and not any("__" in p for i, p in enumerate(parts) if i != 3))
+def _render(path: _Path | None) -> str:
+    keys: list[str] = []
+    while path is not None:
+        parent, key = path
+        keys.append(f"[{key}]" if isinstance(key, int) else f".{shown(key, 40).strip(chr(39))}")
+        path = parent  # type: ignore[assignment]
+    return "".join(reversed(keys)).lstrip(".")
 
 
-def walk_program(doc: Any, where: str) -> None:
-    """Check every `expr_str` anywhere in the program (sizes, strides, sym values, node arguments), and that node
-    targets are dotted names under torch/_operator/math without dunders. torch resolves targets by getattr
-    chains and its verifier then rejects non-operators; this just keeps odd names from getting that far."""
-    stack: list[Any] = [doc]
+def _node_target(target: object, where: str, node: str) -> None:
+    if not isinstance(target, str) or not is_operator_target(target):
+        raise UnsafeArchive(
+            f"{where}: node {node} calls {shown(target, 120)}, which is not a torch operator this service "
+            "compiles (compiler/archive/ops.txt lists them)", node=node)
+
+
+def walk_program(doc: Any, where: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Check the whole serialized program: every node target against the operator list, every `expr_str` against
+    the symbolic-expression grammar, every other string (values and keys) against the grammar of where it sits,
+    and every integer against int64. Refusals name the node and the argument, or the path to the value."""
+    stack: list[tuple[Any, Any, _Path | None, object, object]] = [(doc, "", None, None, None)]
+    passed: set[tuple[str, str]] = set()  # (grammar, string) already checked: programs repeat names and keys
     while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            target = node.get("target")
-            if isinstance(target, str) and "inputs" in node and "outputs" in node:
-                if not _is_operator_target(target):
-                    raise Unprocessable(f"{where}: graph node calls {target[:200]!r}, which is not a torch operator")
-            for k, v in node.items():
+        value, key, path, node, arg = stack.pop()
+        if isinstance(value, dict):
+            if "target" in value and "inputs" in value and "outputs" in value:  # a graph node
+                node, arg = value.get("name"), None
+                _node_target(value["target"], where, shown(node))
+                check(node, "ident", lambda: f"{where}: node {shown(node)} name", limits, node=shown(node))
+            elif "name" in value and "arg" in value and node is not None:  # a node's named argument
+                arg = value.get("name")
+            for k, v in value.items():
+                here = (path, k)
+                # keys of value maps are names; range_constraints keys are symbols or expressions ('2*s77')
+                kind = "ident" if key in _IDENT_MAPS else "text" if key == "range_constraints" else "token"
+                if (kind, k) not in passed:
+                    check(k, kind, lambda: f"{where}: {_render(here)} key", limits)
+                    passed.add((kind, k))
                 if k == "expr_str":
                     check_sym_expr(v, where)
-                else:
-                    stack.append(v)
-        elif isinstance(node, list):
-            stack.extend(node)
+                elif k == "metadata" and node is not None and "target" in value:
+                    continue
+                elif k not in _OWN_GRAMMAR:
+                    stack.append((v, k, here, node, arg))
+        elif isinstance(value, list):
+            stack.extend((v, key, (path, i), node, arg) for i, v in enumerate(value))
+        elif isinstance(value, str):
+            if key == "target" and node is not None:
+                continue  # checked against the operator list above
+            grammar = ("text" if key in _TEXT_KEYS else "ident" if key in _IDENT_KEYS
+                       else "fqn" if key in _FQN_KEYS and value != "" else "token")
+            if (grammar, value) in passed:
+                continue
+            try:
+                check(value, grammar, _Where(where, path, node, arg), limits)
+                passed.add((grammar, value))
+            except UnsafeArchive as e:
+                if node is not None:
+                    e.detail.update(node=shown(node), argument=shown(arg) if arg is not None else "")
+                raise
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if not INT64[0] <= value <= INT64[1]:
+                raise Unprocessable(f"{where}: {_render(path)} is {value}, which does not fit in int64")
+
+
+class _Where:
+    """Words where a string sits, only when a refusal needs them."""
+
+    def __init__(self, where: str, path: _Path | None, node: object, arg: object) -> None:
+        self.where, self.path, self.node, self.arg = where, path, node, arg
+
+    def __call__(self) -> str:
+        if self.node is None:
+            return f"{self.where}: {_render(self.path)}"
+        return (f"{self.where}: node {shown(self.node)}"
+                + (f" argument {shown(self.arg)}" if self.arg is not None else "") + " string")
+
+
+ITEMSIZE = DTYPE_BYTES
+_PATH_NAME = re.compile(r"^[A-Za-z0-9_.-]+\Z")
+
+
+def check_payload_config(doc: Any, where: str, limits: Limits = DEFAULT_LIMITS) -> dict[str, dict[str, Any]]:
+    """A weights or constants config ({"config": {fqn: payload}}): every name in the FQN grammar (AOTInductor
+    writes constant names into its C++ wrapper), plain file names, and the generic string and int checks."""
+    config = require(doc, "config", dict, where)
+    walk_program(doc, where, limits)
+    for fqn, meta in config.items():
+        check(fqn, "fqn", f"{where}: name", limits)
+        if not isinstance(meta, dict):
+            raise Unprocessable(f"{where}: entry {fqn!r} is not an object")
+        path_name = meta.get("path_name")
+        if not isinstance(path_name, str) or not _PATH_NAME.match(path_name) or path_name in (".", ".."):
+            raise Unprocessable(f"{where}: payload path {shown(path_name)} is not a plain file name")
+        for flag in ("use_pickle", "is_param"):
+            if not isinstance(meta.get(flag, False), bool):
+                raise Unprocessable(f"{where}: {flag} of {fqn!r} is not a boolean")
+    return config
+
+
+def _static_ints(values: Any, what: str) -> list[int]:
+    if not isinstance(values, list):
+        raise Unprocessable(f"{what} is not a list")
+    out = []
+    for v in values:
+        n = v.get("as_int") if isinstance(v, dict) and set(v) == {"as_int"} else None
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise Unprocessable(f"{what}: {shown(str(v))} is not a non-negative int")
+        out.append(n)
+    return out
+
+
+def storage_bytes(what: str, meta: Any) -> tuple[int, int, int]:
+    """(itemsize, numel, bytes of storage the view needs) for a serialized tensor meta of static sizes."""
+    if not isinstance(meta, dict):
+        raise Unprocessable(f"{what} has no tensor metadata")
+    dtype = SCALAR_TYPES.get(meta.get("dtype"))  # type: ignore[arg-type]
+    if dtype is None:
+        raise Unprocessable(f"{what} has dtype {shown(str(meta.get('dtype')))}, which this service does not know")
+    sizes = _static_ints(meta.get("sizes"), f"{what} sizes")
+    strides = _static_ints(meta.get("strides"), f"{what} strides")
+    (offset,) = _static_ints([meta.get("storage_offset")], f"{what} storage_offset")
+    if len(sizes) != len(strides):
+        raise Unprocessable(f"{what} has {len(sizes)} sizes and {len(strides)} strides")
+    numel = 1
+    for n in sizes:
+        numel *= n
+    itemsize = ITEMSIZE[dtype]
+    if numel == 0:
+        return itemsize, 0, 0
+    return itemsize, numel, (offset + sum((n - 1) * st for n, st in zip(sizes, strides)) + 1) * itemsize
 
 
 def _range(rc: dict[str, Any], key: str) -> Bounds | None:

@@ -5,11 +5,14 @@ Three caches matter (torch 2.11 and 2.13 alike):
                       compiles neither read nor write it, locally or remotely.
   autotune cache      the best Triton config per kernel source, local (beside the kernel) and, with
                       autotune_remote_cache, in Redis (TORCHINDUCTOR_REDIS_URL). JSON, keyed by torch, Triton
-                      and the GPU, so sharing it is safe. It has no CPU counterpart.
+                      and the GPU. It has no CPU counterpart. aotc's sandboxed compile children have no route
+                      to Redis, so its remote form is off (worker/isolation.py).
   max-autotune timings  AlgorithmSelectorCache (a PersistentCache) keeps every benchmarked matmul/conv choice's
                       time in one local JSON file per system, {"cache": {op: {inputs: {precision: {choice:
-                      ms}}}}}; Inductor has no remote form of it. gemm_timings_file() and the two functions
-                      after it read and merge that file so the worker can share it (worker/tuning.py).
+                      ms}}}}}; Inductor has no remote form of it. gemm_timings_location() and the
+                      functions after it locate, read and merge that file so the worker can share it
+                      (worker/tuning.py): it seeds the file in a compile child's cache dir before the compile
+                      and reads it after.
 """
 
 from __future__ import annotations
@@ -37,27 +40,37 @@ def inductor_cache_settings() -> dict[str, Any]:
     }
 
 
-def gemm_timings_file() -> tuple[str, str] | None:
-    """(path of the local max-autotune timings file, hash of the system it is valid for), or None where this
-    torch lays the cache out differently. The hash covers the GPU (name, CUDA/HIP versions) and torch's
-    version; on a machine without CUDA it is the hash of nothing, so callers add their own target to keys."""
+def gemm_timings_location(cache_dir: str) -> tuple[str, str] | None:
+    """(path of the timings file, system hash) for an Inductor whose TORCHINDUCTOR_CACHE_DIR is `cache_dir` on
+    this machine: the layout of CacheBase.get_local_cache_path, computed without changing this process's cache
+    dir (the worker seeds and reads a child's file from outside). None where this torch lacks that layout."""
     try:
         from torch._inductor.codecache import CacheBase
 
-        return str(CacheBase.get_local_cache_path()), str(CacheBase.get_system()["hash"])
+        system = str(CacheBase.get_system()["hash"])
     except Exception:
         return None
+    return os.path.join(cache_dir, "cache", system), system
 
 
 def read_gemm_timings(path: str) -> dict[tuple[str, str, str, str], float]:
     """Every (op, inputs, precision, choice) -> time in the local timings file; {} if there is none or its
     layout is not the one above (then nothing is shared, and Inductor benchmarks as usual)."""
     try:
-        with open(path) as f:
-            cache = json.load(f).get("cache", {})
-    except (OSError, ValueError, AttributeError):
+        with open(path, "rb") as f:
+            return parse_gemm_timings(f.read())
+    except OSError:
         return {}
-    out: dict[tuple[str, str, str, str], float] = {}
+
+
+def parse_gemm_timings(data: bytes, *, numbers_only: bool = True) -> dict[tuple[str, str, str, str], Any]:
+    """read_gemm_timings on a file's bytes (the worker reads a child's file itself, without following links).
+    `numbers_only=False` keeps every leaf as it is, for a caller that judges (and counts) what is not a time."""
+    try:
+        cache = json.loads(data).get("cache", {})
+    except (ValueError, AttributeError, RecursionError):
+        return {}
+    out: dict[tuple[str, str, str, str], Any] = {}
     if not isinstance(cache, dict):
         return out
     for op, by_inputs in cache.items():
@@ -66,6 +79,8 @@ def read_gemm_timings(path: str) -> dict[tuple[str, str, str, str], float]:
                 for choice, ms in (by_choice.items() if isinstance(by_choice, dict) else ()):
                     if isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms):
                         out[(op, inputs, precision, choice)] = float(ms)
+                    elif not numbers_only:
+                        out[(op, inputs, precision, choice)] = ms
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import threading
@@ -18,8 +19,12 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from compiler.errors import AotcError
-from service.api.routes import artifacts, compilations, health, jobs, models, workers
+from service.api import errors
+from service.api.cache import Reads
+from service.api.routes import artifacts, compilations, health, jobs, metrics, models, workers
+from service.api.routes.metrics import CountRequests, Scraper
 from service.api.settings import Settings, get_settings
+from service.api.storage import on_start, storage_options
 from service.store import Store
 from service.store.reaper import reap_all
 
@@ -32,9 +37,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not settings.redis_url:
             raise RuntimeError(
                 "AOTC_REDIS_URL is not set: run `aotc-server`, which starts an embedded Redis, or set it")
-        app.state.store = store = Store(settings.redis_url, chunk_bytes=settings.chunk_mb * 2**20)
-        app.state.aredis = aioredis.Redis.from_url(settings.redis_url, decode_responses=True,
-                                                   socket_connect_timeout=2.0, socket_timeout=10.0)
+        app.state.store = store = Store(settings.redis_url, storage=storage_options(settings))
+        await run_in_threadpool(on_start, store)  # noeviction or refuse; announce the blob store
+        # A bounded pool that makes a request wait for a free connection: the default pool refuses past 100
+        # connections, which 128 concurrent lookups on one process reach (503s). Redis is one thread: more
+        # connections add no throughput.
+        app.state.aredis = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=64, timeout=5, decode_responses=True, socket_connect_timeout=2.0,
+            socket_timeout=10.0))
+        app.state.reads = Reads(app.state.aredis)  # the hot read paths: lookup, meta, model get
+        app.state.scraper = Scraper(store)  # /metrics
+        await run_in_threadpool(_backfill_model_ids, store)
+        gc.freeze()  # what start-up made lives as long as the process: full collections need not walk it
         _watch_shutdown(app.state.draining)
         reaper = asyncio.create_task(_reap_forever(store, settings)) if settings.reaper else None
         yield
@@ -74,8 +88,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"error": {"code": "redis_unavailable", "message": msg}}, status_code=503,
                             headers={"Retry-After": "2"})
 
-    for module in (health, models, compilations, jobs, artifacts, workers):
+    errors.install(app)  # Redis out of memory: a JSON 507 from every route
+    # Routes match in this order: artifacts first, since deploy-time lookups, metas and pulls are most of the
+    # traffic (each route tried before the right one costs a match); their paths overlap no other router's.
+    for module in (artifacts, health, metrics, models, compilations, jobs, workers):
         app.include_router(module.router)
+    app.add_middleware(CountRequests)  # cache hits and misses, bytes served: /metrics
     return app
 
 
@@ -103,6 +121,15 @@ def _watch_shutdown(draining: threading.Event) -> None:
                 signal.raise_signal(signum)
 
         signal.signal(sig, handler)
+
+
+def _backfill_model_ids(store: Store) -> None:
+    """Models stored before the short-id index existed get indexed once (a no-op after that)."""
+    try:
+        if n := store.models.backfill_ids():
+            log.info("indexed the short ids of %d models stored before the index existed", n)
+    except redis.RedisError as e:  # Redis down at start: the next start does it (lookups by full id work)
+        log.warning("could not index model ids: %s", e)
 
 
 async def _reap_forever(store: Store, settings: Settings) -> None:

@@ -1,11 +1,21 @@
-"""Deploy-time lookup: the stored artifact that serves (model, shapes, target), without knowing its key."""
+"""Deploy-time lookup: the stored artifact that serves (model, shapes, target), without knowing its key.
+
+`rank` is the rule; `find_artifact` applies it to what the store holds (POST /v1/compilations), and
+`lookup_answer` is GET /v1/artifacts/lookup's hot path: one async round trip reads the model and its artifacts, and
+the answer is rendered once per (query, artifact records) and kept in memory (service/api/cache.py says why that
+can never serve an artifact that is gone).
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from compiler import shapes as specs
+from compiler.errors import NotFound
 from compiler.targets import Target
+from service.api.cache import Reads
+from service.api.deps import find_model
 from service.store import Store
 
 
@@ -14,17 +24,17 @@ def _width(spec: list[dict[str, Any]]) -> int:
     return sum(d["max"] - d["min"] for inp in spec for d in inp["shape"] if isinstance(d, dict))
 
 
-def find_artifact(
-    store: Store, model_id: str, target: Target, spec: list[dict[str, Any]], options: dict[str, Any] | None = None,
-    *, mode: str | None = None,
+def rank(
+    artifacts: list[dict[str, Any]], target: Target, spec: list[dict[str, Any]],
+    options: dict[str, Any] | None = None, *, mode: str | None = None,
 ) -> dict[str, Any] | None:
-    """The best artifact of `model_id` for `target` whose spec covers `spec`: static before dynamic, then the
+    """The best of a model's `artifacts` for `target` whose spec covers `spec`: static before dynamic, then the
     narrowest range, then the fastest where the checks timed them all on one kind of device, else the newest.
     `options`, when given, must match exactly; without them, report-only records (mode=training, no package) are
     never picked. `mode`, when given, must be the artifact's compile mode."""
     fits = [
         a
-        for a in store.artifacts.for_model(model_id)
+        for a in artifacts
         if target.matches(a["factors"]["target"])
         and specs.covers(a["factors"]["spec"], [i["shape"] for i in spec])
         and (a["factors"]["options"] == options if options is not None else a.get("package", True))
@@ -43,6 +53,14 @@ def find_artifact(
     return max(best, key=lambda a: a["created"])
 
 
+def find_artifact(
+    store: Store, model_id: str, target: Target, spec: list[dict[str, Any]], options: dict[str, Any] | None = None,
+    *, mode: str | None = None,
+) -> dict[str, Any] | None:
+    """`rank` over every artifact stored for `model_id`."""
+    return rank(store.artifacts.for_model(model_id), target, spec, options, mode=mode)
+
+
 def _measured(a: dict[str, Any]) -> tuple[str, float] | None:
     """(device name, the check's median latency in ms at the spec's smallest point), if the check timed it."""
     ms = (a.get("check") or {}).get("compiled_ms")
@@ -50,3 +68,26 @@ def _measured(a: dict[str, Any]) -> tuple[str, float] | None:
     if not isinstance(ms, (int, float)) or ms <= 0 or not device:
         return None
     return str(device), float(ms)
+
+
+async def lookup_answer(reads: Reads, model_id: str, target: str, shape: list[str], mode: str | None) -> bytes:
+    """GET /v1/artifacts/lookup's JSON body: the artifact record `rank` picks; NotFound when none fits.
+
+    One round trip reads the model and its artifact records as they are now. The rendered answer is kept per
+    (model, target, shapes, mode) together with the artifact records it was ranked from, and served again only
+    while Redis returns exactly those records: a published, deleted or rewritten artifact ranks afresh."""
+    found = await find_model(reads, model_id, with_artifacts=True, trust_id=True)
+    query = (found.model_id, target, tuple(shape), mode)
+    fingerprint = found.fingerprint
+    body = reads.answers.get(query, fingerprint)
+    if body is not None:
+        return body
+    spec = specs.canonical_spec(found.model["inputs"], specs.parse_shape_args(shape))
+    wanted = Target.parse(target)
+    records = {key: json.loads(raw) for key, raw in found.artifacts}
+    art = rank(list(records.values()), wanted, spec, mode=mode)
+    if art is None:
+        raise NotFound(f"no artifact of model {found.model_id[:12]} for {specs.format_spec(spec)} on "
+                       f"{str(wanted)!r}; request one with POST /v1/compilations")
+    key = next(k for k, r in records.items() if r is art)
+    return reads.answers.put(query, fingerprint, reads.meta(key, dict(found.artifacts)[key]))

@@ -8,6 +8,8 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from compiler.archive.limits import MB, Limits
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AOTC_", extra="ignore")
@@ -17,9 +19,26 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(default=Path(".aotc"), description="Embedded Redis data and scratch space.")
     max_upload_mb: int = Field(default=4096, gt=0, description="Largest accepted .pt2 upload.")
-    max_json_mb: int = Field(default=256, gt=0, description="Largest models/model.json inside an upload.")
-    chunk_mb: int = Field(default=64, gt=0, le=512,
-                          description="Blob chunk size in Redis (one string holds <= 512 MB).")
+    # Bounds on the work one upload may cost the API (compiler.archive.limits; each refusal names its setting).
+    max_zip_entries: int = Field(default=20_000, gt=0, description="Most entries in an uploaded zip.")
+    max_unpacked_mb: int = Field(default=8192, gt=0,
+                                 description="Largest total uncompressed size of an upload's entries.")
+    max_entry_mb: int = Field(default=4096, gt=0, description="Largest uncompressed size of one entry of an upload.")
+    max_compression_ratio: int = Field(default=100, gt=0,
+                                       description="Largest uncompressed/compressed ratio of an entry over 1 MiB.")
+    max_json_mb: int = Field(default=32, gt=0,
+                             description="Largest models/model.json (or weights/constants config) inside an upload.")
+    max_json_depth: int = Field(default=64, gt=0, description="Deepest nesting of arrays and objects in that JSON.")
+    max_json_values: int = Field(default=2_000_000, gt=0, description="Most values (numbers, strings, arrays, "
+                                 "objects) in one JSON file of an upload.")
+    max_graph_string_chars: int = Field(default=256, gt=0, description="Longest string argument or name in an "
+                                        "uploaded program's graph (codegen pastes them into source).")
+    max_model_name_chars: int = Field(default=200, gt=0, description="Longest model name (?name= or the "
+                                      "x-aotc-filename header).")
+    max_input_mb: int = Field(default=4096, gt=0, description="Largest size of one input at the largest shape a "
+                              "compile request allows (elements x dtype size).")
+    chunk_mb: int = Field(default=4, gt=0, le=512,
+                          description="Chunk size of blobs in Redis (AOTC_BLOB_STORE=redis).")
     worker_ttl_s: float = Field(default=15.0, gt=0, description="A worker without a heartbeat this long is gone.")
     job_max_attempts: int = Field(default=3, ge=1, description="Claims before a job fails for good.")
     job_ttl_days: float = Field(default=30.0, gt=0, description="How long finished job records are kept.")
@@ -28,6 +47,25 @@ class Settings(BaseSettings):
         "the same AOTC_LEASE_S the workers use.")
     reap_interval_s: float = Field(default=5.0, gt=0, description="How often the API looks for expired leases.")
     reaper: bool = Field(default=True, description="Run a reaper in this API process (any number may run).")
+    blob_store: str = Field(
+        default="", description="Where models and packages are stored: redis, file:///DIR or s3://bucket/prefix. "
+        "Empty: file://AOTC_DATA_DIR/blobs.")
+    store_max_gb: float = Field(
+        default=20.0, gt=0, description="Bytes artifacts (packages and sources) may hold in the blob store; beyond it "
+        "the least recently pulled ones that are not pinned are evicted.")
+    s3_endpoint_url: str = Field(default="", description="S3 endpoint (SeaweedFS, Garage, MinIO); empty: AWS.")
+    s3_public_url: str = Field(
+        default="", description="S3 endpoint in the presigned URLs clients are sent to; empty: AOTC_S3_ENDPOINT_URL.")
+    s3_region: str = Field(default="", description="S3 region; empty: AWS_REGION, else us-east-1.")
+    s3_presign_s: int = Field(default=900, gt=0, description="How long a presigned download URL works.")
+
+    def archive_limits(self) -> Limits:
+        """The upload bounds as compiler.archive takes them."""
+        return Limits(
+            max_entries=self.max_zip_entries, max_unpacked_bytes=self.max_unpacked_mb * MB,
+            max_entry_bytes=self.max_entry_mb * MB, max_compression_ratio=self.max_compression_ratio,
+            max_json_bytes=self.max_json_mb * MB, max_json_depth=self.max_json_depth,
+            max_json_values=self.max_json_values, max_graph_string_chars=self.max_graph_string_chars)
 
     @field_validator("redis_url")
     @classmethod

@@ -1,17 +1,18 @@
 """The Redis store, shared by the API and the workers. `Store` composes one aggregate per concept:
 
     store.models      models.py      model records
-    store.blobs       blobs.py       chunked files: models, packages, sources
+    store.blobs       blobs.py       the bytes of models, packages and sources, in a blob store (blobstore/)
     store.jobs        jobs.py        job records, events and state transitions (the Lua in scripts.py)
     store.queues      queues.py      the queue streams per target and priority, and reading them
     store.leases      leases.py      queue entries a worker holds: renew, drop, take back expired ones
-    store.artifacts   artifacts.py   published artifacts and their reports
+    store.artifacts   artifacts.py   published artifacts and their reports; the bounded cache that evicts them
     store.workers     registry.py    live workers and their heartbeats
     store.caches      caches.py      the compile caches workers share, and the compile count
 
-The reaper (reaper.py) settles the jobs of lost workers; keys.py names every key; embedded.py starts a local
-redis-server. Synchronous on purpose: the API runs these calls in its thread pool and the worker calls them
-directly, so there is one implementation of every state transition.
+The reaper (reaper.py) settles the jobs of lost workers; keys.py names every key; memory.py checks Redis's eviction
+policy and tells an out-of-memory Redis apart; embedded.py starts a local redis-server. Synchronous on purpose:
+the API runs these calls in its thread pool and the worker calls them directly, so there is one implementation of
+every state transition.
 """
 
 from __future__ import annotations
@@ -21,20 +22,26 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from service.store.artifacts import Artifacts
-from service.store.blobs import Blobs
+from service.store.blobs import BlobStore
+from service.store.blobstore import Announced, StorageOptions, check_same_volume, open_blob_store
+from service.store.blobstore import announce as announce_store
 from service.store.caches import Caches
 from service.store.jobs import TERMINAL, Jobs
 from service.store.leases import Lease, Leases
+from service.store.memory import check_eviction_policy
 from service.store.models import Models
 from service.store.queues import Queues
 from service.store.registry import Registry
 
-__all__ = ["TERMINAL", "Lease", "Store"]
+__all__ = ["TERMINAL", "Lease", "StorageOptions", "Store"]
 
 
 class Store:
-    def __init__(self, url: str, *, chunk_bytes: int = 64 * 2**20) -> None:
+    def __init__(self, url: str, *, storage: StorageOptions | None = None) -> None:
+        """`storage`: where blobs go and the artifact cache's bound; by default the store the API announced (else
+        Redis), unbounded."""
         self.url = url
+        storage = storage or StorageOptions()
         # A few quick retries ride over a blip; a Redis that stays down fails a call within about a second, so
         # the API answers 503 promptly and the worker's own backoff takes over. Reads block at most a few seconds
         # (queue polls, SSE), well under the socket timeout.
@@ -44,18 +51,31 @@ class Store:
         # those of `raw` bytes, and the aggregates' casts say so.
         self.r = redis.Redis.from_url(url, decode_responses=True, **conn)
         self.raw = redis.Redis.from_url(url, decode_responses=False, **conn)
-        self.blobs = Blobs(self.r, self.raw, chunk_bytes)
+        self.blobs: BlobStore = (open_blob_store(storage.blob_store, self.r, self.raw, storage) if storage.blob_store
+                                 else Announced(self.r, self.raw, storage))
         self.models = Models(self.r)
         self.queues = Queues(self.r)
         self.leases = Leases(self.r)
         self.jobs = Jobs(self.r, self.queues)
-        self.artifacts = Artifacts(self.r, self.blobs)
+        self.artifacts = Artifacts(self.r, self.blobs, storage.max_artifact_bytes)
         self.workers = Registry(self.r)
         self.caches = Caches(self.r)
 
     def ping(self) -> bool:
         return bool(self.r.ping())
 
+    def check_redis(self, *, announce: bool = False) -> list[str]:
+        """At start: raise RedisPolicyError unless Redis runs with `maxmemory-policy noeviction`. With `announce`
+        (the API), say in Redis which blob store this is; else (a worker) warn about a file blob store on another
+        volume than the API's. Returns warnings (CONFIG disabled; that volume)."""
+        warnings = [check_eviction_policy(self.r)]
+        if announce:
+            announce_store(self.r, self.blobs)
+        else:
+            warnings.append(check_same_volume(self.blobs, self.r))
+        return [w for w in warnings if w]
+
     def close(self) -> None:
+        self.blobs.close()
         self.r.close()
         self.raw.close()

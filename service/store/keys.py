@@ -3,9 +3,12 @@
 All keys live under one prefix so a shared Redis can host aotc beside other tenants.
 
     models:index                  zset  model id -> upload time
+    models:ids                    zset  model ids, all at score 0: short ids resolve by lex range (ZRANGEBYLEX)
     model:{id}                    str   model record (JSON)
-    blob:{kind}:{id}              hash  blob manifest: size, sha256, chunk count
-    blob:{kind}:{id}:{n}          str   chunk n of a blob (each < 512 MB, Redis' string limit)
+    blob:{kind}:{id}              hash  blob manifest (the redis blob store): size, sha256, chunks, chunk_bytes, gen
+    blob:{kind}:{id}:{gen}:{n}    str   chunk n of one write of a blob; it expires until the manifest names it
+    blob:{kind}:{id}:{n}          str   chunk n of a blob written before chunks had a generation
+    config:blob-store             str   the blob store the API uses (JSON url, id), for workers not told one
     job:{id}                      hash  job record; JSON-valued fields
     jobs:index                    zset  job id -> creation time
     job:{id}:events               stream of state/stage changes (for SSE and the CLI)
@@ -15,12 +18,25 @@ All keys live under one prefix so a shared Redis can host aotc beside other tena
     deadletter                    list  ids of jobs that failed for good
     artifact:{key}                str   artifact record (JSON): factors, sizes, timings, check
     report:{key}                  str   the artifact's stage report (JSON, compiler.report schema)
-    blob:sources:{key}            blob  zip of the artifact's stage graphs and generated code
+    (blob store) {blob id}        blob  the package (kind `artifact`) and a zip of the graphs and generated code
+                                        (`sources`); the record's `blob`: {key}.{generation}, or the key
     artifacts:index               zset  artifact key -> creation time
     artifacts:by-model:{model}    set   artifact keys built from one model (deploy-time lookup)
+    artifacts:pulled              zset  artifact key -> last pull (or publish) time: the eviction order
+    artifacts:bytes               hash  artifact key -> bytes it holds in the blob store (package + sources)
+    artifacts:total               int   the sum of artifacts:bytes, bounded by AOTC_STORE_MAX_GB
+    artifacts:pinned              set   artifact keys that are never evicted
+    blobs:garbage                 zset  blob id -> time after which its artifact/sources blobs are deleted
+                                        (evicted ones: at once; a publish in progress: if it never finished)
+    probe                         str   a short-lived write that tells an out-of-memory Redis apart
     worker:{id}                   str   worker record (JSON), expires unless heartbeats renew it
     workers:index                 zset  worker id -> last heartbeat
     stats:compiles                int   compiles actually run (proves cache hits in tests)
+    metrics:counters              hash  /metrics counters every API process adds to: cache hits and misses of
+                                        POST /v1/compilations, package bytes served
+    metrics:hist:{name}:{target}  hash  a /metrics histogram (compile or check seconds): bucket index -> count,
+                                        plus `sum` and `count`
+    metrics:observed              set   succeeded job ids already counted in those histograms (exactly once)
     tuning:gemm:{target}:{system} hash  max-autotune matmul/conv timings shared by workers (worker/tuning.py):
                                         field JSON [op, inputs, precision, choice] -> milliseconds
 
@@ -44,14 +60,23 @@ def model(model_id: str) -> str:
 
 
 MODELS_INDEX = f"{PREFIX}models:index"
+MODEL_IDS = f"{PREFIX}models:ids"
 
 
 def blob(kind: str, blob_id: str) -> str:
     return f"{PREFIX}blob:{kind}:{blob_id}"
 
 
-def blob_chunk(kind: str, blob_id: str, n: int) -> str:
-    return f"{PREFIX}blob:{kind}:{blob_id}:{n}"
+def blob_chunk(kind: str, blob_id: str, n: int, gen: str = "") -> str:
+    """Chunk `n` of one write (`gen`) of a blob; without `gen`, the layout from before writes had one."""
+    return f"{blob_chunk_prefix(kind, blob_id, gen)}{n}"
+
+
+def blob_chunk_prefix(kind: str, blob_id: str, gen: str = "") -> str:
+    return f"{PREFIX}blob:{kind}:{blob_id}:{gen + ':' if gen else ''}"
+
+
+BLOB_STORE = f"{PREFIX}config:blob-store"
 
 
 def job(job_id: str) -> str:
@@ -94,12 +119,26 @@ def artifacts_by_model(model_id: str) -> str:
     return f"{PREFIX}artifacts:by-model:{model_id}"
 
 
+ARTIFACTS_PULLED = f"{PREFIX}artifacts:pulled"
+ARTIFACTS_BYTES = f"{PREFIX}artifacts:bytes"
+ARTIFACTS_TOTAL = f"{PREFIX}artifacts:total"
+ARTIFACTS_PINNED = f"{PREFIX}artifacts:pinned"
+BLOBS_GARBAGE = f"{PREFIX}blobs:garbage"
+PROBE = f"{PREFIX}probe"
+
+
 def worker(worker_id: str) -> str:
     return f"{PREFIX}worker:{worker_id}"
 
 
 WORKERS_INDEX = f"{PREFIX}workers:index"
 COMPILES = f"{PREFIX}stats:compiles"
+METRICS_COUNTERS = f"{PREFIX}metrics:counters"
+METRICS_OBSERVED = f"{PREFIX}metrics:observed"
+
+
+def metrics_histogram(name: str, target: str) -> str:
+    return f"{PREFIX}metrics:hist:{name}:{target}"
 
 
 def gemm_tuning(target: str, system: str) -> str:

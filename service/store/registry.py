@@ -1,4 +1,8 @@
-"""The worker registry: each live worker's record, kept alive by its heartbeat and gone when heartbeats stop."""
+"""The worker registry: each live worker's record, kept alive by its heartbeat and gone when heartbeats stop.
+
+A live worker whose last heartbeat is older than half its record's lifetime (`late`) has missed a heartbeat or
+more: it is stuck, cut off or dying, and drops out of `live` unless one comes soon (/metrics counts it unhealthy).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ class Registry:
 
     def heartbeat(self, record: dict[str, Any], ttl_s: float) -> None:
         """Register or refresh a worker; its record expires `ttl_s` after the last heartbeat."""
-        record = {**record, "heartbeat": time.time()}
+        record = {**record, "heartbeat": time.time(), "ttl_s": ttl_s}
         pipe = self.r.pipeline()
         pipe.set(keys.worker(record["id"]), canonical_json(record), px=int(ttl_s * 1000))
         pipe.zadd(keys.WORKERS_INDEX, {record["id"]: record["heartbeat"]})
@@ -40,3 +44,9 @@ class Registry:
         if gone:
             self.r.zrem(keys.WORKERS_INDEX, *gone)
         return out
+
+
+def late(record: dict[str, Any], now: float | None = None) -> bool:
+    """The worker missed a heartbeat or more: its last one is older than half its record's lifetime."""
+    ttl = float(record.get("ttl_s") or 0)
+    return bool(ttl) and (now if now is not None else time.time()) - float(record.get("heartbeat") or 0) > ttl / 2

@@ -161,3 +161,167 @@ redis.call('HSET', KEYS[1], 'stage', ARGV[2])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', 500, '*', 'state', 'running', 'stage', ARGV[2], 'ts', ARGV[3])
 return 1
 """
+
+# -- reads and counters outside the state machine ----------------------------------------------------------------
+
+# KEYS: none: they depend on the id the script resolves (one Redis, as SUBMIT builds a job's key).
+# ARGV: model id or a prefix of it (hex), the `models:ids` key, and the key prefixes of a model record, of a
+#       model's artifact set and of an artifact record; the model id the caller already holds ('' if none), and
+#       '1' to return the model's artifacts too.
+# Resolves a short id by lex range (never a scan) and reads the model and its artifacts in one round trip.
+# Returns one string, its fields joined by NUL (JSON never holds a raw NUL; one bulk reply parses far faster in
+# redis-py than an array): 'none' | 'ambiguous' | 'ok', id, model record ('' when it is the caller's id and still
+# exists), then artifact key, its record, ... for the artifacts that still have a record.
+FIND_MODEL = """
+local id = ARGV[1]
+if #id ~= 64 then
+  local found = redis.call('ZRANGEBYLEX', ARGV[2], '[' .. id, '[' .. id .. '\\255', 'LIMIT', 0, 2)
+  if #found == 0 then return 'none' end
+  if #found > 1 then return 'ambiguous' end
+  id = found[1]
+end
+local model
+if id == ARGV[6] then
+  if redis.call('EXISTS', ARGV[3] .. id) == 0 then return 'none' end
+  model = ''
+else
+  model = redis.call('GET', ARGV[3] .. id)
+  if not model then return 'none' end
+end
+local out = {'ok', id, model}
+if ARGV[7] == '1' then
+  for _, k in ipairs(redis.call('SMEMBERS', ARGV[4] .. id)) do
+    local record = redis.call('GET', ARGV[5] .. k)
+    if record then
+      out[#out + 1] = k
+      out[#out + 1] = record
+    end
+  end
+end
+return table.concat(out, '\\0')
+"""
+
+# KEYS: the observed-jobs set, then one histogram hash per timing. ARGV: job id, then a bucket field and the
+# seconds for each histogram, in KEYS' order. Counts one job's timings in the /metrics histograms exactly once,
+# however many API processes see the job end.
+OBSERVE = """
+if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+for i = 2, #KEYS do
+  redis.call('HINCRBY', KEYS[i], ARGV[2 * i - 2], 1)
+  redis.call('HINCRBY', KEYS[i], 'count', 1)
+  redis.call('HINCRBYFLOAT', KEYS[i], 'sum', ARGV[2 * i - 1])
+end
+return 1
+"""
+
+# -- blobs and the bounded artifact cache --------------------------------------------------------------------------
+# Artifacts are a cache that aotc evicts itself (Redis runs with maxmemory-policy noeviction): least recently pulled
+# first, never a pinned one. An artifact's record, its index entries and its accounting change in one script, so a
+# lookup never returns what cannot be pulled; its bytes go after, through blobs:garbage.
+
+# KEYS: manifest. ARGV: prefix of the new chunks' keys, chunk count, size, sha256, chunk bytes, generation, prefix of
+# the chunks of a manifest without a generation.
+# Makes a redis-store blob visible: its chunks (written with an expiry, so a writer killed midway leaves nothing
+# behind for long) lose their expiry, then the manifest names them; the chunks of the write it replaces are deleted.
+# Returns 1, or an error when a chunk is missing (it expired before the write finished).
+BLOB_COMMIT = """
+local n = tonumber(ARGV[2])
+for i = 0, n - 1 do
+  if redis.call('EXISTS', ARGV[1] .. i) == 0 then return redis.error_reply('blob chunk ' .. i .. ' is missing') end
+end
+local old = redis.call('HMGET', KEYS[1], 'chunks', 'gen')
+for i = 0, n - 1 do redis.call('PERSIST', ARGV[1] .. i) end
+redis.call('HSET', KEYS[1], 'size', ARGV[3], 'chunks', ARGV[2], 'sha256', ARGV[4], 'chunk_bytes', ARGV[5],
+           'gen', ARGV[6])
+if old[1] and old[2] ~= ARGV[6] then
+  local prefix = ARGV[7]
+  if old[2] then prefix = ARGV[7] .. old[2] .. ':' end
+  for i = 0, tonumber(old[1]) - 1 do redis.call('DEL', prefix .. i) end
+end
+return 1
+"""
+
+# KEYS: manifest. ARGV: prefix of the chunks of a manifest without a generation.
+# Deletes a redis-store blob: the manifest and every chunk it names, in one step. Returns 1, or 0 if absent.
+BLOB_DELETE = """
+local m = redis.call('HMGET', KEYS[1], 'chunks', 'gen')
+if not m[1] then return 0 end
+redis.call('DEL', KEYS[1])
+local prefix = ARGV[1]
+if m[2] then prefix = ARGV[1] .. m[2] .. ':' end
+for i = 0, tonumber(m[1]) - 1 do redis.call('DEL', prefix .. i) end
+return 1
+"""
+
+# KEYS: record, index, by-model set, pulled, bytes, total, garbage.
+# ARGV: record JSON, created, key, bytes held in the blob store, blob id.
+# Publishes an artifact whose blobs are stored: the record, its index entries and its accounting at once. Returns 1,
+# or 0 when the key was already published (the caller's blobs are then surplus).
+PUBLISH = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+redis.call('SADD', KEYS[3], ARGV[3])
+redis.call('ZADD', KEYS[4], ARGV[2], ARGV[3])
+redis.call('HSET', KEYS[5], ARGV[3], ARGV[4])
+redis.call('INCRBY', KEYS[6], ARGV[4])
+redis.call('ZREM', KEYS[7], ARGV[5])
+return 1
+"""
+
+# KEYS: record, pulled, bytes, total. ARGV: key, created, bytes.
+# Counts an artifact published before the cache was bounded (no accounting yet). Returns 1 counted, 0 nothing to do.
+ADOPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
+redis.call('INCRBY', KEYS[4], ARGV[3])
+redis.call('ZADD', KEYS[2], 'NX', ARGV[2], ARGV[1])
+return 1
+"""
+
+# KEYS: pulled, bytes, total, pinned, index, garbage.
+# ARGV: the bound in bytes, bytes about to be added, a key never to evict ('' for none), the key prefix ('aotc:').
+# Evicts the least recently pulled artifacts that are not pinned until total + incoming fits the bound: each one's
+# record, report, index entries and accounting go at once, and its blob id goes to blobs:garbage (score 0: delete
+# now). The first write is a DEL, which Redis allows even when it is out of memory. Returns the evicted keys.
+EVICT = """
+local bound, incoming, spare, p = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local total = tonumber(redis.call('GET', KEYS[3]) or '0')
+local evicted, skipped = {}, 0
+while total + incoming > bound do
+  local batch = redis.call('ZRANGE', KEYS[1], skipped, skipped + 63)
+  if #batch == 0 then break end
+  for _, key in ipairs(batch) do
+    if total + incoming <= bound then break end
+    if key == spare or redis.call('SISMEMBER', KEYS[4], key) == 1 then
+      skipped = skipped + 1
+    else
+      local raw = redis.call('GET', p .. 'artifact:' .. key)
+      redis.call('DEL', p .. 'artifact:' .. key, p .. 'report:' .. key)
+      redis.call('ZREM', KEYS[5], key)
+      redis.call('ZREM', KEYS[1], key)
+      local blob = key
+      if raw then
+        local rec = cjson.decode(raw)
+        if type(rec.blob) == 'string' then blob = rec.blob end
+        if type(rec.factors) == 'table' and type(rec.factors.model) == 'string' then
+          redis.call('SREM', p .. 'artifacts:by-model:' .. rec.factors.model, key)
+        end
+      end
+      local bytes = tonumber(redis.call('HGET', KEYS[2], key) or '0')
+      redis.call('HDEL', KEYS[2], key)
+      total = redis.call('DECRBY', KEYS[3], bytes)
+      redis.call('ZADD', KEYS[6], 0, blob)
+      evicted[#evicted + 1] = key
+    end
+  end
+end
+return evicted
+"""
+
+# KEYS: record, pinned. ARGV: key. Pins an artifact that exists (1), else 0: a pin never outlives its record.
+PIN = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('SADD', KEYS[2], ARGV[1])
+return 1
+"""

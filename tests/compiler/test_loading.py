@@ -235,7 +235,7 @@ def test_zip_without_program_is_bad_model(tmp_path: Path) -> None:
 def test_unreadable_by_torch_is_bad_model(models: dict[str, Path], tmp_path: Path) -> None:
     """Passes the static checks but torch cannot build a program from it: BadModel, not a crash."""
     doc = read_json(models["mlp"], "models/model.json")
-    doc["graph_module"]["graph"]["nodes"][0]["target"] = "torch.ops.aten.no_such_op.default"
+    doc["graph_module"]["graph"]["nodes"][0]["target"] = "torch.ops.aten.add.Tensor"  # a real op, wrong arguments
     p = rewrite(models["mlp"], tmp_path / "bad.pt2", {"models/model.json": json.dumps(doc).encode()})
     with pytest.raises(BadModel):
         load_program(str(p))
@@ -267,3 +267,49 @@ def test_loaded_guards_are_checked_again(models: dict[str, Path], tmp_path: Path
     with pytest.raises(UnsafeModel, match="guard"):
         load_program(str(path))
     assert not marker.exists()
+
+
+# -- the loaded graph is safe for codegen -------------------------------------------------------------------------
+
+
+def _mark_metadata(src: Path, dst: Path) -> Path:
+    doc = read_json(src, "models/model.json")
+    for node in doc["graph_module"]["graph"]["nodes"]:
+        node["metadata"].update({
+            "stack_trace": 'File "PWNED.py", line 1\n    )"); system("touch /tmp/x"); R"(',
+            "custom": json.dumps({"PWNED": 1}),
+        })
+    return rewrite(src, dst, {"models/model.json": json.dumps(doc).encode()})
+
+
+def test_free_text_metadata_is_dropped_after_loading(models: dict[str, Path], tmp_path: Path) -> None:
+    """Stack traces end up in AOTInductor's C++ (KernelContextGuard's raw strings) and in the package's
+    kernel_information.json; module stacks and source functions in comments and kernel names. None survive."""
+    p = _mark_metadata(models["conv"], tmp_path / "marked.pt2")
+    assert "PWNED" in str([n.meta for n in torch.export.load(str(p)).graph.nodes])  # plain torch keeps it
+    ep = load_program(str(p))
+    for gm in ep.graph_module.modules():
+        if isinstance(gm, torch.fx.GraphModule):
+            for node in gm.graph.nodes:
+                assert set(node.meta) <= {"val", "tensor_meta", "unbacked_bindings"}, node.meta.keys()
+    x = torch.randn(3, 3, 16, 16)
+    torch.testing.assert_close(ep.module()(x), torch.export.load(str(models["conv"])).module()(x))
+
+
+def test_loaded_strings_are_checked_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the static checks skipped, an assert message that would break out of a C++ literal is still refused
+    before any stage runs."""
+    from compiler import loading
+
+    class Evil(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            torch._assert_async(x.sum() > -1e9, '"); system("touch /tmp/pwned"); //')
+            return x + 1
+
+    ep = torch.export.export(Evil(), (torch.randn(3),))
+    torch.export.save(ep, str(tmp_path / "evil.pt2"))
+    with pytest.raises(UnsafeModel, match="'_assert_async'"):
+        load_program(str(tmp_path / "evil.pt2"))  # layer 1
+    monkeypatch.setattr(loading, "_validate", lambda path: [])
+    with pytest.raises(UnsafeModel, match="_assert_async"):
+        load_program(str(tmp_path / "evil.pt2"))  # the check on the loaded graph

@@ -1,8 +1,9 @@
 """The queue under faults, with real processes: its own redis-server, API and workers, which the tests kill.
 
 Workers here renew a 3 s lease every 0.5 s and reapers run every 0.5 s, so a lost worker is noticed within
-seconds; jobs get 2 attempts. The workers have tests/worker/faultops on their PYTHONPATH, which registers custom
-ops whose compile segfaults or hangs for real (see faultops/aotc_faultops.py).
+seconds; jobs get 2 attempts. The workers have tests/worker/faultops on their PYTHONPATH, whose sitecustomize makes
+the compile of a model whose input is named `segv` or `hang` segfault or hang in Inductor for real, inside the
+sandboxed compile child (see faultops/aotc_faultops.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from service.store import Store
 
 FAULTOPS = Path(__file__).resolve().parent / "faultops"
 sys.path.insert(0, str(FAULTOPS))
-from aotc_faultops import Faulty  # noqa: E402
+from aotc_faultops import model as armed  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,9 @@ class Cluster(BaseCluster):
         )
 
     def submit(self, model_id: str, url: str | None = None, **extra: Any) -> dict[str, Any]:
-        return super().submit(model_id, {"x": [2, 4]}, url=url, **extra)
+        record = self.store.models.get(model_id)
+        assert record is not None
+        return super().submit(model_id, {record["inputs"][0]["name"]: [2, 4]}, url=url, **extra)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,7 @@ def _stop_what_the_test_started(cluster: Cluster) -> Iterator[None]:
 
 def _model(tmp_path: Path, name: str, seed: int) -> Path:
     torch.manual_seed(seed)
-    m = Faulty(name) if name in ("segv", "hang") else seeded(MLP, seed, d_in=4, hidden=8, d_out=4)
+    m = armed(name) if name in ("segv", "hang") else seeded(MLP, seed, d_in=4, hidden=8, d_out=4)
     return export(m.eval(), (torch.randn(2, 4),), tmp_path / f"{name}-{seed}.pt2")
 
 

@@ -1,6 +1,7 @@
 """max-autotune's matmul timings travel between workers through Redis (worker/tuning.py), for real: two CPU
 workers with separate disks, Inductor's C++ GEMM templates benchmarked against ATen on the first, and none
-benchmarked again on the second."""
+benchmarked again on the second. The compile children are sandboxed and never reach Redis: each worker seeds its
+child's timings file before the compile and publishes what the child measured after it."""
 
 from __future__ import annotations
 
@@ -55,11 +56,10 @@ def test_max_autotune_timings_measured_by_one_worker_spare_the_next_the_benchmar
     first = _compile(cluster, export(seeded(TwoLinear, 1, act="relu"), (x,), tmp_path / "relu.pt2"), tmp_path / "w1")
     g1 = first["caches"]["gemm_timings"]
     # Two matmuls, each timed for at least two choices (ATen and a C++ template), all published, none shared yet.
-    assert g1["measured"] >= 4 and g1["published"] == g1["measured"] and g1["shared"] == 0, g1
-    assert first["caches"]["autotune_remote_cache"] is True
+    assert g1["measured"] >= 4 and g1["published"] == g1["measured"] and g1["shared"] == 0 and g1["refused"] == 0, g1
+    # Inductor's own Redis caches are off in the sandboxed child, which has no route to Redis.
+    assert first["caches"]["autotune_remote_cache"] is False
     assert first["caches"]["fx_graph_cache_used_by_aot_compiles"] is False
-    # AOTInductor's precompiled headers went to the worker's work dir (a volume in docker-compose), not /tmp.
-    assert list((tmp_path / "w1" / "tmp").glob("torchinductor_*/precompiled_headers/*.gch"))
     stored = [k for k in cluster.store.r.scan_iter(match=keys.gemm_tuning(first["target"], "*"))]
     assert len(stored) == 1 and cluster.store.r.hlen(stored[0]) == g1["measured"]
 
@@ -70,7 +70,7 @@ def test_max_autotune_timings_measured_by_one_worker_spare_the_next_the_benchmar
     # Another model with the same matmul shapes, on another worker with nothing on its disk.
     second = _compile(cluster, export(seeded(TwoLinear, 2, act="gelu"), (x,), tmp_path / "gelu.pt2"), tmp_path / "w2")
     g2 = second["caches"]["gemm_timings"]
-    assert g2 == {"shared": g1["measured"], "measured": 0, "published": 0}, g2
+    assert g2 == {"shared": g1["measured"], "measured": 0, "published": 0, "refused": 0}, g2
     assert second["check"]["passed"], second["check"]
 
     # `aotc report` says where the timings came from.

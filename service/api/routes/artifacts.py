@@ -4,15 +4,15 @@ import io
 import zipfile
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from pydantic import BaseModel
 
-from compiler import shapes as specs
 from compiler.errors import Conflict, NotFound, Unprocessable
-from compiler.targets import Target
-from service.api.deps import ArtifactDep, StoreDep, resolve_model
-from service.api.lookup import find_artifact
-from service.api.schemas import ArtifactList, ArtifactRecord, SourceListing, StageReport, errors
+from service.api.deps import ArtifactDep, ArtifactMetaDep, StoreDep
+from service.api.lookup import lookup_answer
+from service.api.ranges import Unsatisfiable, byte_range, etag_matches
+from service.api.schemas import ArtifactList, ArtifactRecord, ErrorBody, SourceListing, StageReport, errors
 from service.store import Store
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"], responses=errors(503))
@@ -29,37 +29,29 @@ def list_artifacts(store: StoreDep, limit: int = 100) -> dict[str, Any]:
 @router.get("/lookup", response_model=ArtifactRecord, response_model_exclude_unset=True, responses=errors(
     404, 422, why={404: "No such model, or no artifact fits",
                    422: "Unreadable shapes or target, shapes the program does not allow, or an ambiguous id prefix"}))
-def lookup(
-    store: StoreDep,
+async def lookup(
+    request: Request,
     model_id: str,
     target: str = "cpu",
     *,
     shape: Annotated[list[str], Query(default_factory=list,
                                       description="NAME=SHAPE, once per input, e.g. x=8x3x224x224")],
     mode: str | None = None,
-) -> dict[str, Any]:
+) -> Response:
     """Find the artifact for (model, shapes, target) without knowing its key; 404 when none fits.
 
     Static artifacts win over dynamic ones that cover the shapes; among dynamic ones, the narrowest range.
     """
-    model = resolve_model(store, model_id)
-    model_id = model["id"]
-    requested = specs.parse_shape_args(shape)
-    spec = specs.canonical_spec(model["inputs"], requested)
-    wanted = Target.parse(target)
-    art = find_artifact(store, model_id, wanted, spec, mode=mode)
-    if art is None:
-        shapes = specs.format_spec(spec)
-        raise NotFound(f"no artifact of model {model_id[:12]} for {shapes} on {str(wanted)!r}; "
-                       "request one with POST /v1/compilations")
-    return art
+    # The async hot path (service/api/lookup.py): one Redis round trip, the answer rendered once per process.
+    body = await lookup_answer(request.app.state.reads, model_id, target, shape, mode)
+    return Response(body, media_type="application/json")
 
 
 @router.get("/{key}/meta", response_model=ArtifactRecord, response_model_exclude_unset=True,
             responses=errors(404, 422, why=_NO_ARTIFACT))
-def meta(art: ArtifactDep) -> dict[str, Any]:
+async def meta(art: ArtifactMetaDep) -> Response:
     """The cache-key factors, sizes, timings and the artifact check's result."""
-    return art
+    return art  # already rendered (service/api/deps.py)
 
 
 @router.get("/{key}/report", response_model=StageReport, response_model_exclude_unset=True,
@@ -75,8 +67,9 @@ def report(art: ArtifactDep, store: StoreDep) -> dict[str, Any]:
     return rep
 
 
-def _sources(store: Store, key: str) -> zipfile.ZipFile:
-    data = store.blobs.read("sources", key, SOURCES_LIMIT)
+def _sources(store: Store, art: dict[str, Any]) -> zipfile.ZipFile:
+    key = art["key"]
+    data = store.blobs.read("sources", store.artifacts.blob_id(art), SOURCES_LIMIT)
     if data is None:
         raise NotFound(f"artifact {key} has no stored sources (it was built before reports existed)")
     return zipfile.ZipFile(io.BytesIO(data))
@@ -96,7 +89,7 @@ def source_listing(art: ArtifactDep, store: StoreDep) -> dict[str, Any]:
     """The generated code (C++ kernels and wrapper on CPUs; Triton kernels and the wrapper on GPUs) and each
     stage's FX graph: a listing, each file fetchable at its `url`."""
     key = art["key"]
-    with _sources(store, key) as zf:
+    with _sources(store, art) as zf:
         files = [{"path": i.filename, "kind": _kind(i.filename), "bytes": i.file_size,
                   "url": f"/v1/artifacts/{key}/source/{i.filename}"} for i in zf.infolist() if not i.is_dir()]
     return {"key": key, "files": files}
@@ -109,7 +102,7 @@ def source_listing(art: ArtifactDep, store: StoreDep) -> dict[str, Any]:
 def source_file(art: ArtifactDep, path: str, store: StoreDep) -> Response:
     """One generated file or graph, as text."""
     key = art["key"]
-    with _sources(store, key) as zf:
+    with _sources(store, art) as zf:
         try:
             data = zf.read(path)
         except KeyError:
@@ -121,7 +114,10 @@ def source_file(art: ArtifactDep, path: str, store: StoreDep) -> Response:
 _PACKAGE: dict[int | str, dict[str, Any]] = {
     200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
           "description": "The package, with its sha256 as the ETag"},
+    206: {"description": "The bytes one `Range` asked for (`Content-Range` says which)"},
     304: {"description": "Not modified: If-None-Match named its ETag"},
+    307: {"description": "With an S3 blob store: a presigned URL that serves the package (and its ranges)"},
+    416: {"model": ErrorBody, "description": "The Range starts past the end (`Content-Range: bytes */SIZE`)"},
     **errors(404, 409, 422, why={**_NO_ARTIFACT, 409: "A report-only artifact (mode=training): no package",
                                  422: "The artifact's package is not stored"}),
 }
@@ -130,23 +126,68 @@ _PACKAGE: dict[int | str, dict[str, Any]] = {
 @router.get("/{key}", response_class=Response, responses=_PACKAGE)
 @router.head("/{key}", response_class=Response, responses=_PACKAGE)
 def download(art: ArtifactDep, request: Request, store: StoreDep) -> Response:
-    """The AOTInductor package (.pt2), streamed; its sha256 is the ETag."""
+    """The AOTInductor package (.pt2), streamed in small pieces; its sha256 is the ETag.
+
+    One `Range: bytes=...` answers 206 with those bytes (a pull that was cut off resumes there); an `If-None-Match`
+    naming the ETag answers 304. With an S3 blob store the answer is a 307 to a presigned URL, so the bytes come
+    straight from object storage. Every GET counts as a pull: the artifact goes to the back of the eviction order.
+    """
     key = art["key"]
     if art.get("package", True) is False:
         raise Conflict(f"artifact {key} is a report only (mode=training has no package yet); see "
                        f"/v1/artifacts/{key}/report and /v1/artifacts/{key}/source")
-    etag = f'"{art["sha256"]}"'
-    headers = {
-        "ETag": etag,
-        "Content-Length": str(art["size"]),
-        "Content-Disposition": f'attachment; filename="{key}.pt2"',
-        "X-Aotc-Sha256": art["sha256"],
-    }
-    if request.headers.get("if-none-match") == etag:
-        return Response(status_code=304, headers={"ETag": etag})
+    sha, size = str(art["sha256"]), int(art["size"])
+    etag = f'"{sha}"'
+    headers = {"ETag": etag, "Accept-Ranges": "bytes", "X-Aotc-Sha256": sha,
+               "Content-Disposition": f'attachment; filename="{key}.pt2"'}
+    if request.method == "GET":
+        store.artifacts.touch(key)
+    if etag_matches(request.headers.get("if-none-match"), etag):
+        return Response(status_code=304, headers={"ETag": etag, "Accept-Ranges": "bytes"})
     if request.method == "HEAD":
-        return Response(headers=headers, media_type="application/octet-stream")
-    if store.blobs.manifest("artifact", key) is None:
-        raise Unprocessable(f"artifact {key} has no stored package")
-    return StreamingResponse(store.blobs.chunks("artifact", key), headers=headers,
+        return Response(headers={**headers, "Content-Length": str(size)}, media_type="application/octet-stream")
+    blob = store.artifacts.blob_id(art)
+    url = store.blobs.presign("artifact", blob, filename=f"{key}.pt2")
+    if url:
+        return RedirectResponse(url, status_code=307, headers={"ETag": etag, "X-Aotc-Sha256": sha})
+    try:
+        span = byte_range(request.headers.get("range"), request.headers.get("if-range"), etag, size)
+    except Unsatisfiable:
+        return JSONResponse({"error": {"code": "range_not_satisfiable", "message": (
+            f"artifact {key} is {size} bytes; the Range {request.headers.get('range')!r} starts past its end")}},
+            status_code=416, headers={"Content-Range": f"bytes */{size}", "ETag": etag})
+    start, end = span or (0, size)
+    try:
+        body = store.blobs.iter_range("artifact", blob, start, end)
+    except KeyError:
+        raise Unprocessable(f"artifact {key} has no stored package") from None
+    headers["Content-Length"] = str(end - start)
+    if span:
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+    return StreamingResponse(body, status_code=206 if span else 200, headers=headers,
                              media_type="application/octet-stream")
+
+
+class PinState(BaseModel):
+    key: str
+    pinned: bool
+
+
+_KEY = Path(description="The artifact's cache key.")
+
+
+@router.post("/{key}/pin", response_model=PinState, responses=errors(404, 422, why=_NO_ARTIFACT))
+def pin(key: Annotated[str, _KEY], store: StoreDep) -> dict[str, Any]:
+    """Keep an artifact: a pinned artifact is never evicted from the bounded artifact store (AOTC_STORE_MAX_GB)."""
+    if not store.artifacts.pin(key):
+        raise NotFound(f"no artifact {key!r}")
+    return {"key": key, "pinned": True}
+
+
+@router.delete("/{key}/pin", response_model=PinState, responses=errors(404, 422, why=_NO_ARTIFACT))
+def unpin(key: Annotated[str, _KEY], store: StoreDep) -> dict[str, Any]:
+    """Let an artifact be evicted again, least recently pulled first, when artifacts outgrow AOTC_STORE_MAX_GB."""
+    if not store.artifacts.unpin(key):
+        raise NotFound(f"no artifact {key!r}")
+    store.artifacts.make_room()
+    return {"key": key, "pinned": False}

@@ -42,11 +42,12 @@ def _answer(store: Store, settings: Settings, model: dict[str, Any], spec: list[
     return {"status": "queued" if created else "joined", "key": key, "job": store.jobs.get(job_id)}
 
 
-def _bucket_specs(model: dict[str, Any], buckets: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def _bucket_specs(model: dict[str, Any], buckets: list[dict[str, Any]],
+                  max_input_bytes: int) -> list[list[dict[str, Any]]]:
     out: list[list[dict[str, Any]]] = []
     for n, b in enumerate(buckets):
         try:
-            spec = specs.canonical_spec(model["inputs"], b)
+            spec = specs.canonical_spec(model["inputs"], b, max_input_bytes=max_input_bytes)
         except Unprocessable as e:
             raise Unprocessable(f"bucket {n}: {e.message}") from None
         if specs.is_dynamic(spec):
@@ -74,8 +75,9 @@ def request_compilation(req: CompilationRequest, response: Response, store: Stor
     422 when the shapes contradict the exported program; 503 when no live worker serves the target.
     """
     model = resolve_model(store, req.model_id)
-    spec = specs.canonical_spec(model["inputs"], req.shapes)
-    bucket_specs = _bucket_specs(model, req.buckets)
+    max_input_bytes = settings.max_input_mb * 2**20
+    spec = specs.canonical_spec(model["inputs"], req.shapes, max_input_bytes=max_input_bytes)
+    bucket_specs = _bucket_specs(model, req.buckets, max_input_bytes)
     target = Target.parse(req.target)
     options = req.options.canonical()
 

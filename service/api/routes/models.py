@@ -10,11 +10,25 @@ from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from compiler.archive.inspect import inspect_archive
-from compiler.errors import BadRequest, PayloadTooLarge
+from compiler.errors import BadRequest, PayloadTooLarge, Unprocessable
 from service.api.deps import ModelDep, SettingsDep, StoreDep
 from service.api.schemas import ModelList, ModelRecord, errors
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=errors(503))
+
+
+def _model_name(name: str | None, max_chars: int) -> str | None:
+    """A model name others will see in listings and terminals: printable text (no control, format or line
+    separator characters: no terminal escapes, no bidi overrides), not blank, at most `max_chars` characters."""
+    if name is None or name == "":
+        return None
+    if len(name) > max_chars:
+        raise Unprocessable(f"the model name is {len(name)} characters; the limit is {max_chars} "
+                            "(AOTC_MAX_MODEL_NAME_CHARS)", setting="AOTC_MAX_MODEL_NAME_CHARS")
+    if not name.isprintable() or not name.strip():
+        raise Unprocessable(f"the model name {ascii(name)[:80]} is not printable text: a name may hold letters, "
+                            "digits, punctuation and spaces, but no control or formatting characters")
+    return name
 
 
 @router.post("", status_code=201, response_model=ModelRecord, response_model_exclude_unset=True, responses={
@@ -28,7 +42,10 @@ async def upload_model(request: Request, response: Response, store: StoreDep, se
     The body is streamed to disk under the size limit, hashed, and inspected without unpickling anything:
     the answer lists the inputs the program declares (names, shapes with dynamic ranges, dtypes).
     The model id is the sha256 of the content, so uploading the same file twice is harmless.
+    The name (`?name=`, else the `x-aotc-filename` header) is printable text of at most AOTC_MAX_MODEL_NAME_CHARS.
     """
+    model_name = _model_name(name or request.headers.get("x-aotc-filename"),
+                             settings.max_model_name_chars)
     limit = settings.max_upload_mb * 2**20
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
@@ -49,13 +66,16 @@ async def upload_model(request: Request, response: Response, store: StoreDep, se
             raise BadRequest("the request body is empty; send the .pt2 file as the body")
         model_id = digest.hexdigest()
         existing = await run_in_threadpool(store.models.get, model_id)
+        # Already stored, unless its bytes went missing: then this upload stores them again.
         if existing:
-            response.status_code = 200
-            return existing
-        info = await run_in_threadpool(inspect_archive, path, max_json_bytes=settings.max_json_mb * 2**20)
+            have_bytes: bool = await run_in_threadpool(store.blobs.exists, "model", model_id)
+            if have_bytes:
+                response.status_code = 200
+                return existing
+        info = await run_in_threadpool(inspect_archive, path, settings.archive_limits())
         record: dict[str, Any] = {
             "id": model_id,
-            "name": name or request.headers.get("x-aotc-filename") or model_id[:12],
+            "name": model_name or model_id[:12],
             "size": size,
             "created": time.time(),
             **info,
@@ -80,6 +100,6 @@ def list_models(store: StoreDep, limit: int = 100) -> dict[str, Any]:
 
 @router.get("/{model_id}", response_model=ModelRecord, response_model_exclude_unset=True,
             responses=errors(404, 422, why={404: "No such model", 422: "The id prefix is ambiguous"}))
-def get_model(model: ModelDep) -> dict[str, Any]:
+async def get_model(model: ModelDep) -> dict[str, Any]:
     """One model: its inputs as the exported program declares them. A unique id prefix works too."""
     return model

@@ -24,6 +24,7 @@ from torch.export import Dim
 
 from archives import ConvBNReLU, TinyMLP, exec_pickle, rewrite, system_pickle, torch_zip_with
 from compiler.archive.inspect import inspect_archive
+from compiler.archive.limits import Limits
 from compiler.errors import AotcError, Unprocessable, UnsafeArchive, UnsupportedMedia
 from modelzoo import export
 
@@ -258,7 +259,7 @@ def test_model_json_missing_keys(zoo: dict[str, Path], tmp_path: Path) -> None:
 
 
 def test_json_size_cap(zoo: dict[str, Path], tmp_path: Path) -> None:
-    refuse(zoo["mlp"], Unprocessable, "limit", max_json_bytes=1000)
+    refuse(zoo["mlp"], Unprocessable, "limit", "AOTC_MAX_JSON_MB", limits=Limits(max_json_bytes=1000))
     bomb = b'{"x": "' + b"a" * (20 * 2**20) + b'"}'
     p = tmp_path / "bomb.pt2"
     with zipfile.ZipFile(zoo["mlp"]) as zin, zipfile.ZipFile(p, "w", zipfile.ZIP_DEFLATED) as zout:
@@ -266,7 +267,7 @@ def test_json_size_cap(zoo: dict[str, Path], tmp_path: Path) -> None:
             data = bomb if info.filename.endswith("models/model.json") else zin.read(info)
             zout.writestr(info.filename, data)
     assert p.stat().st_size < 1 * 2**20
-    refuse(p, Unprocessable, "limit", max_json_bytes=2**20)
+    refuse(p, Unprocessable, "limit", limits=Limits(max_json_bytes=2**20))
 
 
 def test_path_traversal_and_duplicates(zoo: dict[str, Path], tmp_path: Path) -> None:
@@ -447,6 +448,7 @@ def test_json_structure_mutations_fail_cleanly(zoo: dict[str, Path], tmp_path: P
 
 def test_api_modules_do_not_import_torch() -> None:
     code = ("import compiler.archive, compiler.archive.container, compiler.archive.exprs, compiler.archive.inspect, "
-            "compiler.archive.pickles, compiler.archive.program, sys; "
+            "compiler.archive.pickles, compiler.archive.program, compiler.archive.strings, compiler.archive.ops, "
+            "compiler.archive.limits, compiler.shapes, sys; compiler.archive.ops.known_targets(); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from compiler.archive.inspect import inspect_archive
-from compiler.archive.program import SCALAR_TYPES, _is_operator_target
+from compiler.archive.ops import is_operator_target as _is_operator_target
+from compiler.archive.program import SCALAR_TYPES
 
 
 def test_attention_mask_and_is_accepted(tmp_path):

@@ -1,64 +1,171 @@
-"""Custom operators that break the compiler for real, for the fault tests.
+"""Faults and hostile code for the worker tests, armed by a model's input name, inside the compile and check
+children for real.
 
-`aotc_faultops::segv` and `aotc_faultops::hang` compute `x.clone()` when run, but their fake (meta) kernels,
-which torch calls while tracing, misbehave when Inductor is on the stack, that is in the `compile` stage:
-`segv` dereferences a NULL pointer through ctypes (a real SIGSEGV in native code) and `hang` never returns.
-Export and the `specialize` re-export run them fine, so the archive uploads and loads like any model's.
+The upload checks refuse custom operators, so a test model cannot carry code of its own. Instead the tests put
+this folder on the worker's PYTHONPATH: its `sitecustomize` calls `arm()` in every Python process started with
+it. In a compile or check child (`python -m worker.child JOBDIR KIND`: its command line says so) `arm` reads the
+child's task and acts on the names of the model's inputs, which the models below choose:
 
-A custom op must be registered in every process that loads a program using it, as with custom ops in
-production: the fault tests put this folder on the worker's PYTHONPATH, whose `sitecustomize` imports this module
-in the worker and in each compile child. No hook in aotc itself is involved.
+- `segv` (compile): Inductor's graph lowering dereferences a NULL pointer through ctypes (a real SIGSEGV in
+  native code) once the compile reaches Inductor; the load, capture and lowering stages before it run fine;
+- `hang` (compile): Inductor's graph lowering never returns;
+- `probe` (compile and check): runs what an attacker's code would, as the child starts (the sandbox and the limits
+  are in place before any of it runs): connects to each port on 127.0.0.1, writes each "w:PATH", reads each
+  "r:PATH", and records its uid, no_new_privs, environment and network interfaces. The plan (ports, paths) is
+  probe-plan.json three levels above the job dir (beside the test cluster's data dir: JOBDIR is DATA/work/JOB);
+  the report goes to the child's log as `AOTC-PROBE KIND {json}`;
+- `poison` (compile): writes timings of shapes Inductor never writes into the compile's max-autotune timings file
+  (POISON), which the worker must not publish.
+
+Other processes (the worker, Inductor's compile workers) are left alone, and import no torch for this.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
+import os
+import socket
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
-import torch
-
-
-def _inductor_on_stack() -> bool:
-    f = sys._getframe(1)
-    while f is not None:
-        if "/torch/_inductor/" in f.f_code.co_filename:
-            return True
-        f = f.f_back
-    return False
-
-
-@torch.library.custom_op("aotc_faultops::segv", mutates_args=())
-def segv(x: torch.Tensor) -> torch.Tensor:
-    return x.clone()
+# (op, inputs, precision, choice) and value: none of the shape Inductor writes.
+POISON: list[tuple[tuple[str, str, str, str], Any]] = [
+    (("addmm", "[('cpu', 'torch.float32', 16, 64)]", "highest", "addmm; rm -rf /"), 0.001),
+    (("../../etc", "[('cpu', 'torch.float32', 16, 64, 64, 1, 0)]", "highest", "mm-alpha=1"), 0.001),
+    (("mm", "__import__('os').system('id')", "highest", "mm-alpha=1"), 0.001),
+    (("mm", "[('cpu', 'torch.float32', 16, 64, 64, 1, 0)]", "highest", "mm-nan"), float("nan")),
+    (("mm", "[('cpu', 'torch.float32', 16, 64, 64, 1, 0)]", "highest", "mm-negative"), -1.0),
+    (("mm", "[('cpu', 'torch.float32', 16, 64, 64, 1, 0)]", "highest", "mm-text"), "fast"),
+    (("mm", "[('cpu', 'torch.float32', 16, 64, 64, 1, 0)]", "highest", "mm-" + "x" * 300), 0.001),
+]
 
 
-@segv.register_fake
-def _segv_fake(x: torch.Tensor) -> torch.Tensor:
-    if _inductor_on_stack():
-        ctypes.string_at(0)  # reads address 0: SIGSEGV
-    return torch.empty_like(x)
+def _child() -> tuple[Path, str] | None:
+    """(JOBDIR, KIND) if this process is a worker's compile or check child."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0")]
+    except OSError:
+        return None
+    if "worker.child" not in argv:
+        return None
+    at = argv.index("worker.child")
+    return (Path(argv[at + 1]), argv[at + 2]) if len(argv) > at + 2 else None
 
 
-@torch.library.custom_op("aotc_faultops::hang", mutates_args=())
-def hang(x: torch.Tensor) -> torch.Tensor:
-    return x.clone()
+def arm() -> None:
+    child = _child()
+    if child is None:
+        return
+    jobdir, kind = child
+    try:
+        task = json.loads((jobdir / f"{kind}-task.json").read_text())
+    except (OSError, ValueError):
+        return
+    names = {i.get("name") for i in task.get("spec") or []}
+    if "probe" in names:
+        print(f"AOTC-PROBE {kind} " + json.dumps(probe(kind, jobdir)), file=sys.stderr, flush=True)
+    if kind == "compile" and "poison" in names:
+        poison()
+    if kind == "compile" and names & {"segv", "hang"}:
+        _break_lowering("segv" if "segv" in names else "hang")
 
 
-@hang.register_fake
-def _hang_fake(x: torch.Tensor) -> torch.Tensor:
-    while _inductor_on_stack():
-        time.sleep(1.0)
-    return torch.empty_like(x)
+def _break_lowering(how: str) -> None:
+    from torch._inductor.graph import GraphLowering
+
+    run = GraphLowering.run
+
+    def broken_run(self: Any, *args: Any) -> Any:
+        if how == "segv":
+            ctypes.string_at(0)  # reads address 0: SIGSEGV
+        while how == "hang":
+            time.sleep(1.0)
+        return run(self, *args)
+
+    GraphLowering.run = broken_run  # type: ignore[method-assign]
 
 
-class Faulty(torch.nn.Module):
-    """A Linear followed by one of the ops above."""
+def probe(where: str, jobdir: Path) -> dict[str, Any]:
+    """Try what an attacker's code would, and say what happened."""
+    try:
+        plan = json.loads((jobdir.parents[2] / "probe-plan.json").read_text())
+    except (OSError, ValueError, IndexError) as e:
+        plan = {"ports": [], "paths": [], "error": str(e)}
+    status: dict[str, str] = {}
+    try:
+        with open("/proc/self/status") as f:
+            status = dict(ln.split(":", 1) for ln in f.read().splitlines() if ":" in ln)
+    except OSError:
+        pass
+    out: dict[str, Any] = {
+        "where": where, "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(),
+        "no_new_privs": status.get("NoNewPrivs", "").strip(), "cap_eff": status.get("CapEff", "").strip(),
+        "env": sorted(os.environ), "cwd": os.getcwd(), "plan_error": plan.get("error"),
+        "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    }
+    try:
+        with open("/proc/net/dev") as f:
+            out["interfaces"] = sorted(ln.split(":")[0].strip() for ln in f.readlines()[2:])
+    except OSError as e:
+        out["interfaces"] = str(e)
+    tried: dict[str, str] = {}
+    for port in plan["ports"]:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+                s.sendall(b"SET aotc:probe:pwned 1\r\n")
+                tried[f"tcp:{port}"] = "connected"
+        except OSError as e:
+            tried[f"tcp:{port}"] = f"{type(e).__name__}: {e}"
+    for spec in plan["paths"]:
+        kind, path = spec.split(":", 1)
+        try:
+            if kind == "w":
+                with open(f"{path}-{where}", "w") as f:
+                    f.write("written by the probe\n")
+                tried[spec] = "written"
+            else:
+                with open(path, "rb") as f:
+                    tried[spec] = "read: " + f.read(4096).decode("utf-8", "replace")
+        except OSError as e:
+            tried[spec] = f"{type(e).__name__}: {e}"
+    out["tried"] = tried
+    return out
 
-    def __init__(self, op: str) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 4)
-        self.op = op
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return getattr(torch.ops.aotc_faultops, self.op)(self.lin(x))
+def poison() -> None:
+    """Add POISON to the timings file Inductor will read and rewrite (it keeps what it finds there)."""
+    from torch._inductor.codecache import CacheBase
+
+    path = CacheBase.get_local_cache_path()
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        doc = {"system": {}, "cache": {}}
+    for (op, inputs, precision, choice), value in POISON:
+        doc["cache"].setdefault(op, {}).setdefault(inputs, {}).setdefault(precision, {})[choice] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+
+
+# -- the models: a Linear whose input's name arms what the children do --------------------------------------------
+
+def model(kind: str, d_in: int = 4, d_out: int = 4) -> Any:
+    """A Linear(d_in, d_out) whose input is named `kind` (segv, hang, probe, poison)."""
+    import torch
+
+    class Armed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(d_in, d_out)
+
+    forwards = {
+        "segv": lambda self, segv: self.lin(segv),
+        "hang": lambda self, hang: self.lin(hang),
+        "probe": lambda self, probe: self.lin(probe),
+        "poison": lambda self, poison: self.lin(poison),
+    }
+    return type(f"Armed_{kind}", (Armed,), {"forward": forwards[kind]})()

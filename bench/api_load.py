@@ -1,0 +1,252 @@
+"""Deploy-time read load on the API: lookup by full id, lookup by short id, and artifact meta, at several
+concurrencies. Prints a table and writes JSON.
+
+It starts its own redis-server (no persistence) and `aotc-server --workers 0 --api-workers N` on free loopback
+ports, stores `--models` models with two artifacts each (a static and a dynamic one, so lookup has to rank)
+directly through `Store`, then, for each route and concurrency, runs that many keep-alive connections for
+`--seconds`, each sending one request after another for a random model. The client is a minimal asyncio HTTP/1.1
+client, so that it takes as little of the machine's CPU as possible from the server it measures (httpx costs
+several times more per request). Loopback only; bounded in count (`--max-requests` per cell) and time.
+
+    python bench/api_load.py --out bench/results/api-load.json              # 10,000 models, ~2 minutes of load
+    python bench/api_load.py --quick --out /tmp/api-load.json               # a dry run: 500 models, ~20 s
+    python bench/api_load.py --api-workers 1,2 --out ...                    # compare API process counts
+
+On a shared machine, what other processes take shows in the numbers: the JSON records the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+ROUTES = ("lookup_full_id", "lookup_short_id", "meta")
+X = {"symbol": "s0", "min": 1, "max": 64}
+
+
+def seed(store: Any, n: int, tmp: Path) -> tuple[list[str], list[str]]:
+    """`n` models, each with a static (batch 8) and a dynamic (batch 1..32) artifact. Returns (model ids, keys)."""
+    from compiler import cachekey
+
+    package = tmp / "package.pt2"
+    package.write_bytes(os.urandom(4096))
+    rng = random.Random(0)
+    ids, art_keys = [], []
+    for i in range(n):
+        model_id = f"{rng.getrandbits(256):064x}"
+        store.models.put({"id": model_id, "name": f"model-{i}", "size": 4096, "created": time.time(),
+                          "inputs": [{"name": "x", "dtype": "float32", "shape": [X, 3, 64, 64]}]})
+        for dims in ([8, 3, 64, 64], [{"min": 1, "max": 32}, 3, 64, 64]):
+            spec = [{"name": "x", "dtype": "float32", "shape": dims}]
+            options = {"mode": "default", "precision": "keep", "freezing": False}
+            factors = cachekey.factors(model_id, spec, "cpu-x86_64-avx2", {"torch": "2.13.0"}, options)
+            key = cachekey.cache_key(factors)
+            store.artifacts.put({
+                "key": key, "factors": factors, "model_id": model_id, "target": "cpu-x86_64-avx2", "spec": spec,
+                "options": options, "dynamic_dims": [], "timings": {"compile_total": 12.5, "check": 1.5},
+                "check": {"passed": True, "max_error": 1e-6, "eager_ms": 1.2, "compiled_ms": 0.8},
+                "worker": {"id": "bench", "device_name": "Bench CPU", "host": "bench"}, "job_id": "0" * 32,
+            }, package)
+            art_keys.append(key)
+        ids.append(model_id)
+    return ids, art_keys
+
+
+class Conn:
+    """One keep-alive HTTP/1.1 connection: GET, read the status and a Content-Length body."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def get(self, path: str) -> int:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        self.writer.write(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode())
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        if length:
+            await self.reader.readexactly(length)
+        return status
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+async def run_cell(host: str, port: int, paths: list[str], concurrency: int, seconds: float, warmup_s: float,
+                   max_requests: int) -> dict[str, Any]:
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    measuring = False
+    stop_at = 0.0
+
+    async def user(seed_: int) -> None:
+        rng = random.Random(seed_)
+        conn = Conn(host, port)
+        try:
+            while True:
+                now = time.perf_counter()
+                if measuring and (now >= stop_at or len(latencies) >= max_requests):
+                    return
+                t0 = time.perf_counter()
+                status = await conn.get(rng.choice(paths))
+                if measuring:
+                    latencies.append(time.perf_counter() - t0)
+                    statuses[status] = statuses.get(status, 0) + 1
+        finally:
+            conn.close()
+
+    tasks = [asyncio.create_task(user(i)) for i in range(concurrency)]
+    await asyncio.sleep(warmup_s)
+    cpu0, t0 = os.times(), time.perf_counter()
+    stop_at = t0 + seconds
+    measuring = True
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - t0
+    cpu1 = os.times()
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if latencies else float("nan")
+
+    errors = sum(n for st, n in statuses.items() if st != 200)
+    return {"concurrency": concurrency, "requests": len(latencies), "errors": errors,
+            "statuses": {str(k): v for k, v in sorted(statuses.items())},
+            "seconds": round(elapsed, 3), "rps": round(len(latencies) / elapsed, 1),
+            "p50_ms": round(pct(0.50), 3), "p99_ms": round(pct(0.99), 3),
+            "mean_ms": round(statistics.fmean(latencies) * 1000, 3) if latencies else None,
+            "client_cpu_s": round((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system), 2)}
+
+
+def _rss_mb(pid: int) -> list[float]:
+    """Resident memory of aotc-server and its API processes (Linux /proc), after the load: what the memos hold."""
+    pids = [pid]
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                pids.append(int(d))
+        except (OSError, IndexError, ValueError):
+            continue
+    out = []
+    for p in pids:
+        try:
+            line = next(ln for ln in Path(f"/proc/{p}/status").read_text().splitlines() if ln.startswith("VmRSS:"))
+            out.append(round(int(line.split()[1]) / 1024, 1))
+        except (OSError, StopIteration):
+            continue
+    return out
+
+
+def wait_up(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"aotc-server exited with {proc.returncode}: {log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"aotc-server did not answer in {timeout} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", type=int, default=10_000)
+    ap.add_argument("--concurrency", default="1,8,32,128", help="comma-separated")
+    ap.add_argument("--seconds", type=float, default=8.0, help="measured time per route and concurrency")
+    ap.add_argument("--warmup-s", type=float, default=1.0)
+    ap.add_argument("--max-requests", type=int, default=200_000, help="per route and concurrency")
+    ap.add_argument("--api-workers", default="2", help="aotc-server --api-workers; comma-separated to compare")
+    ap.add_argument("--routes", default=",".join(ROUTES))
+    ap.add_argument("--quick", action="store_true", help="a dry run: 500 models, 1.5 s per cell")
+    ap.add_argument("--out", type=Path, required=True, help="JSON results")
+    args = ap.parse_args()
+    if args.quick:
+        args.models, args.seconds, args.warmup_s = min(args.models, 500), 1.5, 0.5
+
+    from service.store import Store
+    from service.store.embedded import EmbeddedRedis, free_port
+
+    results: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg(),
+        "models": args.models, "artifacts_per_model": 2, "seconds_per_cell": args.seconds, "cells": []}
+    routes = [r for r in args.routes.split(",") if r]
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    with tempfile.TemporaryDirectory(prefix="aotc-api-load-") as tmp_s:
+        tmp = Path(tmp_s)
+        with EmbeddedRedis(tmp / "redis", appendonly=False) as redis_srv:
+            store = Store(redis_srv.url)
+            t0 = time.perf_counter()
+            ids, art_keys = seed(store, args.models, tmp)
+            results["seed_s"] = round(time.perf_counter() - t0, 1)
+            print(f"stored {len(ids)} models and {len(art_keys)} artifacts in {results['seed_s']} s", flush=True)
+            paths = {
+                "lookup_full_id": [f"/v1/artifacts/lookup?model_id={m}&target=cpu&shape=x=8x3x64x64" for m in ids],
+                "lookup_short_id": [f"/v1/artifacts/lookup?model_id={m[:12]}&target=cpu&shape=x=8x3x64x64"
+                                    for m in ids],
+                "meta": [f"/v1/artifacts/{k}/meta" for k in art_keys],
+            }
+            for n_api in [int(w) for w in args.api_workers.split(",")]:
+                port = free_port()
+                log = tmp / f"server-{n_api}.log"
+                env = {**os.environ, "AOTC_REDIS_URL": redis_srv.url, "AOTC_DATA_DIR": str(tmp / "data"),
+                       "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+                server = subprocess.Popen(
+                    [sys.executable, "-m", "service", "--workers", "0", "--api-workers", str(n_api),
+                     "--port", str(port), "--log-level", "warning"],
+                    env=env, cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+                try:
+                    wait_up(f"http://127.0.0.1:{port}", server, log)
+                    for route in routes:
+                        for c in concurrencies:
+                            cell = asyncio.run(run_cell("127.0.0.1", port, paths[route], c, args.seconds,
+                                                        args.warmup_s, args.max_requests))
+                            cell = {"api_workers": n_api, "route": route, **cell}
+                            results["cells"].append(cell)
+                            print(f"api-workers {n_api}  {route:16s} c={c:<4d} {cell['rps']:9.1f} req/s  "
+                                  f"p50 {cell['p50_ms']:8.2f} ms  p99 {cell['p99_ms']:8.2f} ms  "
+                                  f"errors {cell['errors']}", flush=True)
+                    results.setdefault("api_rss_mb", {})[str(n_api)] = _rss_mb(server.pid)
+                finally:
+                    server.terminate()
+                    try:
+                        server.wait(30)
+                    except subprocess.TimeoutExpired:
+                        server.kill()
+            store.close()
+    results["loadavg_after"] = os.getloadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    print(f"\n{'api':>3s}  {'route':16s} {'conc':>5s} {'req/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'errors':>6s}")
+    for c in results["cells"]:
+        print(f"{c['api_workers']:>3d}  {c['route']:16s} {c['concurrency']:>5d} {c['rps']:>9.1f} {c['p50_ms']:>8.2f} "
+              f"{c['p99_ms']:>8.2f} {c['errors']:>6d}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

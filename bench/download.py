@@ -1,0 +1,293 @@
+"""Downloads per blob store: how fast a package comes down (one stream, and 16 at once), what the API's memory does
+meanwhile, and how long a restart takes with the package stored. On loopback, on this machine.
+
+    .venv/bin/python bench/download.py                                  # 200 MB package, redis, file and s3
+    .venv/bin/python bench/download.py --size-mb 16 --backends redis,file --out /tmp/dl.json   # a dry run
+
+Each backend gets its own embedded redis-server (AOF on, as `aotc-server` runs it) and its own API process
+(uvicorn, as the tests start it); `s3` also gets moto's S3 server, and its downloads are 307 redirects followed to
+moto, so its MB/s measure moto's Python server, not what a real object store serves. Columns:
+
+- `1 stream MB/s`: one GET of the whole package, read into a reused 1 MB buffer (http.client, no hashing); the
+  best of --repeat runs.
+- `16 streams MB/s`: 16 such GETs at once, in threads: 16 x size / wall time; the best of --repeat runs.
+- `pull MB/s`: `Client.pull` of the package, with its sha256 check and the write to disk.
+- `API RSS +MB`: the API process's peak RSS during all those downloads, less its RSS before them.
+- `redis MB`: Redis's used_memory with the package stored.
+- `restart s`: stop Redis and the API, start them again: until Redis serves reads (its AOF loaded) and /readyz answers.
+
+Targets (issue 12): >= 1 GB/s for one stream and for 16 together, API growth < 64 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+import psutil  # noqa: E402
+import redis  # noqa: E402
+
+from service.store import StorageOptions, Store  # noqa: E402
+from service.store.embedded import EmbeddedRedis, free_port  # noqa: E402
+
+S3_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+BUF = 1 << 20
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited with {proc.returncode}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.TransportError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} did not answer in {timeout} s")
+
+
+def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _get(url: str) -> int:
+    """GET into a reused buffer, following one redirect (S3); returns the bytes read."""
+    buf = bytearray(BUF)
+    view = memoryview(buf)
+    for _ in range(2):
+        u = urlsplit(url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+        conn.request("GET", u.path + (f"?{u.query}" if u.query else ""))
+        resp = conn.getresponse()
+        if resp.status in (301, 302, 307, 308):
+            url = resp.getheader("location") or ""
+            resp.read()
+            conn.close()
+            continue
+        if resp.status != 200:
+            raise RuntimeError(f"GET {url}: {resp.status} {resp.read()[:300]!r}")
+        n = 0
+        while got := resp.readinto(view):
+            n += got
+        conn.close()
+        return n
+    raise RuntimeError(f"GET {url}: too many redirects")
+
+
+class Peak:
+    """The peak RSS of a process while it runs (sampled every 10 ms)."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.base = self.peak = self.proc.memory_info().rss
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._done.wait(0.01):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __enter__(self) -> Peak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+
+class Lane:
+    """One backend's service: Redis, (moto,) the API."""
+
+    def __init__(self, backend: str, base: Path) -> None:
+        self.backend, self.base = backend, base
+        self.redis = EmbeddedRedis(base / "redis").start()
+        self.moto: subprocess.Popen[bytes] | None = None
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "AOTC_REDIS_URL": self.redis.url,
+                    "AOTC_DATA_DIR": str(base), "AOTC_REAPER": "false"}
+        if backend == "redis":
+            self.env["AOTC_BLOB_STORE"] = "redis"
+        elif backend == "file":
+            self.env["AOTC_BLOB_STORE"] = f"file://{base}/blobs"
+        elif backend == "s3":
+            port = free_port()
+            self.moto = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            _wait_http(f"http://127.0.0.1:{port}", self.moto)
+            self.env.update(S3_ENV, AOTC_BLOB_STORE="s3://bench/blobs",
+                            AOTC_S3_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+        else:
+            raise SystemExit(f"unknown backend {backend!r}: redis, file or s3")
+        self.api: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start_api(self) -> float:
+        port = free_port()
+        t0 = time.monotonic()
+        self.api = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1",
+             "--port", str(port), "--log-level", "warning"],
+            env=self.env, cwd=ROOT, stdout=open(self.base / "api.log", "ab"), stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.api.poll() is not None:
+                raise RuntimeError(f"the API exited: {(self.base / 'api.log').read_text()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.TransportError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError("the API did not become ready")
+
+    def store(self) -> Store:
+        os.environ.update({k: v for k, v in self.env.items() if k.startswith("AWS_")})
+        return Store(self.redis.url, storage=StorageOptions(
+            blob_store=self.env["AOTC_BLOB_STORE"], s3_endpoint_url=self.env.get("AOTC_S3_ENDPOINT_URL")))
+
+    def publish(self, size: int) -> tuple[str, str]:
+        path = self.base / "package.pt2"
+        digest = hashlib.sha256()
+        with open(path, "wb") as f:
+            left = size
+            while left:
+                piece = os.urandom(min(left, 8 << 20))
+                digest.update(piece)
+                f.write(piece)
+                left -= len(piece)
+        key = os.urandom(16).hex()
+        factors = {"format": 1, "model": "b" * 64, "options": {}, "spec": [], "target": "cpu-bench",
+                   "toolchain": {"torch": "bench"}}
+        store = self.store()
+        store.artifacts.put({"key": key, "factors": factors, "model_id": "b" * 64, "target": "cpu-bench",
+                             "spec": [], "options": {}}, path)
+        store.close()
+        path.unlink()
+        return key, digest.hexdigest()
+
+    def restart(self) -> float:
+        """Stop Redis and the API, start both; seconds until Redis serves reads and the API is ready."""
+        _stop(self.api)
+        self.redis.stop()
+        t0 = time.monotonic()
+        self.redis.start(timeout_s=600)
+        r = redis.Redis.from_url(self.redis.url)
+        while True:  # a Redis loading its AOF answers PING but refuses reads with LOADING
+            try:
+                r.exists("aotc:probe")
+                break
+            except redis.exceptions.BusyLoadingError:
+                time.sleep(0.01)
+        r.close()
+        self.start_api()
+        return time.monotonic() - t0
+
+    def close(self) -> None:
+        _stop(self.api)
+        self.redis.stop()
+        _stop(self.moto)
+
+
+def run_lane(backend: str, size: int, streams: int, repeat: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix=f"aotc-dl-{backend}-") as d:
+        lane = Lane(backend, Path(d))
+        try:
+            lane.start_api()
+            key, sha = lane.publish(size)
+            url = f"{lane.url}/v1/artifacts/{key}"
+            _get(url)  # warm: connections, page cache, the API's first request
+
+            one = many = float("inf")
+            assert lane.api is not None
+            with Peak(lane.api.pid) as rss:
+                for _ in range(repeat):  # the best of `repeat`: the machine may be busy with other work
+                    t0 = time.perf_counter()
+                    assert _get(url) == size
+                    one = min(one, time.perf_counter() - t0)
+                for _ in range(repeat):
+                    done: list[int] = []
+                    threads = [threading.Thread(target=lambda: done.append(_get(url))) for _ in range(streams)]
+                    t0 = time.perf_counter()
+                    for t in threads:
+                        t.start()
+                    for t in threads:
+                        t.join()
+                    many = min(many, time.perf_counter() - t0)
+                    assert done == [size] * streams, "a stream came up short"
+
+            from client import Client
+
+            with Client(lane.url, cache_dir=Path(d) / "client", timeout=120) as c:
+                t0 = time.perf_counter()
+                path = c.pull(key)
+                pull = time.perf_counter() - t0
+                assert path.stat().st_size == size
+                path.unlink()
+            redis_mb = int(redis.Redis.from_url(lane.redis.url).info("memory")["used_memory"]) / 2**20
+            restart = lane.restart()
+            return {"backend": backend, "size_bytes": size, "streams": streams, "repeat": repeat, "sha256": sha,
+                    "one_stream_mb_s": round(size / one / 1e6, 1),
+                    "many_streams_mb_s": round(size * streams / many / 1e6, 1),
+                    "pull_mb_s": round(size / pull / 1e6, 1),
+                    "api_rss_before_mb": round(rss.base / 2**20, 1),
+                    "api_rss_growth_mb": round((rss.peak - rss.base) / 2**20, 1),
+                    "redis_used_mb": round(redis_mb, 1), "restart_s": round(restart, 2)}
+        finally:
+            lane.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-mb", type=float, default=200)
+    ap.add_argument("--streams", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=3, help="Report the best of this many runs of each measure.")
+    ap.add_argument("--backends", default="redis,file,s3")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "download.json")
+    args = ap.parse_args()
+    size = int(args.size_mb * 2**20)
+    rows = []
+    for backend in args.backends.split(","):
+        print(f"{backend}: {size / 2**20:.0f} MB ...", file=sys.stderr, flush=True)
+        rows.append(run_lane(backend, size, args.streams, args.repeat))
+    head = ("backend", "1 stream MB/s", f"{args.streams} streams MB/s", "pull MB/s", "API RSS +MB", "redis MB",
+            "restart s")
+    table = [head] + [(r["backend"], r["one_stream_mb_s"], r["many_streams_mb_s"], r["pull_mb_s"],
+                       r["api_rss_growth_mb"], r["redis_used_mb"], r["restart_s"]) for r in rows]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
+    for row in table:
+        print("  ".join(str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(row, widths))))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "load_avg": os.getloadavg()},
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"), "size_mb": args.size_mb, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

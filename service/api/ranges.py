@@ -1,0 +1,51 @@
+"""Conditional and range requests for downloads (RFC 9110): `If-None-Match` (a list, weak tags too), `If-Range`
+and one `Range` of bytes.
+
+A `Range` the server cannot read (a syntax error, a unit other than bytes, several ranges) is ignored and the whole
+body is sent, as RFC 9110 allows; one that lies past the end is unsatisfiable (416).
+"""
+
+from __future__ import annotations
+
+import re
+
+_RANGE = re.compile(r"\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*")
+
+
+class Unsatisfiable(Exception):
+    pass
+
+
+def _opaque(tag: str) -> str:
+    tag = tag.strip()
+    return tag[2:] if tag.startswith("W/") else tag
+
+
+def etag_matches(if_none_match: str | None, etag: str) -> bool:
+    """`If-None-Match` names this entity tag (weak comparison, any in a list, or `*`)."""
+    if not if_none_match:
+        return False
+    tags = [t.strip() for t in if_none_match.split(",")]
+    return "*" in tags or _opaque(etag) in (_opaque(t) for t in tags)
+
+
+def byte_range(range_header: str | None, if_range: str | None, etag: str, size: int) -> tuple[int, int] | None:
+    """[start, end) that `Range` asks for, None for the whole body; Unsatisfiable past the end. `If-Range` with
+    another entity tag (strong comparison) means the client's copy is stale: the whole body."""
+    if not range_header or (if_range is not None and if_range.strip() != etag):
+        return None
+    m = _RANGE.fullmatch(range_header)
+    if m is None or (not m[1] and not m[2]):
+        return None
+    if not m[1]:  # the last N bytes
+        n = int(m[2])
+        if n == 0 or size == 0:
+            raise Unsatisfiable
+        return max(0, size - n), size
+    start = int(m[1])
+    end = size if not m[2] else int(m[2]) + 1
+    if m[2] and end <= start:
+        return None  # last < first: invalid, so ignored
+    if start >= size:
+        raise Unsatisfiable
+    return start, min(end, size)

@@ -1,0 +1,188 @@
+"""compiler.scan, the second line after codegen: what it finds and ignores in C++ and Python, on a real package
+(none on a clean one; one call added to its wrapper), and through a real compile whose generated wrapper calls
+`std::system`: UnsafeCode, the package removed, and nothing run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from compiler import stages
+from compiler.errors import Failure, UnsafeCode
+from compiler.options import CompileOptions
+from compiler.pipeline import compile_model
+from compiler.scan import scan_cpp, scan_package, scan_python
+from modelzoo import InplaceReduce, export, seeded
+
+sys.path.insert(0, str(Path(__file__).parent / "hostileops"))
+from aotc_hostileops import SignOfLinear, hostile_sign_lowering  # noqa: E402
+
+
+def calls(findings: list) -> list[tuple[int, str]]:
+    return [(f.line, f.call) for f in findings]
+
+
+# -- C++ -------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("src, expected", [
+    ('void f() { system("id"); }', [(1, "system")]),
+    ('void f() {\n  std::system("id");\n}', [(2, "system")]),
+    ('void f() { ::popen("id", "r"); }', [(1, "popen")]),
+    ("long f() { return syscall(59, 0, 0, 0); }", [(1, "syscall")]),
+    ('void f() { execve("/bin/sh", 0, 0); execvp("sh", 0); }', [(1, "execve"), (1, "execvp")]),
+    ("void* p = (void*)&dlopen;", [(1, "dlopen")]),  # no call, still a reference
+    ("int s = socket(2, 1, 0); connect(s, 0, 0);", [(1, "socket"), (1, "connect")]),
+    ('void f() { __asm__ volatile("syscall"); asm("nop"); }', [(1, "__asm__"), (1, "asm")]),
+    # Comment markers inside string literals are not comments: the call between them is code.
+    ('const char* a = "/*"; system("id"); const char* b = "*/";', [(1, "system")]),
+    ("int x = 1'000'000; fork();", [(1, "fork")]),  # a digit separator is not a character literal
+    ("#include <sys/socket.h>\n#include <unistd.h>\n#include \"../x.h\"\n",
+     [(1, "#include <sys/socket.h>"), (2, "#include <unistd.h>"), (3, '#include "../x.h"')]),
+    ("%:include <dlfcn.h>\n", [(1, "#include <dlfcn.h>")]),  # a digraph is a #
+    ("#define H <unistd.h>\n#include H\n", [(2, "#include")]),
+    ('#define C(a, b) a##b\nint x = C(sys, tem)("id");', [(1, "##")]),
+    ('void f() { \\u0073ystem("id"); }', [(1, "\\")]),
+    ('// harmless \\\nsystem("id");', [(1, "//...\\")]),  # g++ reads line 2 as comment; another reader might not
+    ('auto s = R"x( never closed', [(1, 'R"x(')]),
+    ("int a; /* never closed", [(1, "/*")]),
+])
+def test_cpp_calls_a_kernel_never_makes_are_found(src, expected):
+    assert calls(scan_cpp(src, "k.cpp")) == expected
+
+
+@pytest.mark.parametrize("src", [
+    '// system("id"); popen("x")\nint x = 1;',
+    '/* execve(...)\n   dlopen(...) */ int y = 2;',
+    'const char* s = "system(\\"id\\") popen( socket(";',
+    "char c = 's'; char d = '\\'';",
+    'const char* r = R"xx(system("id") )" fork( )xx"; int z;',
+    'auto y = x.clone(); auto z = p->bind(q);',  # members, not the libc functions
+    "#include <torch/csrc/inductor/cpp_prefix.h>\n#include <vector>\n#include <cmath>\n",
+    '#pragma omp parallel for\n#define CHECK(x) if (!(x)) throw std::runtime_error("system " #x)\n',
+    "void my_system_kernel(float* socket_buf) { float execve_ = 0; }",  # names that only contain a forbidden one
+])
+def test_cpp_comments_literals_members_and_allowed_headers_are_ignored(src):
+    assert scan_cpp(src, "k.cpp") == []
+
+
+# -- Python ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("src, expected", [
+    ("import os\nimport subprocess\nimport socket\nimport ctypes\n",
+     [(2, "import subprocess"), (3, "import socket"), (4, "import ctypes")]),
+    ("from ctypes import c_void_p, CDLL\n", [(1, "from ctypes import CDLL")]),
+    ("from os import system\n", [(1, "from os import system")]),
+    ("x = eval('1')\nexec('1')\nopen('/etc/passwd')\n__import__('os')\n",
+     [(1, "eval"), (2, "exec"), (3, "open"), (4, "__import__")]),
+    ("import os\nos.system('id')\nf = os.popen\n", [(2, ".system"), (3, ".popen")]),
+    ("getattr(os, 'sys' + 'tem')('id')\ngetattr(os, 'system')\n",
+     [(1, "getattr"), (2, "getattr(..., 'system')")]),
+    ("().__class__.__bases__[0].__subclasses__()\n", [(1, ".__subclasses__"), (1, ".__bases__"), (1, ".__class__")]),
+    ("globals()['__builtins__']['exec']('1')\n", [(1, "['__builtins__']"), (1, "['exec']")]),
+    ("def f(:\n", [(1, "(unparsable)")]),
+])
+def test_python_imports_builtins_and_attributes_off_the_lists_are_found(src, expected):
+    assert sorted(calls(scan_python(src, "w.py"))) == sorted(expected)
+
+
+def test_kernel_sources_handed_to_async_compile_are_scanned_at_their_own_lines():
+    src = ("k = async_compile.triton('k', '''\nimport triton\nimport os\nos.system('id')\n''', device_str='cuda')\n"
+           "c = async_compile.cpp_pybinding([], r'''\n#include <unistd.h>\nvoid f() { system(\"id\"); }\n''')\n")
+    found = scan_python(src, "w.py")
+    # A Triton kernel's module imports less than a wrapper: os is refused there.
+    assert calls(found) == [(3, "import os"), (4, ".system"), (7, "#include <unistd.h>"), (8, "system")]
+    assert found[0].file == "w.py > async_compile.triton source"
+
+
+def test_python_comments_strings_and_inductors_own_header_are_ignored():
+    src = ("from ctypes import c_void_p, c_long, c_int\nimport torch\nimport math\nimport random\nimport os\n"
+           "import tempfile\nfrom math import inf, nan\nfrom cmath import nanj\n"
+           "from torch._inductor.async_compile import AsyncCompile\n"
+           "# os.system('id'); eval(x)\ns = 'exec( open( __import__('\nasync_compile = AsyncCompile()\n"
+           "async_compile.wait(globals())\nbuf0 = getattr(torch.ops.aten, 'mm')\n")
+    assert scan_python(src, "w.py") == []
+
+
+# -- a real package --------------------------------------------------------------------------------------------
+
+SPEC = [{"name": "x", "dtype": "float32", "shape": [4, 16]}]
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    d = tmp_path_factory.mktemp("clean")
+    path = export(seeded(InplaceReduce, 11), (torch.randn(4, 16),), d / "m.pt2")
+    result = compile_model(str(path), SPEC, SPEC, CompileOptions(), "cpu", str(d / "a.pt2"))
+    return {"dir": d, "result": result, "report": json.loads(Path(result["report"]).read_text())}
+
+
+@pytest.mark.slow
+def test_a_real_package_scans_clean_in_milliseconds_and_the_report_says_what_was_scanned(clean):
+    scan = clean["report"]["stages"]["package"]["scan"]
+    assert scan["findings"] == [] and scan["files"] >= 2 and scan["bytes"] > 10_000
+    assert {f["file"].rsplit(".", 2)[-2] for f in scan["scanned"]} == {"wrapper", "kernel"}
+    assert scan["seconds"] < 0.5  # tens of milliseconds at most, against a compile of tens of seconds
+    assert "scan" in clean["report"]["timings"]
+
+
+@pytest.mark.slow
+def test_a_call_added_to_a_real_wrapper_is_found_by_file_and_line(clean):
+    package = clean["result"]["package"]
+    hostile = clean["dir"] / "hostile.pt2"
+    with zipfile.ZipFile(package) as src, zipfile.ZipFile(hostile, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith(".wrapper.cpp"):
+                wrapper, text = info.filename, data.decode()
+                lines = text.count("\n") + 1
+                # In a comment: nothing. As a static initialiser (it would run when the package loads): found.
+                data = (text + '\n// static int x = std::system("id");\n'
+                        + 'static int aotc_hostile = std::system("id");\n').encode()
+            dst.writestr(info, data)
+    found = scan_package(str(hostile)).findings
+    assert [(f.file, f.line, f.call) for f in found] == [(wrapper, lines + 2, "system")]
+    assert found[0].source == 'static int aotc_hostile = std::system("id");'
+
+
+@pytest.mark.slow
+def test_a_compile_whose_generated_code_calls_system_fails_as_unsafe_code_and_runs_nothing(tmp_path, monkeypatch):
+    marker = tmp_path / "ran"
+    batch = torch.export.Dim("batch", min=1, max=64)
+    path = export(seeded(SignOfLinear, 3), (torch.randn(4, 8),), tmp_path / "m.pt2", dynamic_shapes={"x": {0: batch}})
+    spec = [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 16}, 8]}]
+    program_inputs = [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 64, "symbol": "s0"}, 8]}]
+    # Keep a copy of what the scan refuses, to show below that the refused code was live.
+    aside = tmp_path / "aside.pt2"
+    real_scan = stages.scan
+
+    def scan_keeping_a_copy(compiled: stages.Compiled):
+        shutil.copy(compiled.package, aside)
+        return real_scan(compiled)
+
+    monkeypatch.setattr(stages, "scan", scan_keeping_a_copy)
+    seen: list[str] = []
+    with hostile_sign_lowering(str(marker)), pytest.raises(UnsafeCode) as info:
+        compile_model(str(path), spec, program_inputs, CompileOptions(), "cpu", str(tmp_path / "a.pt2"), seen.append)
+    e = info.value
+    assert e.stage == "package" and seen[-1] == "package"
+    assert ".wrapper.cpp line " in e.message and ": system (a call no generated kernel makes)" in e.message
+    assert f'std::system("touch {marker}")' in e.excerpt
+    assert not (tmp_path / "a.pt2").exists() and not marker.exists()  # removed, never loaded, nothing ran
+    failure = Failure.from_exception(e, "compile")
+    assert failure.type == "UnsafeCode" and not failure.retryable and failure.stage == "package"
+
+    # The refused package is real code: loaded and run past its assert, it runs the command.
+    from compiler.compat.aoti import aoti_load_package
+
+    refused = aoti_load_package(str(aside), "cpu")
+    refused(torch.randn(2, 8))
+    assert not marker.exists()  # 2 < 3: the assert holds and its message is never built
+    with pytest.raises(RuntimeError):
+        refused(torch.randn(4, 8))
+    assert marker.exists()
