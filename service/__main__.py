@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from service.procs import DirLock, LockHeld, die_with_parent, set_parent_death_signal
+from service.procs import DirLock, LockHeld, dying_with_this_process, set_parent_death_signal
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -115,7 +115,7 @@ class LocalWorkers:
         env = {**os.environ, "AOTC_REDIS_URL": self.redis_url, "AOTC_DEVICE": device, "AOTC_WORK_DIR": str(work)}
         # SIGKILL: a worker told to stop would wait for a Redis that is going down with us to hand its job back;
         # killed, its lease expires and the next start's reaper requeues the job. Its compile child follows it.
-        p = subprocess.Popen([sys.executable, "-m", "worker"], env=env, preexec_fn=die_with_parent(signal.SIGKILL))
+        p = subprocess.Popen(dying_with_this_process([sys.executable, "-m", "worker"], signal.SIGKILL), env=env)
         print(f"aotc: worker pid {p.pid} for device {device} (work dir {work})", file=sys.stderr)
         return p
 

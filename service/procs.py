@@ -1,8 +1,9 @@
 """What keeps `aotc-server`'s processes tidy: children that die with it, and lock files that say who holds a
 folder.
 
-- `die_with_parent`: Linux's PR_SET_PDEATHSIG, set in a child (a Popen preexec_fn, or first thing in a spawned
-  Python child), makes the kernel signal the child when its parent dies, `kill -9` included. Without it a killed
+- `dying_with_this_process`: Linux's PR_SET_PDEATHSIG, set in a child (by a launcher that then execs the real
+  program, or first thing in a spawned Python child), makes the kernel signal the child when its parent dies,
+  `kill -9` included. Without it a killed
   aotc-server leaves redis-server and the workers running, and the next start attaches to them or starts a second
   redis-server on the same append-only file.
 - `DirLock`: an exclusive `flock` on a file in a folder, held for a process's life. The kernel drops it when the
@@ -18,7 +19,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
@@ -35,17 +35,18 @@ def set_parent_death_signal(sig: int, parent: int | None) -> None:
         os._exit(1)
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
-    """A Popen preexec_fn: the child gets `sig` when the process that started it dies.
+def dying_with_this_process(argv: list[str], sig: int = signal.SIGTERM) -> list[str]:
+    """The command line that runs `argv` so that it gets `sig` when this process dies.
 
-    The kernel ties this to the thread that forked the child, so start children from a thread that lives as long
-    as the process (aotc-server starts them from its main thread)."""
-    parent = os.getpid()
+    A small launcher (this file run as a script) sets the signal in the child, then execs `argv`: the setting
+    survives exec, and the pid stays the same, so Popen's pid is the program's. A Popen preexec_fn would do the
+    same, but runs Python between fork and exec, which can deadlock in a process with other threads (a lock held
+    at fork time), and a supervisor restarts workers from a thread while the API serves.
 
-    def preexec() -> None:
-        set_parent_death_signal(sig, parent)
-
-    return preexec
+    The kernel ties the signal to the thread that started the child, so start children from a thread that lives
+    as long as they should (aotc-server: its main thread, or the one that supervises its workers)."""
+    # By path, isolated (-I): the launcher needs only the standard library, whatever sys.path the child would have.
+    return [sys.executable, "-I", os.path.abspath(__file__), str(os.getpid()), str(int(sig)), *argv]
 
 
 class LockHeld(RuntimeError):
@@ -95,3 +96,9 @@ class DirLock:
         if self.fd is not None:
             os.close(self.fd)  # other holders (children it was passed to) keep it until they end
             self.fd = None
+
+
+if __name__ == "__main__":  # the launcher: python -I service/procs.py PARENT_PID SIGNAL PROGRAM [ARGS...]
+    _parent, _sig, *_argv = sys.argv[1:]
+    set_parent_death_signal(int(_sig), int(_parent))
+    os.execvp(_argv[0], _argv)

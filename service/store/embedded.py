@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from service.procs import DirLock, LockHeld, die_with_parent
+from service.procs import DirLock, LockHeld, dying_with_this_process
 
 
 def redis_server_binary() -> str:
@@ -70,9 +70,10 @@ class EmbeddedRedis:
             "--logfile", str(self.data_dir / "redis.log"),
         ]
         assert self.lock.fd is not None
+        if self.die_with_parent:
+            args = dying_with_this_process(args, signal.SIGTERM)
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     pass_fds=(self.lock.fd,),
-                                     preexec_fn=die_with_parent(signal.SIGTERM) if self.die_with_parent else None)
+                                     pass_fds=(self.lock.fd,))
         self.lock.note(f"redis-server pid {self.proc.pid} on port {self.port}, started by pid {os.getpid()}")
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout_s
