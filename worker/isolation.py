@@ -72,7 +72,7 @@ class Sandbox:
     bwrap: str | None = None
     uid: int = field(default_factory=os.getuid)
     gid: int = field(default_factory=os.getgid)
-    hidden: tuple[Path, ...] = ()  # tmpfs over each (also: the work dir, the headers dir)
+    hidden: tuple[Path, ...] = ()  # an empty tmpfs over each
     needed: tuple[Path, ...] = ()  # what children must read: Python, this checkout, PYTHONPATH
     pythonpath: tuple[str, ...] = ()
     ld_preload: str = ""
@@ -128,7 +128,7 @@ class Sandbox:
             return shim, {"env": env, "cwd": str(childdir)}
         assert self.bwrap is not None
         made: set[Path] = set()
-        argv = [self.bwrap, *self._namespaces(), *self._mounts(device, [*self.hidden, *hide], childdir / "tmp", made),
+        argv = [self.bwrap, *self._namespaces(), *self._mounts(device, [*self.hidden, *hide], jobdir, childdir, made),
                 *_bind("--ro-bind", jobdir, jobdir, made), *_bind("--bind", childdir, childdir, made)]
         for src, dest in ro_files:
             argv += _bind("--ro-bind", src, dest, made)
@@ -160,8 +160,9 @@ class Sandbox:
             return {"user": self.uid, "group": self.gid, "extra_groups": [], "env": _bwrap_env()}
         return {"env": _bwrap_env()}
 
-    def _mounts(self, device: str, hidden: Iterable[Path], tmp: Path, made: set[Path]) -> list[str]:
-        """`/` read-only, a new /dev and /proc, the child's own `tmp` as /tmp (some torch code ignores TMPDIR:
+    def _mounts(self, device: str, hidden: Iterable[Path], jobdir: Path, childdir: Path,
+                made: set[Path]) -> list[str]:
+        """`/` read-only, a new /dev and /proc, the child's own tmp dir as /tmp (some torch code ignores TMPDIR:
         the AOTInductor loader of torch 2.11 extracts packages into /tmp/XXXXXX), tmpfs over what else is hidden,
         what children need bound back: the ops ordered by depth so that a bind inside a hidden dir comes after the
         tmpfs over it, and a hidden dir inside a bound one after the bind."""
@@ -174,7 +175,7 @@ class Sandbox:
         ops: list[tuple[int, int, Path, str]] = []
         blocked: set[Path] = set()
         if self.mode == "privileged":  # make what children need reachable: a tmpfs over what blocks it
-            for p in self.needed:
+            for p in [*self.needed, jobdir]:
                 if (a := first_blocking(p, self.uid, self.gid)) is not None:
                     blocked.add(a)
         for h in sorted(hidden | blocked):
@@ -186,7 +187,7 @@ class Sandbox:
                 ops.append((len(p.parts), 1, p, "--ro-bind"))
         for _, _, path, op in sorted(ops, key=lambda o: (o[0], o[1])):
             if op == "--tmpfs":
-                out += ["--bind", str(tmp), "/tmp"] if path == Path("/tmp") else ["--tmpfs", str(path)]
+                out += ["--bind", str(childdir / "tmp"), "/tmp"] if path == Path("/tmp") else ["--tmpfs", str(path)]
             else:
                 out += _bind(op, path, path, made)
         return out
@@ -248,6 +249,8 @@ def _pythonpath() -> tuple[str, ...]:
 def _hidden(settings: WorkerSettings) -> tuple[Path, ...]:
     paths = [Path("/tmp"), Path("/run"), Path("/var/run"), settings.work_dir, settings.data_dir,
              settings.data_dir / "redis", headers_dir(settings), Path(os.path.expanduser("~")), *settings.sandbox_hide]
+    if settings.redis_url.startswith("unix://"):  # a socket by path ignores the network namespace: hide its dir
+        paths.append(Path(settings.redis_url.removeprefix("unix://").split("?")[0]).parent)
     out = []
     for p in paths:
         real = Path(os.path.realpath(p))

@@ -6,6 +6,10 @@ any worker or API process (service.store.reaper) takes back leases left to expir
 worker that dies loses no job. The attempt is counted at claim time, so a job that keeps killing workers still
 stops at max_attempts. A worker never exits because Redis is down: it waits (worker.backoff).
 
+Before it serves, a worker sets up the sandbox its children run in (worker.isolation: it refuses to start when
+none can be set up, unless AOTC_SANDBOX=off) and, once registered, builds or finds the trusted precompiled
+headers (worker.headers); its registry record says whether its children are sandboxed.
+
 Signals never interrupt Redis calls: SIGTERM/SIGINT only set a flag. The loop stops reading, the sandbox's poll
 loop sees the flag and kills the compile, and the job is handed back with its attempt refunded. A second signal
 forces the exit (the job's lease then expires and the reaper requeues it).

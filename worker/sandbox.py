@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -209,8 +210,8 @@ def run_child(
             out = json.loads(raw)
             if out.get("ok") is True and isinstance(out.get("result") or {}, dict):
                 return Outcome(True, out.get("result") or {}, seconds=seconds)
-            failure = Failure.from_json(out.get("error") if isinstance(out.get("error"), dict) else {})
-        except (ValueError, AttributeError):
+            failure = _reported(out.get("error"), kind)
+        except (ValueError, AttributeError, RecursionError):
             failure = Failure.crashed(kind, f"{kind} child wrote an unreadable result", excerpt(log_path))
     elif died_of is not None:
         why = " (out of memory? the kernel's OOM killer sends SIGKILL)" if died_of == signal.SIGKILL else ""
@@ -223,6 +224,19 @@ def run_child(
     if (hit := limits_mod.breach(limits, died_of, text)) is not None:
         failure = Failure.limit_exceeded(kind, hit.what, hit.setting, failure.excerpt or excerpt(log_path))
     return Outcome(False, failure=failure, seconds=seconds)
+
+
+def _reported(error: Any, kind: str) -> Failure:
+    """The failure a child reported, as far as the worker believes it: a type name, a message, a stage and an
+    excerpt, each capped; nothing else it put there reaches the job record."""
+    e = error if isinstance(error, dict) else {}
+    kind_name = str(e.get("type") or "Error")
+    return Failure.from_json({
+        "type": kind_name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", kind_name) else "Error",
+        "message": str(e.get("message") or "")[:4000],
+        "stage": str(e.get("stage") or kind)[:64],
+        "excerpt": str(e.get("excerpt") or "")[:8000],
+    })
 
 
 class _Events:

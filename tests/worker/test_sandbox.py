@@ -33,7 +33,8 @@ import pytest
 import torch
 
 from modelzoo import MLP, export, seeded
-from procs import ROOT, Cluster, stop
+from procs import HEADERS_DIR, ROOT, Cluster, stop
+from service.store import keys
 from worker.limits import Limits, breach
 from worker.sandbox import read_untrusted, take
 
@@ -143,6 +144,8 @@ def test_code_in_the_compile_and_check_children_reaches_nothing_of_the_workers(c
     try:
         proc, wid = cluster.start_worker(AOTC_KEEP_WORK="1")
         record = _record(cluster, wid)
+        headers = [p for p in HEADERS_DIR.glob("*/*.h*")]
+        before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in headers}
         assert (record["sandbox"], record["sandbox_mechanism"]) == ("on", "bwrap"), record
         assert record["sandbox_uid"] != 0
 
@@ -176,6 +179,11 @@ def test_code_in_the_compile_and_check_children_reaches_nothing_of_the_workers(c
         assert not r["tried"]["r:/etc/shadow"].startswith("read") and not r["tried"]["r:/proc/1/environ"].startswith(
             "read"), r["tried"]
 
+    # The trusted precompiled headers were in the compile's TMPDIR, read-only: nothing was planted in them.
+    assert set(reports["compile"][0]["headers"]) == {p.name for p in headers} and len(headers) >= 2, reports
+    for tried in reports["compile"][0]["headers"].values():  # EROFS or EACCES (root's 0444 file), EBUSY to remove
+        assert tried.startswith(("OSError", "PermissionError")) and "removed" not in tried, tried
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in headers} == before
     assert listener.accepted == []
     assert cluster.store.r.get("aotc:probe:pwned") is None
     for m in markers:
@@ -194,7 +202,8 @@ def test_code_in_the_compile_and_check_children_reaches_nothing_of_the_workers(c
             assert secret not in text
     # And the report says how the compile was confined.
     print(f"\nprobe: uid {reports['compile'][0]['uid']}, interfaces {reports['compile'][0]['interfaces']}, "
-          f"{len(reports['compile'][0]['pids'])} pids visible; tried: {reports['check'][0]['tried']}")
+          f"{len(reports['compile'][0]['pids'])} pids visible; tried: {reports['check'][0]['tried']}; "
+          f"headers: {reports['compile'][0]['headers']}")
 
 
 def test_a_job_over_a_limit_fails_naming_the_setting_and_the_worker_takes_the_next(cluster, tmp_path):
@@ -265,7 +274,7 @@ def test_timings_a_hostile_compile_writes_in_a_bad_shape_are_not_published(clust
     g = meta["caches"]["gemm_timings"]
     # The addmm's own timings (ATen and a C++ template at least) are published; every poisoned entry is refused.
     assert g["measured"] >= 2 and g["published"] == g["measured"] and g["refused"] == len(POISON), g
-    [table] = list(cluster.store.r.scan_iter(match="aotc:tuning:gemm:*"))
+    [table] = list(cluster.store.r.scan_iter(match=keys.GEMM_TUNING_PATTERN))
     fields = [json.loads(f) for f in cluster.store.r.hkeys(table)]
     assert len(fields) == g["published"] and all(f[0] == "addmm" for f in fields), fields
     assert not {tuple(f) for f in fields} & {entry for entry, _ in POISON}

@@ -11,7 +11,8 @@ child's task and acts on the names of the model's inputs, which the models below
 - `hang` (compile): Inductor's graph lowering never returns;
 - `probe` (compile and check): runs what an attacker's code would, as the child starts (the sandbox and the limits
   are in place before any of it runs): connects to each port on 127.0.0.1, writes each "w:PATH", reads each
-  "r:PATH", and records its uid, no_new_privs, environment and network interfaces. The plan (ports, paths) is
+  "r:PATH", tries to change the precompiled headers that later compiles would include, and records its uid,
+  no_new_privs, environment and network interfaces. The plan (ports, paths) is
   probe-plan.json three levels above the job dir (beside the test cluster's data dir: JOBDIR is DATA/work/JOB);
   the report goes to the child's log as `AOTC-PROBE KIND {json}`;
 - `poison` (compile): writes timings of shapes Inductor never writes into the compile's max-autotune timings file
@@ -133,6 +134,21 @@ def probe(where: str, jobdir: Path) -> dict[str, Any]:
         except OSError as e:
             tried[spec] = f"{type(e).__name__}: {e}"
     out["tried"] = tried
+    headers: dict[str, str] = {}  # the trusted precompiled headers, bound read-only into a compile's TMPDIR
+    pch = Path(os.environ.get("TMPDIR", "/tmp")) / "torchinductor_aotc" / "precompiled_headers"
+    for p in sorted(pch.glob("*.h*")):
+        try:
+            with open(p, "ab") as f:
+                f.write(b"\n#error planted by the probe\n")
+            headers[p.name] = "written"
+        except OSError as e:
+            headers[p.name] = f"{type(e).__name__}: {e}"
+        try:
+            p.unlink()
+            headers[p.name] += "; removed"
+        except OSError as e:
+            headers[p.name] += f"; {type(e).__name__}: {e}"
+    out["headers"] = headers
     return out
 
 
