@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from procs import MAX_UPLOAD_MB, ROOT, start_api, start_worker, stop, wait_workers
+from procs import ADMIN_KEY, MAX_UPLOAD_MB, ROOT, start_api, start_worker, stop, wait_workers
 from service.store import Store
 from service.store.embedded import EmbeddedRedis
+
+# The SDK and the CLI the tests run (in this process or as subprocesses) authenticate with the admin key.
+os.environ["AOTC_API_KEY"] = ADMIN_KEY
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +42,7 @@ def service_env(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFa
         "AOTC_WORK_DIR": str(data / "work"),
         "AOTC_MAX_UPLOAD_MB": str(MAX_UPLOAD_MB),
         "AOTC_DEVICE": "cpu",
+        "AOTC_ADMIN_KEY": ADMIN_KEY,
     }
 
 

@@ -21,6 +21,13 @@ MAX_UPLOAD_MB = 8  # the API under test refuses larger uploads; every test model
 # needs it and kept across runs (a new toolchain builds a new set): without it each test worker's warm-up compile
 # would build its own, about a minute on 2 cores. Workers still run their compiles sandboxed (AOTC_SANDBOX=on).
 HEADERS_DIR = ROOT / ".aotc" / "test-headers"
+# Every test service runs with auth on: its API gets this bootstrap admin key (AOTC_ADMIN_KEY), and the tests,
+# the SDK and the CLI they run send it (AOTC_API_KEY, set by conftest.py). Tests of scopes and namespaces create
+# their own keys with it; the open mode has its own test.
+ADMIN_KEY = "aotc-test-admin-key-3f9c2a7d51e04b68"
+AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
+# httpx's module-level calls, with the admin key: `api.get(url)` where a test would write `httpx.get(url)`.
+api = httpx.Client(headers=AUTH, timeout=5.0)
 
 
 def _worker_env(env: dict[str, str], **extra: str) -> dict[str, str]:
@@ -103,7 +110,8 @@ class Cluster:
         self.base = base
         self.redis = EmbeddedRedis(base / "redis").start()
         self.store = Store(self.redis.url)
-        common = {**os.environ, "AOTC_REDIS_URL": self.redis.url, "AOTC_DATA_DIR": str(base), **(env or {})}
+        common = {**os.environ, "AOTC_REDIS_URL": self.redis.url, "AOTC_DATA_DIR": str(base), "AOTC_ADMIN_KEY": ADMIN_KEY,
+                  **(env or {})}
         self.api_env = {**common, "PYTHONPATH": str(ROOT)}  # the API never imports torch
         self.worker_env = {
             **common, "PYTHONPATH": os.pathsep.join([str(ROOT), *(worker_path or [])]), "AOTC_DEVICE": "cpu",

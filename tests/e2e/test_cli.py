@@ -8,12 +8,11 @@ import re
 import subprocess
 import sys
 
-import httpx
 import pytest
 import torch
 
 from modelzoo import MLP, export, seeded
-from procs import ROOT
+from procs import ROOT, api
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +30,7 @@ def test_compile_pull_and_run_through_the_cli(api_url, worker, tmp_path):
                 "--inductor", "epilogue_fusion=false")
     assert done.returncode == 0, done.stderr
     key = done.stdout.strip().splitlines()[-1]
-    meta = httpx.get(f"{api_url}/v1/artifacts/{key}/meta").json()
+    meta = api.get(f"{api_url}/v1/artifacts/{key}/meta").json()
     assert meta["factors"]["options"]["freezing"] is True  # the flags reached the cache key
     assert meta["factors"]["options"]["inductor"]["epilogue_fusion"] is False
     assert f"artifact {key}:" in done.stderr and "succeeded" in done.stderr

@@ -6,18 +6,17 @@ import concurrent.futures as cf
 import hashlib
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
 from modelzoo import MLP, ConvNet, export, seeded
-from procs import wait_job
+from procs import api, wait_job
 
 pytestmark = pytest.mark.slow
 
 
 def _upload(api_url: str, path: Path) -> dict:
-    r = httpx.post(f"{api_url}/v1/models", content=path.read_bytes(), timeout=60)
+    r = api.post(f"{api_url}/v1/models", content=path.read_bytes(), timeout=60)
     assert r.status_code in (200, 201), r.text
     return r.json()
 
@@ -30,20 +29,20 @@ def test_conv_net_compiles_checks_and_matches_eager(api_url, worker, client, sto
     assert rec["id"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert rec["inputs"] == [{"name": "x", "dtype": "float32", "shape": [2, 3, 32, 32]}]
 
-    r = httpx.post(f"{api_url}/v1/compilations", json={"model_id": rec["id"], "shapes": {"x": [2, 3, 32, 32]}})
+    r = api.post(f"{api_url}/v1/compilations", json={"model_id": rec["id"], "shapes": {"x": [2, 3, 32, 32]}})
     assert r.status_code == 202, r.text
     job = wait_job(api_url, r.json()["job"]["id"])
     assert job["state"] == "succeeded", job.get("error")
     assert job["attempts"] == 1
     assert set(job["timings"]) >= {"load", "capture", "compile", "check"}
 
-    meta = httpx.get(f"{api_url}/v1/artifacts/{job['artifact']}/meta").json()
+    meta = api.get(f"{api_url}/v1/artifacts/{job['artifact']}/meta").json()
     assert meta["factors"]["model"] == rec["id"]
     assert meta["factors"]["target"] == worker["target"]
     assert meta["factors"]["toolchain"]["torch"] == torch.__version__
     assert meta["check"]["passed"] is True and meta["check"]["max_rel_err"] < 1e-4
 
-    head = httpx.head(f"{api_url}/v1/artifacts/{job['artifact']}")
+    head = api.head(f"{api_url}/v1/artifacts/{job['artifact']}")
     assert head.status_code == 200 and head.headers["etag"] == f'"{meta["sha256"]}"'
     assert int(head.headers["content-length"]) == meta["size"]
 
@@ -76,7 +75,7 @@ def test_mlp_dynamic_batch_one_artifact_serves_the_range(api_url, worker, client
     found = client.lookup(rec["id"], {"x": [17, 32]}, target="cpu")
     assert found is not None and found.key == art.key
     assert client.lookup(rec["id"], {"x": [65, 32]}, target="cpu") is None
-    r = httpx.get(f"{client.url}/v1/artifacts/lookup", params={"model_id": rec["id"], "shape": "x=65x32"})
+    r = api.get(f"{client.url}/v1/artifacts/lookup", params={"model_id": rec["id"], "shape": "x=65x32"})
     assert r.status_code == 404 and "x=65x32" in r.json()["error"]["message"]
 
 
@@ -88,7 +87,7 @@ def test_identical_requests_hit_the_cache_and_share_one_job(api_url, worker, sto
     compiles_before = store.caches.compiles()
 
     with cf.ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda _: httpx.post(f"{api_url}/v1/compilations", json=body, timeout=30), range(8)))
+        answers = list(pool.map(lambda _: api.post(f"{api_url}/v1/compilations", json=body, timeout=30), range(8)))
     assert all(a.status_code == 202 for a in answers), [a.text for a in answers]
     job_ids = {a.json()["job"]["id"] for a in answers}
     assert len(job_ids) == 1
@@ -97,13 +96,13 @@ def test_identical_requests_hit_the_cache_and_share_one_job(api_url, worker, sto
     assert job["state"] == "succeeded", job.get("error")
     assert store.caches.compiles() == compiles_before + 1
 
-    again = httpx.post(f"{api_url}/v1/compilations", json=body)
+    again = api.post(f"{api_url}/v1/compilations", json=body)
     assert again.status_code == 200 and again.json()["status"] == "cached"
     assert again.json()["key"] == job["artifact"]
     assert store.caches.compiles() == compiles_before + 1  # the hit compiled nothing
 
     # Another shape is another key, hence another compile.
-    other = httpx.post(f"{api_url}/v1/compilations",
+    other = api.post(f"{api_url}/v1/compilations",
                        json={**body, "shapes": {"x": [8, 16]}, "options": {"mode": "default"}})
     assert other.status_code == 200  # spelling the default option out changes nothing
 
@@ -111,7 +110,7 @@ def test_identical_requests_hit_the_cache_and_share_one_job(api_url, worker, sto
 def test_no_live_worker_for_target_is_a_clear_503(api_url, worker, tmp_path):
     path = export(seeded(MLP, 4), (torch.randn(2, 32),), tmp_path / "m.pt2")
     rec = _upload(api_url, path)
-    r = httpx.post(f"{api_url}/v1/compilations",
+    r = api.post(f"{api_url}/v1/compilations",
                    json={"model_id": rec["id"], "shapes": {"x": [2, 32]}, "target": "cuda"})
     assert r.status_code == 503
     err = r.json()["error"]

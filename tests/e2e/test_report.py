@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from modelzoo import InplaceReduce, export, seeded
-from procs import wait_job
+from procs import api, wait_job
 
 pytestmark = pytest.mark.slow
 
@@ -52,9 +52,9 @@ def bundle(api_url, worker, tmp_path_factory):
     batch = torch.export.Dim("batch", min=1, max=64)
     path = export(model, (torch.randn(4, 16),), tmp_path_factory.mktemp("m") / "ir.pt2",
                   dynamic_shapes={"x": {0: batch}})
-    rec = httpx.post(f"{api_url}/v1/models", content=path.read_bytes(), timeout=60).json()
+    rec = api.post(f"{api_url}/v1/models", content=path.read_bytes(), timeout=60).json()
     body = {"model_id": rec["id"], "shapes": {"x": "1..16x16"}, "buckets": [{"x": [8, 16]}]}
-    r = httpx.post(f"{api_url}/v1/compilations", json=body, timeout=30)
+    r = api.post(f"{api_url}/v1/compilations", json=body, timeout=30)
     assert r.status_code == 202, r.text
     answer = r.json()
     jobs = [wait_job(api_url, a["job"]["id"]) for a in [answer, *answer["buckets"]]]
@@ -65,7 +65,7 @@ def bundle(api_url, worker, tmp_path_factory):
 
 
 def _get(api_url: str, path: str) -> httpx.Response:
-    r = httpx.get(api_url + path, timeout=30)
+    r = api.get(api_url + path, timeout=30)
     assert r.status_code == 200, r.text
     return r
 
@@ -74,10 +74,10 @@ def test_buckets_get_their_own_keys_and_a_repeat_request_is_all_cached(api_url, 
     keys = [bundle["answer"]["key"]] + [b["key"] for b in bundle["answer"]["buckets"]]
     assert len(set(keys)) == 2
     assert [b["spec"][0]["shape"] for b in bundle["answer"]["buckets"]] == [[8, 16]]
-    again = httpx.post(f"{api_url}/v1/compilations", json=bundle["body"], timeout=30)
+    again = api.post(f"{api_url}/v1/compilations", json=bundle["body"], timeout=30)
     assert again.status_code == 200 and again.json()["status"] == "cached"
     assert [b["status"] for b in again.json()["buckets"]] == ["cached"]
-    bad = httpx.post(f"{api_url}/v1/compilations", json={**bundle["body"], "buckets": [{"x": "1..4x16"}]})
+    bad = api.post(f"{api_url}/v1/compilations", json={**bundle["body"], "buckets": [{"x": "1..4x16"}]})
     assert bad.status_code == 422 and "bucket 0" in bad.json()["error"]["message"]
 
 
@@ -161,7 +161,7 @@ def test_fusion_shows_fewer_kernels_than_nodes_and_the_source_is_served(api_url,
     meta = _get(api_url, f"/v1/artifacts/{key}/meta").json()
     assert check["passed"] is True and check["compiled_ms"] == meta["check"]["compiled_ms"]
     assert rep["stages"]["package"]["bytes"] == meta["size"]
-    assert httpx.get(f"{api_url}/v1/artifacts/{key}/source/code/nope.cpp").status_code == 404
+    assert api.get(f"{api_url}/v1/artifacts/{key}/source/code/nope.cpp").status_code == 404
 
 
 def test_bundle_runs_the_bucket_that_fits_else_the_dynamic_artifact(api_url, client, bundle):
@@ -197,14 +197,14 @@ def test_aotc_report_prints_the_stage_table(api_url, bundle):
 def test_training_mode_reports_the_joint_graph_and_partition(api_url, client, bundle):
     body = {**bundle["body"], "shapes": {"x": [4, 16]}, "options": {"mode": "training"}}
     body.pop("buckets")
-    r = httpx.post(f"{api_url}/v1/compilations", json=body, timeout=30)
+    r = api.post(f"{api_url}/v1/compilations", json=body, timeout=30)
     assert r.status_code == 202, r.text
     job = wait_job(api_url, r.json()["job"]["id"])
     assert job["state"] == "succeeded", job.get("error")
     key = job["artifact"]
     meta = _get(api_url, f"/v1/artifacts/{key}/meta").json()
     assert meta["package"] is False and meta["check"] is None
-    assert httpx.get(f"{api_url}/v1/artifacts/{key}").status_code == 409
+    assert api.get(f"{api_url}/v1/artifacts/{key}").status_code == 409
     rep = _get(api_url, f"/v1/artifacts/{key}/report").json()
     tr = rep["stages"]["autograd"]["training"]
     backward = _get(api_url, f"/v1/artifacts/{key}/source/graphs/backward.py").text

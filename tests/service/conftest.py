@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from procs import stop
+from procs import api, stop
 from service.store.embedded import free_port
 
 # moto accepts any credentials; boto3 needs some to sign with.
@@ -31,7 +31,7 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     while True:
         assert proc.poll() is None, f"moto exited: {log.read_text()[-2000:]}"
         try:
-            httpx.get(url, timeout=1)
+            api.get(url, timeout=1)
             break
         except httpx.TransportError:
             assert time.monotonic() < deadline, "moto did not answer in 60 s"

@@ -16,13 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
 
 from modelzoo import MLP, export, seeded
 from procs import Cluster as BaseCluster
-from procs import stop
+from procs import api, stop
 from service.store import Store
 
 FAULTOPS = Path(__file__).resolve().parent / "faultops"
@@ -113,7 +112,7 @@ def test_segfault_and_hang_fail_their_jobs_with_the_reason_and_the_worker_lives_
     assert "Segmentation fault" in err["excerpt"] and "aotc_faultops.py" in err["excerpt"]  # faulthandler's stack
     assert [(f["attempt"], f["type"], f["worker"]) for f in err["failures"]] == [(1, "Crashed", wid),
                                                                                (2, "Crashed", wid)]
-    assert crash["id"] in [j["id"] for j in httpx.get(f"{cluster.url}/v1/jobs/deadletter").json()["jobs"]]
+    assert crash["id"] in [j["id"] for j in api.get(f"{cluster.url}/v1/jobs/deadletter").json()["jobs"]]
 
     # The worker is alive and takes the next job: one that hangs in the compiler, until the timeout kills it.
     assert proc.poll() is None and wid in [w["id"] for w in cluster.store.workers.live()]
@@ -138,10 +137,10 @@ def test_sigterm_hands_the_job_back_unspent_and_cancel_stops_queued_and_running_
     queued = cluster.submit(cluster.upload(_model(tmp_path, "hang", 4)))
     assert cluster.job(queued["id"])["state"] == "queued"
     t0 = time.monotonic()
-    r = httpx.delete(f"{cluster.url}/v1/jobs/{queued['id']}")
+    r = api.delete(f"{cluster.url}/v1/jobs/{queued['id']}")
     queued_cancel_ms = (time.monotonic() - t0) * 1000
     assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
-    assert httpx.delete(f"{cluster.url}/v1/jobs/{queued['id']}").status_code == 409
+    assert api.delete(f"{cluster.url}/v1/jobs/{queued['id']}").status_code == 409
 
     # SIGTERM mid-compile: the worker kills the compile, hands the job back without spending the attempt, exits.
     t0 = time.monotonic()
@@ -156,7 +155,7 @@ def test_sigterm_hands_the_job_back_unspent_and_cancel_stops_queued_and_running_
     w2, w2_id = cluster.start_worker()
     cluster.wait_for(hang["id"], lambda j: _compiling(j) and j.get("worker") == w2_id)
     t0 = time.monotonic()
-    r = httpx.delete(f"{cluster.url}/v1/jobs/{hang['id']}")
+    r = api.delete(f"{cluster.url}/v1/jobs/{hang['id']}")
     assert r.status_code == 202 and r.json()["cancel_requested"] is True, r.text
     job = cluster.wait_end(hang["id"], timeout=15)
     running_cancel_s = time.monotonic() - t0
@@ -199,7 +198,7 @@ def test_kill_9_mid_compile_another_worker_takes_over_and_the_artifact_is_stored
     assert [(f["type"], f["worker"]) for f in done["failures"]] == [("WorkerLost", victim)]
     assert done["failures"][0]["message"].startswith(f"worker lost: {victim} stopped renewing its lease during ")
     assert cluster.store.caches.compiles() == compiles0 + 2  # ran at most twice
-    meta = httpx.get(f"{cluster.url}/v1/artifacts/{done['artifact']}/meta").json()
+    meta = api.get(f"{cluster.url}/v1/artifacts/{done['artifact']}/meta").json()
     assert meta["job_id"] == job["id"] and meta["worker"]["id"] == survivor
     assert cluster.store.r.zscore("aotc:artifacts:index", done["artifact"]) is not None
     assert len([k for k in cluster.store.r.zrange("aotc:artifacts:index", 0, -1) if k == done["artifact"]]) == 1
@@ -219,7 +218,7 @@ def test_twenty_identical_requests_on_two_apis_make_one_compile_and_all_see_it(c
 
     def one(i: int) -> tuple[str, str, str]:
         url = (cluster.url, url2)[i % 2]
-        answer = httpx.post(f"{url}/v1/compilations", json=body, timeout=30).json()
+        answer = api.post(f"{url}/v1/compilations", json=body, timeout=30).json()
         with Client(url, timeout=30) as c:  # waits on the job's server-sent events
             seen: list[str] = []
             art = c.wait(answer["job"]["id"], progress=lambda j: seen.append(j["state"]), timeout=240)
@@ -245,7 +244,7 @@ def test_redis_restart_loses_no_queued_job_and_the_api_says_503_meanwhile(cluste
 
     cluster.redis.stop()  # SIGTERM: redis-server flushes its append-only file
     t0 = time.monotonic()
-    r = httpx.get(f"{cluster.url}/v1/jobs", timeout=30)
+    r = api.get(f"{cluster.url}/v1/jobs", timeout=30)
     down_answer_s = time.monotonic() - t0
     assert r.status_code == 503 and r.headers["retry-after"] == "2"
     assert r.json()["error"]["code"] == "redis_unavailable"
@@ -253,14 +252,14 @@ def test_redis_restart_loses_no_queued_job_and_the_api_says_503_meanwhile(cluste
     time.sleep(1.0)
     cluster.redis.start()  # same port, same data folder
     t0 = time.monotonic()
-    while httpx.get(f"{cluster.url}/v1/jobs", timeout=30).status_code != 200:
+    while api.get(f"{cluster.url}/v1/jobs", timeout=30).status_code != 200:
         assert time.monotonic() - t0 < 10
         time.sleep(0.1)
     recovered_s = time.monotonic() - t0
 
     # The running job survived too (its lease is renewed again): cancel it, then the queue drains.
     assert cluster.job(busy["id"])["state"] == "running"
-    assert httpx.delete(f"{cluster.url}/v1/jobs/{busy['id']}").status_code == 202
+    assert api.delete(f"{cluster.url}/v1/jobs/{busy['id']}").status_code == 202
     assert cluster.wait_end(busy["id"], timeout=30)["state"] == "cancelled"
     done = [cluster.wait_end(j["id"]) for j in (inter, batch)]
     assert [j["state"] for j in done] == ["succeeded"] * 2, [j.get("error") for j in done]

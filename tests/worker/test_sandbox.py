@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import httpx
 import pytest
 import torch
 
 from modelzoo import MLP, export, seeded
-from procs import HEADERS_DIR, ROOT, Cluster, stop
+from procs import HEADERS_DIR, ROOT, Cluster, api, stop
 from service.store import keys
 from worker.limits import Limits, breach
 from worker.sandbox import read_untrusted, take
@@ -81,7 +80,7 @@ def _stop_what_the_test_started(request: pytest.FixtureRequest) -> Iterator[None
 
 
 def _record(cluster: Cluster, worker_id: str) -> dict[str, Any]:
-    workers = httpx.get(f"{cluster.url}/v1/workers", timeout=30).json()["workers"]
+    workers = api.get(f"{cluster.url}/v1/workers", timeout=30).json()["workers"]
     return next(w for w in workers if w["id"] == worker_id)
 
 
@@ -193,9 +192,9 @@ def test_code_in_the_compile_and_check_children_reaches_nothing_of_the_workers(c
     assert (jobdir / "compile" / "tmp").stat().st_uid == record["sandbox_uid"]
     assert (jobdir / "results" / "artifact.pt2").stat().st_uid == os.getuid()
     # The secrets appear nowhere: not in the job, the artifact, its report, the logs.
-    artifact = httpx.get(f"{cluster.url}/v1/artifacts/{done['artifact']}/meta", timeout=30).text
-    report = httpx.get(f"{cluster.url}/v1/artifacts/{done['artifact']}/report", timeout=30).text
-    job_json = httpx.get(f"{cluster.url}/v1/jobs/{job['id']}", timeout=30).text
+    artifact = api.get(f"{cluster.url}/v1/artifacts/{done['artifact']}/meta", timeout=30).text
+    report = api.get(f"{cluster.url}/v1/artifacts/{done['artifact']}/report", timeout=30).text
+    job_json = api.get(f"{cluster.url}/v1/jobs/{job['id']}", timeout=30).text
     logs = [_worker_log(cluster, proc), *(p.read_text(errors="replace") for p in jobdir.glob("*.log"))]
     for text in (artifact, report, job_json, json.dumps(reports), *logs):
         for secret in contents.values():
@@ -270,7 +269,7 @@ def test_timings_a_hostile_compile_writes_in_a_bad_shape_are_not_published(clust
     job = cluster.wait_end(cluster.submit(model, {"poison": [16, 64]}, options={"mode": "max-autotune"})["id"],
                            timeout=900)
     assert job["state"] == "succeeded", job.get("error")
-    meta = httpx.get(f"{cluster.url}/v1/artifacts/{job['artifact']}/meta", timeout=30).json()
+    meta = api.get(f"{cluster.url}/v1/artifacts/{job['artifact']}/meta", timeout=30).json()
     g = meta["caches"]["gemm_timings"]
     # The addmm's own timings (ATen and a C++ template at least) are published; every poisoned entry is refused.
     assert g["measured"] >= 2 and g["published"] == g["measured"] and g["refused"] == len(POISON), g

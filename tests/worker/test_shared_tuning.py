@@ -11,12 +11,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
 from modelzoo import export, seeded
-from procs import ROOT, Cluster, stop
+from procs import ROOT, Cluster, api, stop
 from service.store import keys
 
 pytestmark = pytest.mark.slow
@@ -48,7 +47,7 @@ def _compile(cluster: Cluster, path: Path, work: Path) -> dict:
         assert done["state"] == "succeeded", done
     finally:
         stop(proc)
-    return dict(httpx.get(f"{cluster.url}/v1/artifacts/{done['artifact']}/meta", timeout=30).json())
+    return dict(api.get(f"{cluster.url}/v1/artifacts/{done['artifact']}/meta", timeout=30).json())
 
 
 def test_max_autotune_timings_measured_by_one_worker_spare_the_next_the_benchmarking(cluster, tmp_path):

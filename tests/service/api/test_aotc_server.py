@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 import procs
-from procs import ROOT, stop
+from procs import ROOT, api, stop
 from service.store import Store, keys
 from service.store.embedded import free_port
 
@@ -83,7 +83,7 @@ class Server:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"aotc-server exited with {self.proc.returncode}: {self.output()}"
             try:
-                r = httpx.get(f"{self.url}/readyz", timeout=2)
+                r = api.get(f"{self.url}/readyz", timeout=2)
                 if r.status_code == 200 and len(r.json()["targets"]) >= targets:
                     return
             except httpx.TransportError:
@@ -156,7 +156,7 @@ def test_a_second_server_on_the_same_data_dir_is_refused(tmp_path, servers):
     servers.append(second)
     assert second.proc.wait(30) == 1
     assert "another aotc-server" in second.output() and "AOTC_DATA_DIR" in second.output()
-    assert httpx.get(f"{first.url}/readyz").status_code == 200  # the first one is untouched
+    assert api.get(f"{first.url}/readyz").status_code == 200  # the first one is untouched
 
 
 def test_cuda_all_without_a_gpu_says_so(tmp_path):
@@ -187,9 +187,9 @@ def test_a_restart_after_kill_9_cleans_up_and_runs_the_queued_job(tmp_path, serv
         store.workers.heartbeat({"id": "placeholder", "pid": 0, "started": time.time(), "jobs_done": 0, "job": None,
                                  **info}, 60.0)
         path = export(seeded(MLP, 11, d_in=16), (torch.randn(4, 16),), tmp_path / "mlp.pt2")
-        up = httpx.post(f"{first.url}/v1/models", content=path.read_bytes(), timeout=60)
+        up = api.post(f"{first.url}/v1/models", content=path.read_bytes(), timeout=60)
         assert up.status_code == 201, up.text
-        queued = httpx.post(f"{first.url}/v1/compilations",
+        queued = api.post(f"{first.url}/v1/compilations",
                             json={"model_id": up.json()["id"][:12], "shapes": {"x": [4, 16]}, "target": "cpu"})
         assert queued.status_code == 202, queued.text
         job_id = queued.json()["job"]["id"]
@@ -202,7 +202,7 @@ def test_a_restart_after_kill_9_cleans_up_and_runs_the_queued_job(tmp_path, serv
                     yield b"x" * 65536
                     time.sleep(0.05)
             try:
-                httpx.post(f"{first.url}/v1/models", content=body(), timeout=60)
+                api.post(f"{first.url}/v1/models", content=body(), timeout=60)
             except httpx.HTTPError:
                 pass
 
@@ -245,7 +245,7 @@ def test_a_restart_after_kill_9_cleans_up_and_runs_the_queued_job(tmp_path, serv
         assert job["state"] == "succeeded", job.get("error")
     finally:
         store.close()
-    metrics = httpx.get(f"{second.url}/metrics").text
+    metrics = api.get(f"{second.url}/metrics").text
     assert f'aotc_compile_seconds_count{{target="{info["target"]}"}} 1.0' in metrics
     assert 'aotc_jobs{state="succeeded"} 1.0' in metrics
 

@@ -8,12 +8,11 @@ import subprocess
 import sys
 import zipfile
 
-import httpx
 import pytest
 import torch
 
 from modelzoo import MLP, export, seeded
-from procs import MAX_UPLOAD_MB, ROOT
+from procs import MAX_UPLOAD_MB, ROOT, api
 from service.store import keys
 
 
@@ -26,7 +25,7 @@ def two_input_model(api_url: str, tmp_path_factory: pytest.TempPathFactory) -> d
     b = torch.export.Dim("b", min=2, max=64)
     path = export(TwoInputs(), (torch.randn(4, 8), torch.randn(4)), tmp_path_factory.mktemp("m") / "two.pt2",
                   dynamic_shapes={"x": {0: b}, "y": {0: b}})
-    r = httpx.post(f"{api_url}/v1/models", content=path.read_bytes())
+    r = api.post(f"{api_url}/v1/models", content=path.read_bytes())
     assert r.status_code == 201, r.text
     return r.json()
 
@@ -50,7 +49,7 @@ def test_upload_reports_inputs_with_dynamic_ranges(two_input_model):
 
 
 def test_same_upload_twice_is_the_same_model(api_url, two_input_model, tmp_path):
-    r = httpx.get(f"{api_url}/v1/models/{two_input_model['id']}")
+    r = api.get(f"{api_url}/v1/models/{two_input_model['id']}")
     assert r.status_code == 200 and r.json()["id"] == two_input_model["id"]
 
 
@@ -62,7 +61,7 @@ def test_same_upload_twice_is_the_same_model(api_url, two_input_model, tmp_path)
     ],
 )
 def test_upload_refusals(api_url, body, status, needle):
-    r = httpx.post(f"{api_url}/v1/models", content=body)
+    r = api.post(f"{api_url}/v1/models", content=body)
     assert r.status_code == status, r.text
     assert needle in r.json()["error"]["message"]
 
@@ -71,13 +70,13 @@ def test_zip_that_is_not_an_exported_program(api_url):
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("hello/readme.txt", "hi")
-    r = httpx.post(f"{api_url}/v1/models", content=buf.getvalue())
+    r = api.post(f"{api_url}/v1/models", content=buf.getvalue())
     assert r.status_code == 422
     assert "torch.export" in r.json()["error"]["message"]
 
 
 def test_upload_over_the_size_limit(api_url):
-    r = httpx.post(f"{api_url}/v1/models", content=b"PK" + b"\0" * (MAX_UPLOAD_MB * 2**20 + 10))
+    r = api.post(f"{api_url}/v1/models", content=b"PK" + b"\0" * (MAX_UPLOAD_MB * 2**20 + 10))
     assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
 
 
@@ -99,7 +98,7 @@ def test_archive_with_a_malicious_pickle_is_refused_at_upload(api_url, tmp_path)
                     z.writestr("archive/data.pkl", pickle.dumps(Evil(), protocol=2))
                 data = inner.getvalue()
             dst.writestr(item, data)
-    r = httpx.post(f"{api_url}/v1/models", content=evil_zip.getvalue())
+    r = api.post(f"{api_url}/v1/models", content=evil_zip.getvalue())
     assert r.status_code == 422, r.text
     assert r.json()["error"]["code"] == "unsafe_archive"
     assert "system" in r.json()["error"]["message"]
@@ -123,7 +122,7 @@ def test_archive_with_a_malicious_pickle_is_refused_at_upload(api_url, tmp_path)
 )
 def test_specs_that_contradict_the_program_are_422_and_queue_nothing(api_url, store, two_input_model, shapes, needle):
     before = _queue_state(store)
-    r = httpx.post(f"{api_url}/v1/compilations", json={"model_id": two_input_model["id"], "shapes": shapes})
+    r = api.post(f"{api_url}/v1/compilations", json={"model_id": two_input_model["id"], "shapes": shapes})
     assert r.status_code == 422, r.text
     assert needle in r.json()["error"]["message"]
     assert _queue_state(store) == before
@@ -139,21 +138,21 @@ def test_specs_that_contradict_the_program_are_422_and_queue_nothing(api_url, st
 )
 def test_bad_target_or_option_is_422(api_url, two_input_model, patch, needle):
     body = {"model_id": two_input_model["id"], "shapes": {"x": [4, 8], "y": [4]}, **patch}
-    r = httpx.post(f"{api_url}/v1/compilations", json=body)
+    r = api.post(f"{api_url}/v1/compilations", json=body)
     assert r.status_code == 422 and needle in r.json()["error"]["message"], r.text
 
 
 def test_unknown_things_are_404(api_url):
-    assert httpx.post(f"{api_url}/v1/compilations", json={"model_id": "0" * 64, "shapes": {}}).status_code == 404
+    assert api.post(f"{api_url}/v1/compilations", json={"model_id": "0" * 64, "shapes": {}}).status_code == 404
     for path in ("/v1/models/nope", "/v1/jobs/nope", "/v1/artifacts/nope", "/v1/artifacts/nope/meta"):
-        r = httpx.get(api_url + path)
+        r = api.get(api_url + path)
         assert r.status_code == 404 and "nope" in r.json()["error"]["message"], path
-    assert httpx.head(f"{api_url}/v1/artifacts/nope").status_code == 404
-    assert httpx.delete(f"{api_url}/v1/jobs/nope").status_code == 404
-    r = httpx.get(f"{api_url}/v1/artifacts/lookup", params={"model_id": "nope", "shape": "x=1"})
+    assert api.head(f"{api_url}/v1/artifacts/nope").status_code == 404
+    assert api.delete(f"{api_url}/v1/jobs/nope").status_code == 404
+    r = api.get(f"{api_url}/v1/artifacts/lookup", params={"model_id": "nope", "shape": "x=1"})
     assert r.status_code == 404
 
 
 def test_service_is_still_up(api_url):
-    assert httpx.get(f"{api_url}/healthz").json() == {"ok": True}
-    assert httpx.get(f"{api_url}/readyz").status_code == 200
+    assert api.get(f"{api_url}/healthz").json() == {"ok": True}
+    assert api.get(f"{api_url}/readyz").status_code == 200

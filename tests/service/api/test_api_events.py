@@ -26,7 +26,7 @@ from httpx_sse import connect_sse
 
 from compiler.errors import Failure
 from modelzoo import MLP, export, seeded
-from procs import ROOT, start_api, stop
+from procs import ROOT, api, start_api, stop
 from service.store import Store, keys
 from service.store.leases import Lease
 
@@ -51,8 +51,8 @@ def _model(tmp_path: Path) -> Path:
 
 
 def _submit(url: str, tmp_path: Path) -> dict[str, Any]:
-    model = httpx.post(f"{url}/v1/models", content=_model(tmp_path).read_bytes()).json()
-    r = httpx.post(f"{url}/v1/compilations", json={"model_id": model["id"], "shapes": {"x": [2, 4]}, "target": TARGET})
+    model = api.post(f"{url}/v1/models", content=_model(tmp_path).read_bytes()).json()
+    r = api.post(f"{url}/v1/compilations", json={"model_id": model["id"], "shapes": {"x": [2, 4]}, "target": TARGET})
     assert r.status_code == 202, r.text
     return dict(r.json()["job"])
 
@@ -122,7 +122,7 @@ def test_events_stream_each_change_live_then_the_job_and_resume_after_last_event
     assert again.ended.wait(10)
     assert [(e, d.get("stage")) for e, _, d in again.frames] == [("state", "compile"), ("state", "failed"),
                                                                  ("end", "failed")]
-    assert httpx.get(f"{url}/v1/jobs/{'0' * 32}/events").status_code == 404
+    assert api.get(f"{url}/v1/jobs/{'0' * 32}/events").status_code == 404
 
 
 def test_cli_compile_shows_live_progress_from_events_without_polling(api, store, service_env, tmp_path):
@@ -181,7 +181,7 @@ def test_sigterm_drains_requests_and_ends_event_streams(service_env, store, tmp_
                     yield body[i:i + step]
                     time.sleep(0.25)
 
-            answer["r"] = httpx.post(f"{url}/v1/models", content=chunks(), timeout=30)
+            answer["r"] = api.post(f"{url}/v1/models", content=chunks(), timeout=30)
 
         uploader = threading.Thread(target=slow_upload)
         uploader.start()
@@ -199,7 +199,7 @@ def test_sigterm_drains_requests_and_ends_event_streams(service_env, store, tmp_
         assert "Finished server process" in log and "timeout graceful shutdown exceeded" not in log
         print(f"\nAPI exit after SIGTERM with an upload and an event stream open: {time.monotonic() - t0:.2f} s")
         with pytest.raises(httpx.TransportError):
-            httpx.get(f"{url}/healthz", timeout=2)
+            api.get(f"{url}/healthz", timeout=2)
     finally:  # a failed assertion must not leave the API running
         stop(proc)
         store.workers.remove(f"fake-drain-{TARGET}")

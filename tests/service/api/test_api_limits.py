@@ -18,7 +18,7 @@ import torch
 
 from archives import TinyMLP, edit_json, read_json, rewrite, rezip
 from modelzoo import export
-from procs import start_api, stop
+from procs import api, start_api, stop
 from realistic import Assert, export_realistic
 
 BREAKOUT = '"); system("touch /tmp/pwned"); //'
@@ -54,7 +54,7 @@ def mlp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def upload(url: str, path_or_bytes: Path | bytes, **params: str) -> tuple[httpx.Response, float]:
     body = path_or_bytes.read_bytes() if isinstance(path_or_bytes, Path) else path_or_bytes
     t0 = time.perf_counter()
-    r = httpx.post(f"{url}/v1/models", content=body, params=params, timeout=30)
+    r = api.post(f"{url}/v1/models", content=body, params=params, timeout=30)
     return r, time.perf_counter() - t0
 
 
@@ -241,7 +241,7 @@ def dynamic_model(small_api: str, tmp_path_factory: pytest.TempPathFactory) -> d
 def test_compile_request_too_large(small_api: str, dynamic_model: dict[str, Any], shape: list[Any],
                                    needles: list[str]) -> None:
     t0 = time.perf_counter()
-    r = httpx.post(f"{small_api}/v1/compilations", json={"model_id": dynamic_model["id"], "shapes": {"x": shape}})
+    r = api.post(f"{small_api}/v1/compilations", json={"model_id": dynamic_model["id"], "shapes": {"x": shape}})
     assert time.perf_counter() - t0 < 1.0
     assert r.status_code == 422, r.text
     for needle in needles:
@@ -263,7 +263,7 @@ def test_model_names(small_api: str, mlp: Path, name: str, needle: str) -> None:
 
 
 def test_model_name_header(small_api: str, mlp: Path) -> None:
-    r = httpx.post(f"{small_api}/v1/models", content=mlp.read_bytes(), headers={"x-aotc-filename": "x" * 41})
+    r = api.post(f"{small_api}/v1/models", content=mlp.read_bytes(), headers={"x-aotc-filename": "x" * 41})
     assert r.status_code == 422 and "AOTC_MAX_MODEL_NAME_CHARS" in r.json()["error"]["message"]
-    r = httpx.post(f"{small_api}/v1/models", content=mlp.read_bytes(), params={"name": "caf\u00e9 model (v2)"})
+    r = api.post(f"{small_api}/v1/models", content=mlp.read_bytes(), params={"name": "caf\u00e9 model (v2)"})
     assert r.status_code in (200, 201), r.text

@@ -6,9 +6,7 @@ import json
 import subprocess
 import sys
 
-import httpx
-
-from procs import ROOT
+from procs import ROOT, api
 from service.store import keys
 
 
@@ -18,7 +16,7 @@ def test_shared_compile_caches_are_listed_and_cleared(api_url, store):
     store.r.set("pt2:abc::k1:c1", "{}")
     store.r.set("pt2:abc::k2:c1", "{}")
 
-    listed = httpx.get(f"{api_url}/v1/caches").json()
+    listed = api.get(f"{api_url}/v1/caches").json()
     assert {"target": "cuda-sm90", "system": "f" * 64, "entries": 3} in listed["gemm_timings"]
     assert listed["inductor_entries"] >= 2
 
@@ -27,7 +25,7 @@ def test_shared_compile_caches_are_listed_and_cleared(api_url, store):
     assert shown.returncode == 0, shown.stderr
     assert any(line.split() == ["cuda-sm90", "f" * 16, "3"] for line in shown.stdout.splitlines()), shown.stdout
 
-    removed = httpx.delete(f"{api_url}/v1/caches").json()["removed"]
+    removed = api.delete(f"{api_url}/v1/caches").json()["removed"]
     assert removed["gemm_timings"] >= 1 and removed["inductor_entries"] >= 2
-    assert httpx.get(f"{api_url}/v1/caches").json() == {"gemm_timings": [], "inductor_entries": 0}
+    assert api.get(f"{api_url}/v1/caches").json() == {"gemm_timings": [], "inductor_entries": 0}
     assert not store.r.exists(table, "pt2:abc::k1:c1")

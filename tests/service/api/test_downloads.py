@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from procs import ROOT, Cluster
+from procs import ROOT, Cluster, api
 from service.store import StorageOptions, Store, keys
 
 S3 = {"AWS_ACCESS_KEY_ID": "aotc-test", "AWS_SECRET_ACCESS_KEY": "aotc-test", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -57,10 +57,10 @@ def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 def _get(svc: Service, key: str, **headers: str) -> httpx.Response:
     """GET the package as a client would, following the S3 store's redirect with the same headers."""
-    r = httpx.get(f"{svc.url}/v1/artifacts/{key}", headers=headers, timeout=60)
+    r = api.get(f"{svc.url}/v1/artifacts/{key}", headers=headers, timeout=60)
     if svc.backend == "s3" and r.status_code == 307:
         assert r.headers["etag"] and r.headers["x-aotc-sha256"]
-        r = httpx.get(r.headers["location"], headers={k: v for k, v in headers.items() if k != "If-Range"},
+        r = api.get(r.headers["location"], headers={k: v for k, v in headers.items() if k != "If-Range"},
                       timeout=60)
     return r
 
@@ -73,7 +73,7 @@ def test_whole_ranges_and_conditional_requests(service: Service, tmp_path: Path)
     whole = _get(service, key)
     assert whole.status_code == 200 and whole.content == data
     if service.backend == "s3":  # the bytes never pass through the API
-        r = httpx.get(f"{service.url}/v1/artifacts/{key}")
+        r = api.get(f"{service.url}/v1/artifacts/{key}")
         assert r.status_code == 307 and "X-Amz-Signature" in r.headers["location"]
     else:
         assert whole.headers["etag"] == etag and whole.headers["accept-ranges"] == "bytes"
@@ -95,11 +95,11 @@ def test_whole_ranges_and_conditional_requests(service: Service, tmp_path: Path)
         assert _get(service, key, Range="bytes=5-9", **{"If-Range": etag}).content == data[5:10]
 
     for inm in (etag, f"W/{etag}", f'"other", {etag}', "*"):
-        r = httpx.get(f"{service.url}/v1/artifacts/{key}", headers={"If-None-Match": inm})
+        r = api.get(f"{service.url}/v1/artifacts/{key}", headers={"If-None-Match": inm})
         assert r.status_code == 304 and r.headers["etag"] == etag and not r.content, inm
-    assert httpx.get(f"{service.url}/v1/artifacts/{key}", headers={"If-None-Match": '"other"'}).status_code in (
+    assert api.get(f"{service.url}/v1/artifacts/{key}", headers={"If-None-Match": '"other"'}).status_code in (
         200, 307)
-    head = httpx.head(f"{service.url}/v1/artifacts/{key}")
+    head = api.head(f"{service.url}/v1/artifacts/{key}")
     assert head.status_code == 200 and head.headers["content-length"] == str(size) and not head.content
 
 
@@ -171,12 +171,12 @@ def test_a_corrupt_part_file_is_started_over(service: Service, tmp_path: Path) -
 
 def test_pin_and_unpin(service: Service, tmp_path: Path) -> None:
     key, _ = service.publish(tmp_path, 100)
-    r = httpx.post(f"{service.url}/v1/artifacts/{key}/pin")
+    r = api.post(f"{service.url}/v1/artifacts/{key}/pin")
     assert r.status_code == 200 and r.json() == {"key": key, "pinned": True}
     assert service.store.artifacts.pinned(key)
-    r = httpx.delete(f"{service.url}/v1/artifacts/{key}/pin")
+    r = api.delete(f"{service.url}/v1/artifacts/{key}/pin")
     assert r.status_code == 200 and r.json() == {"key": key, "pinned": False}
-    r = httpx.post(f"{service.url}/v1/artifacts/{'0' * 32}/pin")
+    r = api.post(f"{service.url}/v1/artifacts/{'0' * 32}/pin")
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     if service.backend != "file":
         return
@@ -206,7 +206,7 @@ def test_sixteen_streams_at_once_hold_little_memory(service: Service, tmp_path: 
 
     def pull(results: list[Any]) -> None:
         digest = hashlib.sha256()
-        with httpx.stream("GET", f"{service.url}/v1/artifacts/{key}", timeout=120) as r:
+        with api.stream("GET", f"{service.url}/v1/artifacts/{key}", timeout=120) as r:
             for piece in r.iter_raw():
                 digest.update(piece)
         results.append(digest.hexdigest())

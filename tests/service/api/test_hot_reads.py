@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from compiler import cachekey
-from procs import start_api, stop
+from procs import api, start_api, stop
 from service.store import keys
 
 X_DYNAMIC = [{"symbol": "s0", "min": 1, "max": 64}, 4]
@@ -35,7 +35,7 @@ def _publish(store, tmp_path: Path, model_id: str, dims: list, mode: str = "defa
 
 
 def _lookup(url: str, model_id: str, shape: str = "x=8x4") -> httpx.Response:
-    return httpx.get(f"{url}/v1/artifacts/lookup", params={"model_id": model_id, "target": "cpu", "shape": shape})
+    return api.get(f"{url}/v1/artifacts/lookup", params={"model_id": model_id, "target": "cpu", "shape": shape})
 
 
 def test_short_ids_resolve_through_the_index(api_url, store):
@@ -44,14 +44,14 @@ def test_short_ids_resolve_through_the_index(api_url, store):
     _model(store, b)
     assert store.models.find(a[:12]) == [a]
     assert sorted(store.models.find(a[:10])) == [a, b]
-    assert httpx.get(f"{api_url}/v1/models/{a[:12]}").json()["id"] == a
-    assert httpx.get(f"{api_url}/v1/models/{b}").json()["id"] == b
-    ambiguous = httpx.get(f"{api_url}/v1/models/{a[:10]}")
+    assert api.get(f"{api_url}/v1/models/{a[:12]}").json()["id"] == a
+    assert api.get(f"{api_url}/v1/models/{b}").json()["id"] == b
+    ambiguous = api.get(f"{api_url}/v1/models/{a[:10]}")
     assert ambiguous.status_code == 422 and "ambiguous" in ambiguous.json()["error"]["message"]
     assert _lookup(api_url, a[:10]).status_code == 422
-    assert httpx.get(f"{api_url}/v1/models/{'c' * 12}").status_code == 404
-    assert httpx.get(f"{api_url}/v1/models/not-hex-at-all").status_code == 404
-    assert httpx.get(f"{api_url}/v1/models/0123456").status_code == 404  # under 8 digits: not a prefix
+    assert api.get(f"{api_url}/v1/models/{'c' * 12}").status_code == 404
+    assert api.get(f"{api_url}/v1/models/not-hex-at-all").status_code == 404
+    assert api.get(f"{api_url}/v1/models/0123456").status_code == 404  # under 8 digits: not a prefix
 
 
 def test_meta_and_lookup_answer_the_stored_record(api_url, store, tmp_path):
@@ -60,14 +60,14 @@ def test_meta_and_lookup_answer_the_stored_record(api_url, store, tmp_path):
     key = _publish(store, tmp_path, model_id, [8, 4])
     record = store.artifacts.get(key)
     for _ in range(3):  # the first answer is rendered, the next ones come from memory: all the same
-        meta = httpx.get(f"{api_url}/v1/artifacts/{key}/meta")
+        meta = api.get(f"{api_url}/v1/artifacts/{key}/meta")
         assert meta.status_code == 200 and meta.headers["content-type"] == "application/json"
         assert meta.json() == record
         found = _lookup(api_url, model_id[:12])
         assert found.status_code == 200 and found.json() == record
     assert _lookup(api_url, model_id, "x=9x4").status_code == 404  # nothing covers it
     assert _lookup(api_url, model_id, "x=9x5").status_code == 422  # the program does not allow it
-    assert httpx.get(f"{api_url}/v1/artifacts/{'0' * 32}/meta").status_code == 404
+    assert api.get(f"{api_url}/v1/artifacts/{'0' * 32}/meta").status_code == 404
 
 
 def test_a_deleted_artifact_is_never_served_from_memory(api_url, store, tmp_path, service_env):
@@ -82,11 +82,11 @@ def test_a_deleted_artifact_is_never_served_from_memory(api_url, store, tmp_path
         for url in (api_url, other_url):
             for _ in range(3):
                 assert _lookup(url, model_id).json()["key"] == static
-                assert httpx.get(f"{url}/v1/artifacts/{static}/meta").status_code == 200
+                assert api.get(f"{url}/v1/artifacts/{static}/meta").status_code == 200
 
         store.r.delete(keys.artifact(static))
         for url in (api_url, other_url):
-            assert httpx.get(f"{url}/v1/artifacts/{static}/meta").status_code == 404
+            assert api.get(f"{url}/v1/artifacts/{static}/meta").status_code == 404
             assert _lookup(url, model_id).json()["key"] == dynamic  # the next best, ranked afresh
 
         store.r.delete(keys.artifact(dynamic))
@@ -104,10 +104,10 @@ def test_a_rewritten_artifact_record_is_served_as_it_is_now(api_url, store, tmp_
     model_id = "3d" * 32
     _model(store, model_id)
     key = _publish(store, tmp_path, model_id, [8, 4])
-    assert httpx.get(f"{api_url}/v1/artifacts/{key}/meta").json().get("note") is None
+    assert api.get(f"{api_url}/v1/artifacts/{key}/meta").json().get("note") is None
     record = store.artifacts.get(key)
     store.r.set(keys.artifact(key), json.dumps({**record, "note": "rewritten"}))
-    assert httpx.get(f"{api_url}/v1/artifacts/{key}/meta").json()["note"] == "rewritten"
+    assert api.get(f"{api_url}/v1/artifacts/{key}/meta").json()["note"] == "rewritten"
     assert _lookup(api_url, model_id).json()["note"] == "rewritten"
 
 
@@ -120,7 +120,7 @@ def test_models_stored_before_the_index_get_short_ids_at_start(store, service_en
     url, proc = start_api(service_env, tmp_path / "api-backfill.log")
     try:
         assert store.models.find(legacy[:12]) == [legacy]
-        assert httpx.get(f"{url}/v1/models/{legacy[:12]}").json()["name"] == "old"
+        assert api.get(f"{url}/v1/models/{legacy[:12]}").json()["name"] == "old"
     finally:
         stop(proc)
 

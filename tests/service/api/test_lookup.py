@@ -7,6 +7,7 @@ import time
 import httpx
 
 from compiler import cachekey
+from procs import api
 
 
 def _publish(store, tmp_path, model_id: str, spec: list, mode: str, ms: float | None = None,
@@ -31,7 +32,7 @@ def _model(store, model_id: str) -> None:
 
 
 def _lookup(api_url: str, model_id: str, **params: str) -> httpx.Response:
-    return httpx.get(f"{api_url}/v1/artifacts/lookup",
+    return api.get(f"{api_url}/v1/artifacts/lookup",
                      params={"model_id": model_id, "target": "cpu", "shape": "x=8x4", **params})
 
 

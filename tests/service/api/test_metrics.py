@@ -9,10 +9,9 @@ import json
 import time
 from pathlib import Path
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from procs import start_api, stop
+from procs import api, start_api, stop
 from service.store import keys
 
 TARGET = "cpu-x86_64-metricstest"  # a target of its own: other tests' jobs and workers do not show under it
@@ -20,7 +19,7 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def scrape(url: str) -> Samples:
-    r = httpx.get(f"{url}/metrics")
+    r = api.get(f"{url}/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
     return {(s.name, frozenset(s.labels.items())): s.value
             for family in text_string_to_metric_families(r.text) for s in family.samples}
@@ -50,7 +49,7 @@ def test_metrics_parse_and_move_as_a_job_runs(api_url, store, service_env, tmp_p
     assert value(before, "aotc_stored", kind="model") >= 1
 
     request = {"model_id": model_id, "shapes": {"x": [8, 4]}, "target": TARGET}
-    queued = httpx.post(f"{api_url}/v1/compilations", json=request)
+    queued = api.post(f"{api_url}/v1/compilations", json=request)
     assert queued.status_code == 202, queued.text
     job_id = queued.json()["job"]["id"]
     waiting = scrape(api_url)
@@ -87,9 +86,9 @@ def test_metrics_parse_and_move_as_a_job_runs(api_url, store, service_env, tmp_p
     stored = "aotc_stored_bytes"
     assert value(done, stored, kind="artifact") >= value(before, stored, kind="artifact") + 5000
 
-    cached = httpx.post(f"{api_url}/v1/compilations", json=request)
+    cached = api.post(f"{api_url}/v1/compilations", json=request)
     assert cached.status_code == 200 and cached.json()["status"] == "cached"
-    pulled = httpx.get(f"{api_url}/v1/artifacts/{job['key']}", follow_redirects=True)
+    pulled = api.get(f"{api_url}/v1/artifacts/{job['key']}", follow_redirects=True)
     assert pulled.status_code == 200 and len(pulled.content) == 5000
     after = scrape(api_url)
     assert value(after, "aotc_compilation_cache_hits_total") == value(done, "aotc_compilation_cache_hits_total") + 1

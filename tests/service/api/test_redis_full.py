@@ -12,13 +12,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 import torch
 
 from modelzoo import MLP, export, seeded
-from procs import ROOT, Cluster
+from procs import ROOT, Cluster, api
 from service.store import Store
 from service.store.embedded import EmbeddedRedis, free_port
 
@@ -36,7 +35,7 @@ def _model(tmp: Path, seed: int) -> bytes:
 
 def test_a_full_redis_answers_507_and_says_why(cluster: Cluster, tmp_path: Path) -> None:
     url = cluster.url
-    model = httpx.post(f"{url}/v1/models", content=_model(tmp_path, 1), timeout=60)
+    model = api.post(f"{url}/v1/models", content=_model(tmp_path, 1), timeout=60)
     assert model.status_code == 201, model.text
     key = os.urandom(16).hex()
     (tmp_path / "pkg").write_bytes(b"package bytes")
@@ -56,42 +55,42 @@ def test_a_full_redis_answers_507_and_says_why(cluster: Cluster, tmp_path: Path)
         # Full for good (noeviction never drops a key), not just at the edge where a small write still fits.
         r.config_set("maxmemory", int(r.info("memory")["used_memory"]) - 2**20)
 
-        up = httpx.post(f"{url}/v1/models", content=second, timeout=60)
+        up = api.post(f"{url}/v1/models", content=second, timeout=60)
         assert up.status_code == 507, up.text
         assert up.json()["error"]["code"] == "insufficient_storage" and "out of memory" in up.json()["error"]["message"]
 
-        ready = httpx.get(f"{url}/readyz")
+        ready = api.get(f"{url}/readyz")
         assert ready.status_code == 507 and "out of memory" in ready.json()["error"]["message"]
 
-        compile_ = httpx.post(f"{url}/v1/compilations", json={"model_id": model.json()["id"], "shapes": {"x": [2, 16]}})
+        compile_ = api.post(f"{url}/v1/compilations", json={"model_id": model.json()["id"], "shapes": {"x": [2, 16]}})
         assert compile_.status_code == 507, compile_.text  # not "no live worker": Redis cannot hear them
         assert "heartbeats" in compile_.json()["error"]["message"]
 
-        assert httpx.get(f"{url}/v1/models").status_code == 200  # reads go on
-        pulled = httpx.get(f"{url}/v1/artifacts/{key}")
+        assert api.get(f"{url}/v1/models").status_code == 200  # reads go on
+        pulled = api.get(f"{url}/v1/artifacts/{key}")
         assert pulled.status_code == 200 and pulled.content == b"package bytes"
-        assert httpx.post(f"{url}/v1/artifacts/{key}/pin").status_code == 507
+        assert api.post(f"{url}/v1/artifacts/{key}/pin").status_code == 507
     finally:
         r.config_set("maxmemory", 0)
         for batch in range(0, 10_000, 1000):
             r.delete(*(f"filler:{i}" for i in range(batch, batch + 1000)))
-    assert httpx.get(f"{url}/readyz").status_code == 200
-    assert httpx.post(f"{url}/v1/models", content=second, timeout=60).status_code == 201
+    assert api.get(f"{url}/readyz").status_code == 200
+    assert api.post(f"{url}/v1/models", content=second, timeout=60).status_code == 201
     store.close()
 
 
 def test_a_model_whose_bytes_are_missing_is_stored_again(cluster: Cluster, tmp_path: Path) -> None:
     body = _model(tmp_path, 3)
-    first = httpx.post(f"{cluster.url}/v1/models", content=body, timeout=60)
+    first = api.post(f"{cluster.url}/v1/models", content=body, timeout=60)
     assert first.status_code == 201
     store = Store(cluster.redis.url)  # the blob store the API announced
     model_id = first.json()["id"]
     assert store.blobs.exists("model", model_id)
     store.blobs.delete("model", model_id)
-    again = httpx.post(f"{cluster.url}/v1/models", content=body, timeout=60)
+    again = api.post(f"{cluster.url}/v1/models", content=body, timeout=60)
     assert again.status_code == 201 and store.blobs.exists("model", model_id)
     assert store.blobs.manifest("model", model_id) == {"size": len(body), "sha256": model_id}
-    assert httpx.post(f"{cluster.url}/v1/models", content=body, timeout=60).status_code == 200
+    assert api.post(f"{cluster.url}/v1/models", content=body, timeout=60).status_code == 200
     store.close()
 
 

@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from compiler.errors import Failure
+from procs import api
 from service.store import Lease, Store, keys
 from service.store.reaper import reap_all
 
@@ -91,9 +92,8 @@ def test_a_job_that_keeps_losing_its_worker_fails_for_good_saying_so(store, api_
     assert job_id in store.r.lrange(keys.DEADLETTER, 0, 50)
     assert store.r.get(keys.inflight(job["key"])) is None  # a new request makes a new job
     assert store.r.xlen(keys.queue(target, "interactive")) == 0
-    import httpx
 
-    dead = httpx.get(f"{api_url}/v1/jobs/deadletter", params={"limit": 200}).json()["jobs"]
+    dead = api.get(f"{api_url}/v1/jobs/deadletter", params={"limit": 200}).json()["jobs"]
     assert job_id in [j["id"] for j in dead]
 
 
