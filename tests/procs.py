@@ -110,8 +110,8 @@ class Cluster:
         self.base = base
         self.redis = EmbeddedRedis(base / "redis").start()
         self.store = Store(self.redis.url)
-        common = {**os.environ, "AOTC_REDIS_URL": self.redis.url, "AOTC_DATA_DIR": str(base), "AOTC_ADMIN_KEY": ADMIN_KEY,
-                  **(env or {})}
+        common = {**os.environ, "AOTC_REDIS_URL": self.redis.url, "AOTC_DATA_DIR": str(base),
+                  "AOTC_ADMIN_KEY": ADMIN_KEY, **(env or {})}
         self.api_env = {**common, "PYTHONPATH": str(ROOT)}  # the API never imports torch
         self.worker_env = {
             **common, "PYTHONPATH": os.pathsep.join([str(ROOT), *(worker_path or [])]), "AOTC_DEVICE": "cpu",

@@ -34,7 +34,7 @@ TARGET = f"cpu-sse-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="module")
-def api(service_env: dict[str, str], store: Store,
+def sse_api(service_env: dict[str, str], store: Store,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     store.workers.heartbeat({"id": f"fake-{TARGET}", "target": TARGET, "toolchain": {"torch": "fake"},
                             "device_name": "none", "started": time.time()}, ttl_s=3600)
@@ -96,8 +96,8 @@ class SSE:
             time.sleep(0.02)
 
 
-def test_events_stream_each_change_live_then_the_job_and_resume_after_last_event_id(api, store, tmp_path):
-    url, _ = api
+def test_events_stream_each_change_live_then_the_job_and_resume_after_last_event_id(sse_api, store, tmp_path):
+    url, _ = sse_api
     job = _submit(url, tmp_path)
     sse = SSE(url, job["id"])
     sse.wait_for(1)
@@ -125,8 +125,8 @@ def test_events_stream_each_change_live_then_the_job_and_resume_after_last_event
     assert api.get(f"{url}/v1/jobs/{'0' * 32}/events").status_code == 404
 
 
-def test_cli_compile_shows_live_progress_from_events_without_polling(api, store, service_env, tmp_path):
-    url, log = api
+def test_cli_compile_shows_live_progress_from_events_without_polling(sse_api, store, service_env, tmp_path):
+    url, log = sse_api
     path = _model(tmp_path)
     cli = subprocess.Popen([sys.executable, "-m", "client.cli", "compile", str(path), "--shape", "x=2x4",
                             "--target", TARGET], env={**service_env, "AOTC_URL": url}, cwd=ROOT,
