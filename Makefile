@@ -14,15 +14,22 @@ DEVSTAMP := $(VENV)/.installed-dev
 
 # pyproject.toml is a prerequisite because the editable install writes the console scripts (aotc, aotc-server,
 # aotc-worker) and the package metadata (dependencies, extras) from it.
-# Compile workers run each compile and check in a bubblewrap sandbox (worker/isolation.py): install bwrap as root
-# where it is missing; anyone else is told how (or runs with AOTC_SANDBOX=off, for trusted models only).
+# Compile workers run each compile and check in a bubblewrap sandbox (worker/isolation.py), and the C++ loader
+# example (examples/cpp, built by tests/e2e/test_cpp_loader.py) checks signatures with OpenSSL's libcrypto: install
+# bwrap and libssl-dev as root where they are missing; anyone else is told how (or runs with AOTC_SANDBOX=off, for
+# trusted models only). Without libssl-dev only the C++ example's test fails, so that alone is a warning.
 $(STAMP): requirements.lock pyproject.toml
-	@command -v bwrap >/dev/null || [ "$$AOTC_SANDBOX" = off ] || \
-	if [ "$$(id -u)" = 0 ]; then \
-		DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
+	@missing=; \
+	command -v bwrap >/dev/null || [ "$$AOTC_SANDBOX" = off ] || missing=bubblewrap; \
+	[ -e /usr/include/openssl/evp.h ] || missing="$${missing:+$$missing }libssl-dev"; \
+	if [ -z "$$missing" ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	elif [ "$$missing" = libssl-dev ]; then \
+		echo "aotc: the C++ example (examples/cpp) needs OpenSSL's headers: sudo apt-get install libssl-dev" >&2; \
 	else \
 		echo "aotc: workers sandbox their compiles with bubblewrap, which is not installed. Install it as root" \
-			"(sudo apt-get install bubblewrap), or set AOTC_SANDBOX=off to run compiles unconfined (trusted models only)." >&2; \
+			"(sudo apt-get install $$missing), or set AOTC_SANDBOX=off to run compiles unconfined (trusted models only)." >&2; \
 		exit 1; \
 	fi
 	$(PYTHON) -m venv $(VENV)

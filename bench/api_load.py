@@ -6,7 +6,8 @@ ports, stores `--models` models with two artifacts each (a static and a dynamic 
 directly through `Store`, then, for each route and concurrency, runs that many keep-alive connections for
 `--seconds`, each sending one request after another for a random model. The client is a minimal asyncio HTTP/1.1
 client, so that it takes as little of the machine's CPU as possible from the server it measures (httpx costs
-several times more per request). Loopback only; bounded in count (`--max-requests` per cell) and time.
+several times more per request). Auth is on (a pull key of the namespace that holds the models; --no-auth runs
+the API open). Loopback only; bounded in count (`--max-requests` per cell) and time.
 
     python bench/api_load.py --out bench/results/api-load.json              # 10,000 models, ~2 minutes of load
     python bench/api_load.py --quick --out /tmp/api-load.json               # a dry run: 500 models, ~20 s
@@ -22,6 +23,7 @@ import asyncio
 import json
 import os
 import random
+import secrets
 import statistics
 import subprocess
 import sys
@@ -34,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 ROUTES = ("lookup_full_id", "lookup_short_id", "meta")
+NAMESPACE = "bench"
 X = {"symbol": "s0", "min": 1, "max": 64}
 
 
@@ -49,6 +52,7 @@ def seed(store: Any, n: int, tmp: Path) -> tuple[list[str], list[str]]:
         model_id = f"{rng.getrandbits(256):064x}"
         store.models.put({"id": model_id, "name": f"model-{i}", "size": 4096, "created": time.time(),
                           "inputs": [{"name": "x", "dtype": "float32", "shape": [X, 3, 64, 64]}]})
+        store.namespaces.add_model(NAMESPACE, model_id, f"model-{i}")
         for dims in ([8, 3, 64, 64], [{"min": 1, "max": 32}, 3, 64, 64]):
             spec = [{"name": "x", "dtype": "float32", "shape": dims}]
             options = {"mode": "default", "precision": "keep", "freezing": False}
@@ -68,8 +72,9 @@ def seed(store: Any, n: int, tmp: Path) -> tuple[list[str], list[str]]:
 class Conn:
     """One keep-alive HTTP/1.1 connection: GET, read the status and a Content-Length body."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, key: str) -> None:
         self.host, self.port = host, port
+        self.auth = f"Authorization: Bearer {key}\r\n" if key else ""
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
@@ -77,7 +82,7 @@ class Conn:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
-        self.writer.write(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode())
+        self.writer.write(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\n{self.auth}\r\n".encode())
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
         length = 0
@@ -93,8 +98,8 @@ class Conn:
             self.writer.close()
 
 
-async def run_cell(host: str, port: int, paths: list[str], concurrency: int, seconds: float, warmup_s: float,
-                   max_requests: int) -> dict[str, Any]:
+async def run_cell(host: str, port: int, key: str, paths: list[str], concurrency: int, seconds: float,
+                   warmup_s: float, max_requests: int) -> dict[str, Any]:
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     measuring = False
@@ -102,7 +107,7 @@ async def run_cell(host: str, port: int, paths: list[str], concurrency: int, sec
 
     async def user(seed_: int) -> None:
         rng = random.Random(seed_)
-        conn = Conn(host, port)
+        conn = Conn(host, port, key)
         try:
             while True:
                 now = time.perf_counter()
@@ -183,6 +188,7 @@ def main() -> None:
     ap.add_argument("--api-workers", default="2", help="aotc-server --api-workers; comma-separated to compare")
     ap.add_argument("--routes", default=",".join(ROUTES))
     ap.add_argument("--quick", action="store_true", help="a dry run: 500 models, 1.5 s per cell")
+    ap.add_argument("--no-auth", dest="auth", action="store_false", help="run the API open (no keys)")
     ap.add_argument("--out", type=Path, required=True, help="JSON results")
     args = ap.parse_args()
     if args.quick:
@@ -203,6 +209,10 @@ def main() -> None:
             t0 = time.perf_counter()
             ids, art_keys = seed(store, args.models, tmp)
             results["seed_s"] = round(time.perf_counter() - t0, 1)
+            # Auth on, as deployed: the load sends a pull key of the namespace that holds the models, so every
+            # request also pays for checking the key and that its namespace holds the model.
+            key = store.apikeys.create("pull", NAMESPACE, "api-load")[1] if args.auth else ""
+            results["auth"] = args.auth
             print(f"stored {len(ids)} models and {len(art_keys)} artifacts in {results['seed_s']} s", flush=True)
             paths = {
                 "lookup_full_id": [f"/v1/artifacts/lookup?model_id={m}&target=cpu&shape=x=8x3x64x64" for m in ids],
@@ -214,6 +224,7 @@ def main() -> None:
                 port = free_port()
                 log = tmp / f"server-{n_api}.log"
                 env = {**os.environ, "AOTC_REDIS_URL": redis_srv.url, "AOTC_DATA_DIR": str(tmp / "data"),
+                       **({"AOTC_ADMIN_KEY": secrets.token_urlsafe(24)} if args.auth else {}),
                        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
                 server = subprocess.Popen(
                     [sys.executable, "-m", "service", "--workers", "0", "--api-workers", str(n_api),
@@ -223,7 +234,7 @@ def main() -> None:
                     wait_up(f"http://127.0.0.1:{port}", server, log)
                     for route in routes:
                         for c in concurrencies:
-                            cell = asyncio.run(run_cell("127.0.0.1", port, paths[route], c, args.seconds,
+                            cell = asyncio.run(run_cell("127.0.0.1", port, key, paths[route], c, args.seconds,
                                                         args.warmup_s, args.max_requests))
                             cell = {"api_workers": n_api, "route": route, **cell}
                             results["cells"].append(cell)

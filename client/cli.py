@@ -1,7 +1,9 @@
 """The `aotc` command line: the SDK's calls as commands, shown by client/render.py.
 
     aotc compile model.pt2 --shape x=8x3x224x224 --target cpu   progress on stderr; the key is stdout's last line
-    aotc pull KEY -o model.so.pt2                 fetch an artifact, verified against its sha256; the path comes last
+    aotc pull KEY -o model.so.pt2                 fetch an artifact, verified against its signed manifest; the path
+                                                  comes last
+    aotc signing-keys [--revoke KID]              the keys artifacts are signed with; revoke one (admin)
     aotc report KEY                               a table of the compiler's stages for one artifact
     aotc source KEY [PATH]                        its generated code and graphs
     aotc caches [--clear]                         the compile caches workers share through Redis
@@ -10,7 +12,8 @@
     aotc serve | worker                           exec `aotc-server` / `aotc-worker` (aotc[server], aotc[worker])
 
 Exit status: 0 done, 1 the job failed (or nothing fits, for lookup), 2 a request the service refused, a service that
-cannot be reached, or a command line that cannot be read. This module imports no server, no Redis and no torch.
+cannot be reached, or a command line that cannot be read, 3 an artifact refused because its signed manifest does not
+verify (client/verify.py). This module imports no server, no Redis and no torch.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,7 +33,7 @@ import typer
 
 from client import render
 from client.sdk import Client, ClientError, JobFailed
-from compiler.errors import Unprocessable
+from compiler.errors import BadSignature, Unprocessable
 from compiler.options import Mode, Precision
 from compiler.shapes import Dim, parse_shape_args
 from compiler.targets import Target
@@ -176,11 +180,38 @@ def pull(
     output: Annotated[Path | None, typer.Option("-o", "--output",
                                                 help="Where to write it (default: the local cache).")] = None,
 ) -> None:
-    """Download an artifact, verified against its sha256. The path is stdout's last line."""
+    """Download an artifact, verified against its signed manifest (keys: $AOTC_TRUSTED_KEYS, else the service's).
+    The path is stdout's last line; exit 3 when the artifact is refused, with nothing written."""
     with _service(ctx) as c:
-        path = c.pull(key, output)
-    _say(f"pulled {key} ({path.stat().st_size} bytes, sha256 verified)")
+        try:
+            path = c.pull(key, output)
+        except BadSignature as e:
+            _fail(f"refused artifact {key}: {e.message}", 3)
+    _say(f"pulled {key} ({path.stat().st_size} bytes, signature and sha256 verified)")
     typer.echo(str(path))
+
+
+@app.command("signing-keys")
+def signing_keys(
+    ctx: typer.Context,
+    revoke: Annotated[str | None, typer.Option(
+        "--revoke", metavar="KID", help="Revoke this key (admin): what it signed is refused from now on.")] = None,
+) -> None:
+    """The public keys workers sign artifact manifests with, active and revoked. Pin them on inference servers
+    with AOTC_TRUSTED_KEYS=KID=PUBLIC_KEY,... rather than trusting what the service lists."""
+    with _service(ctx) as c:
+        if revoke:
+            record = c.verifier.revoke(revoke)
+            typer.echo(f"revoked signing key {record['kid']}")
+            return
+        found = c.verifier.keys()
+    render.show(render.table(["KID", "ALGORITHM", "CREATED", "REVOKED", "PUBLIC KEY"], [
+        (k["kid"], k["algorithm"], _utc(k["created"]), _utc(k["revoked_at"]) if k.get("revoked_at") else "-",
+         k["public_key"]) for k in found]))
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t))
 
 
 @app.command()
@@ -291,6 +322,75 @@ def source(
             sys.stdout.write(c.source(key, path))
             return
         render.show(render.sources_table(c.sources(key)))
+
+
+# -- keys and namespaces -------------------------------------------------------------------------------------------
+
+keys_app = typer.Typer(help="API keys (admin): create, list, revoke.", no_args_is_help=True)
+namespaces_app = typer.Typer(help="Namespaces and their quotas (admin).", no_args_is_help=True,
+                             invoke_without_command=True)
+app.add_typer(keys_app, name="keys")
+app.add_typer(namespaces_app, name="namespaces")
+
+
+@keys_app.command("create")
+def keys_create(
+    ctx: typer.Context,
+    scope: Annotated[str, typer.Option(help="pull (lookup and download), compile (upload, compile, jobs; and pull) "
+                                            "or admin (everything, every namespace).")],
+    namespace: Annotated[str, typer.Option(help="The namespace the key sees and creates in.")] = "default",
+    name: Annotated[str, typer.Option(help="What the key is for.")] = "",
+) -> None:
+    """Create a key. It is printed once, on stdout: the service keeps only its hash."""
+    with _service(ctx) as c:
+        made = c.create_key(scope, namespace, name)
+    _say(f"created key {made['id']}: scope {made['scope']}, namespace {made['namespace']}. "
+         "Store it now; it is not shown again.")
+    typer.echo(made["key"])
+
+
+@keys_app.command("list")
+def keys_list(ctx: typer.Context) -> None:
+    """Every key, without its secret."""
+    with _service(ctx) as c:
+        render.show(render.keys_table(c.keys()))
+
+
+@keys_app.command("revoke")
+def keys_revoke(ctx: typer.Context, key_id: Annotated[str, typer.Argument(help="The key's id.")]) -> None:
+    """Revoke a key: refused from now on (within AOTC_AUTH_CACHE_S on every API process)."""
+    with _service(ctx) as c:
+        c.revoke_key(key_id)
+    typer.echo(f"revoked key {key_id}")
+
+
+@namespaces_app.callback()
+def namespaces_list(ctx: typer.Context) -> None:
+    """Every namespace: its models, jobs and stored bytes against its quotas."""
+    if ctx.invoked_subcommand is None:
+        with _service(ctx) as c:
+            render.show(render.namespaces_table(c.namespaces()))
+
+
+@namespaces_app.command("quota")
+def namespaces_quota(
+    ctx: typer.Context,
+    namespace: Annotated[str, typer.Argument(help="The namespace.")],
+    max_jobs: Annotated[int | None, typer.Option(min=1, help="Queued plus running jobs.")] = None,
+    max_gb: Annotated[float | None, typer.Option(min=0.000001, help="Stored bytes (models and artifacts).")] = None,
+) -> None:
+    """Set a namespace's quotas."""
+    with _service(ctx) as c:
+        render.show(render.namespaces_table([c.set_quota(namespace, max_jobs=max_jobs, max_stored_gb=max_gb)]))
+
+
+@app.command()
+def me(ctx: typer.Context) -> None:
+    """The key in use ($AOTC_API_KEY): its scope, its namespace and what the namespace holds."""
+    with _service(ctx) as c:
+        who = c.me()
+    typer.echo(f"key {who['key_id']}: scope {who['scope']}, namespace {who['namespace']}")
+    render.show(render.namespaces_table([who["usage"]]))
 
 
 # -- servers -------------------------------------------------------------------------------------------------------

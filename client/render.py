@@ -91,10 +91,34 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     return table(["JOB", "STATE", "STAGE", "TARGET", "ATTEMPTS", "ARTIFACT / ERROR"], rows)
 
 
-def workers_table(workers: list[dict[str, Any]]) -> Table:
-    return table(["WORKER", "TARGET", "DEVICE", "TOOLCHAIN", "JOB"],
-                 [[w["id"], w["target"], w["device_name"], json.dumps(w["toolchain"]), w.get("job") or "idle"]
-                  for w in workers])
+def workers_table(workers: list[dict[str, Any]]) -> RenderableType:
+    """One row per worker; then, for each unhealthy one (it claims no jobs), why: its children's failure and the
+    tail of their stderr."""
+    rows = table(["WORKER", "TARGET", "DEVICE", "TOOLCHAIN", "HEALTH", "JOB"],
+                 [[w["id"], w["target"], w["device_name"], json.dumps(w["toolchain"]),
+                   "ok" if w.get("healthy", True) else "UNHEALTHY", w.get("job") or "idle"] for w in workers])
+    broken = [w for w in workers if w.get("healthy", True) is False]
+    if not broken:
+        return rows
+    return Group(rows, *(Text(printable(f"\n{w['id']} is unhealthy since {_when(w.get('unhealthy_since'))}: "
+                                        f"{w.get('unhealthy_reason') or '(no reason given)'}", newlines=True))
+                         for w in broken))
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else ""
+
+
+def keys_table(keys: list[dict[str, Any]]) -> Table:
+    return table(["KEY", "SCOPE", "NAMESPACE", "NAME", "CREATED", "REVOKED"],
+                 [[k["id"], k["scope"], k["namespace"], k.get("name", ""), _when(k["created"]),
+                   _when(k.get("revoked")) or "-"] for k in keys])
+
+
+def namespaces_table(usages: list[dict[str, Any]]) -> Table:
+    return table(["NAMESPACE", "MODELS", "JOBS", "MAX JOBS", "STORED GB", "MAX GB"],
+                 [[u["namespace"], u["models"], u["jobs"], u["quota"]["max_jobs"],
+                   f"{u['stored_bytes'] / 2**30:.3f}", f"{u['quota']['max_stored_gb']:g}"] for u in usages])
 
 
 def caches_summary(caches: dict[str, Any]) -> Group:
@@ -206,6 +230,8 @@ def status(job: dict[str, Any]) -> str:
     stage = job.get("stage", "")
     if job["state"] == "queued" and job.get("reason"):
         stage = f"queued again after: {job['reason']}"
+        if job.get("not_before"):  # a retry waiting out its backoff
+            stage += f" (next attempt in {max(0.0, float(job['not_before']) - time.time()):.0f} s)"
     attempt = f", attempt {job['attempts']}" if job.get("attempts", 0) > 1 else ""
     return printable(f"{job['state']}: {stage}{attempt}")
 

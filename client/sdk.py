@@ -3,7 +3,7 @@
     from client import Client
     c = Client()                                   # AOTC_URL, default http://127.0.0.1:8000
     art = c.compile(model, (torch.randn(8, 3, 224, 224),), target="cpu")
-    fn = c.load(art)                                # pulls (sha256-verified, cached) and loads the package
+    fn = c.load(art)                                # pulls (signature-verified, cached) and loads the package
     y = fn(x)
 """
 
@@ -26,7 +26,9 @@ import httpx
 from httpx_sse import connect_sse
 
 from client.buckets import BucketedModel, Bundle
-from compiler.errors import Unprocessable
+from client.verify import ENV as TRUSTED_KEYS_ENV
+from client.verify import TrustSpec, Verifier, check_digest, check_file
+from compiler.errors import BadSignature, Unprocessable
 from compiler.shapes import format_shape, parse_shape
 from compiler.targets import Target
 
@@ -87,13 +89,25 @@ def _shape_of(x: Any) -> list[Any]:
 
 
 class Client:
-    def __init__(self, url: str | None = None, *, timeout: float = 60.0, cache_dir: str | Path | None = None) -> None:
+    def __init__(self, url: str | None = None, *, timeout: float = 60.0, cache_dir: str | Path | None = None,
+                 api_key: str | None = None, trusted_keys: TrustSpec | None = None) -> None:
+        """`api_key`: sent as `Authorization: Bearer`; default $AOTC_API_KEY (a server on loopback without keys
+        needs none). `trusted_keys`: the public keys an artifact's manifest must be signed by, in AOTC_TRUSTED_KEYS's
+        syntax (client/verify.py), default $AOTC_TRUSTED_KEYS; unset, the keys the service lists (pinning is the
+        secure choice: a compromised service can list a key of its own)."""
         self.url = (url or os.environ.get("AOTC_URL") or DEFAULT_URL).rstrip("/")
-        self.http = httpx.Client(base_url=self.url, timeout=timeout)
+        key = api_key or os.environ.get("AOTC_API_KEY")
+        self.http = httpx.Client(base_url=self.url, timeout=timeout,
+                                 headers={"Authorization": f"Bearer {key}"} if key else None)
+        # For presigned object-storage URLs: they carry their own signature, and must never see the API key.
+        self.direct = httpx.Client(timeout=timeout)
         self.cache_dir = Path(cache_dir or os.environ.get("AOTC_CACHE_DIR") or Path.home() / ".cache" / "aotc")
+        pins = trusted_keys if trusted_keys is not None else os.environ.get(TRUSTED_KEYS_ENV) or None
+        self.verifier = Verifier(self, _raise_for, pins)
 
     def close(self) -> None:
         self.http.close()
+        self.direct.close()
 
     def __enter__(self) -> Client:
         return self
@@ -212,7 +226,8 @@ class Client:
              timeout: float | None = None, poll_s: float = 0.5) -> Artifact:
         """Wait for a job by following its Server-Sent Events (GET /v1/jobs/{id}/events): no polling.
 
-        `progress` gets {'id', 'state', 'stage', 'attempts', 'reason'} at each change, then the final job record.
+        `progress` gets {'id', 'state', 'stage', 'attempts', 'reason', 'not_before'} at each change, then the final
+        job record.
         A dropped stream, an API restart or a 503 (Redis down) is retried with backoff (from `poll_s` up to 5 s),
         resuming after the last event seen. Returns the artifact; raises JobFailed if the job failed or was
         cancelled, TimeoutError after `timeout` seconds."""
@@ -241,7 +256,7 @@ class Client:
                             if event == "state":
                                 ev = json.loads(data)
                                 view.update(state=ev.get("state", view["state"]), stage=ev.get("stage", view["stage"]),
-                                            reason=ev.get("reason"))
+                                            reason=ev.get("reason"), not_before=ev.get("not_before"))
                                 if ev.get("attempt"):
                                     view["attempts"] = int(ev["attempt"])
                                 if progress:
@@ -281,27 +296,32 @@ class Client:
         return Artifact(meta["key"], meta)
 
     def pull(self, artifact: Artifact | str, dest: str | Path | None = None, *, attempts: int = 3) -> Path:
-        """Download a package into the local cache (or `dest`), verified against its sha256. Cached copies whose
-        hash still matches are not downloaded again.
+        """Download a package into the local cache (or `dest`), verified against its signed manifest. Cached copies
+        whose hash still matches the manifest are not downloaded again.
 
+        Before a byte is written, the manifest's signature must verify with a trusted key that is not revoked, name
+        this artifact, and agree with the service's record (client/verify.py); the download must then have the
+        signed sha256 and size. Any refusal raises compiler.errors.BadSignature and leaves nothing behind.
         The bytes land in `<key>.pt2.part` beside the cached copy and are renamed only once verified. A pull that
         is cut off (a dropped connection, a killed process) resumes from what that file holds with a `Range`
         request: within this call up to `attempts` times, and in any later pull. With an S3 blob store the service
         redirects to a presigned URL and the bytes come straight from object storage."""
         art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
+        signed = self.verifier.manifest(art.key, art.meta)  # the record agrees with it: art.sha256 is signed
         cached = self.cache_dir / "artifacts" / f"{art.key}.pt2"
-        if not (cached.exists() and _file_sha256(cached) == art.sha256):
+        if not (cached.exists() and _file_sha256(cached) == signed.sha256):
             cached.parent.mkdir(parents=True, exist_ok=True)
             part = cached.with_name(cached.name + ".part")
             with open(part, "ab") as f, _locked(f):  # one writer per file, across processes
-                if cached.exists() and _file_sha256(cached) == art.sha256:  # another pull finished meanwhile
+                if cached.exists() and _file_sha256(cached) == signed.sha256:  # another pull finished meanwhile
                     _drop_if_empty(part, f)
                 else:
                     digest = self._download(art, part, f, attempts)
-                    if digest != art.sha256:
+                    try:
+                        check_digest(signed, digest, os.fstat(f.fileno()).st_size)
+                    except BadSignature:
                         part.unlink(missing_ok=True)  # not a prefix worth resuming from
-                        raise ClientError(502, f"artifact {art.key} arrived corrupt: sha256 {digest} != "
-                                               f"{art.sha256}")
+                        raise
                     os.replace(part, cached)
         if dest is None:
             return cached
@@ -310,6 +330,11 @@ class Client:
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(dest.name + ".part")
             shutil.copyfile(cached, tmp)
+            try:
+                check_file(signed, tmp)  # what was copied, not what the cache held a moment before
+            except BadSignature:
+                tmp.unlink(missing_ok=True)
+                raise
             os.replace(tmp, dest)
         return dest
 
@@ -330,7 +355,7 @@ class Client:
             try:
                 with self.http.stream("GET", f"/v1/artifacts/{art.key}", headers=headers) as resp:
                     if resp.status_code == 307:  # S3: the bytes come from the presigned URL (S3 has its own ETag)
-                        with self.http.stream("GET", resp.headers["location"],
+                        with self.direct.stream("GET", resp.headers["location"],
                                               headers={"Range": headers["Range"]} if have else {}) as direct:
                             self._append(direct, f, digest, have)
                     else:
@@ -394,14 +419,17 @@ class Client:
         return resp.text
 
     def load(self, artifact: Artifact | Bundle | str, device: str | None = None, *,
-             pad: bool = True) -> Callable[..., Any]:
-        """Pull an artifact and load it with AOTInductor; returns a callable taking the model's inputs. A Bundle
+             pad: bool = True, cuda_graphs: bool = False) -> Callable[..., Any]:
+        """Pull an artifact and load it with AOTInductor; returns a callable taking the model's inputs. The pull
+        verifies the signed manifest and the file, a cached one included, before anything is loaded. A Bundle
         loads every artifact in it, and the callable picks the smallest bucket that fits each call (padding the
-        batch, dim 0, unless `pad=False`), else the main artifact."""
+        batch, dim 0, unless `pad=False`), else the main artifact. `cuda_graphs=True` replays a CUDA graph per
+        static shape (each bucket's), and runs plainly, with a logged reason, where it cannot (client/graphs.py)."""
         if isinstance(artifact, Bundle):
-            main = ((artifact.main, self.load(artifact.main, device)) if artifact.main.meta.get("package", True)
-                    else None)
-            return BucketedModel(main, [(b, self.load(b, device)) for b in artifact.buckets], pad=pad)
+            main = ((artifact.main, self.load(artifact.main, device, cuda_graphs=cuda_graphs))
+                    if artifact.main.meta.get("package", True) else None)
+            return BucketedModel(main, [(b, self.load(b, device, cuda_graphs=cuda_graphs)) for b in artifact.buckets],
+                                 pad=pad)
         art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
         path = self.pull(art)
         from compiler.compat.aoti import aoti_load_package  # imports torch: only to load
@@ -409,6 +437,10 @@ class Client:
         target = Target.parse(str(art.meta.get("target", "")))
         device = device or ("cuda:0" if target.kind == "cuda" else "cpu")
         _check_target(target, device)
+        if cuda_graphs:
+            from client.graphs import load_graphed  # imports torch: only to load
+
+            return load_graphed(str(path), {"key": art.key, **art.meta}, device)
         return aoti_load_package(str(path), device)
 
     def workers(self) -> list[dict[str, Any]]:
@@ -420,6 +452,30 @@ class Client:
 
     def clear_caches(self) -> dict[str, int]:
         return dict(self._json("DELETE", "/v1/caches")["removed"])
+
+    # -- keys and namespaces ------------------------------------------------------------------------------------
+
+    def me(self) -> dict[str, Any]:
+        """The key this client sends: its scope, namespace, and the namespace's usage against its quotas."""
+        return dict(self._json("GET", "/v1/me"))
+
+    def create_key(self, scope: str, namespace: str = "default", name: str = "") -> dict[str, Any]:
+        """A new API key (admin). The answer's `key` is the only copy of the key: the service keeps its hash."""
+        return dict(self._json("POST", "/v1/keys", json={"scope": scope, "namespace": namespace, "name": name}))
+
+    def keys(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/keys")["keys"])
+
+    def revoke_key(self, key_id: str) -> dict[str, Any]:
+        return dict(self._json("DELETE", f"/v1/keys/{key_id}"))
+
+    def namespaces(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/namespaces")["namespaces"])
+
+    def set_quota(self, namespace: str, *, max_jobs: int | None = None,
+                  max_stored_gb: float | None = None) -> dict[str, Any]:
+        body = {k: v for k, v in (("max_jobs", max_jobs), ("max_stored_gb", max_stored_gb)) if v is not None}
+        return dict(self._json("PUT", f"/v1/namespaces/{namespace}/quota", json=body))
 
 
 def _check_target(target: Target, device: str) -> None:

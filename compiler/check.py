@@ -1,8 +1,20 @@
 """The artifact check: load the package, run it on random inputs of the requested shapes, compare with the
-exported program run eagerly, and time both. Run it in a fresh process: a package can crash whoever loads it."""
+exported program run eagerly, and time both. On CUDA it also captures the package's run in a CUDA graph
+(compiler/cudagraphs.py, what `Client.load(..., cuda_graphs=True)` replays), checks the replay against eager and
+times it, so the artifact's record says whether graphs pay for this model and shape. Run it in a fresh process: a
+package can crash whoever loads it.
+
+Timings (`measure`) are what `triton.testing.do_bench` would report: on CUDA, CUDA events around each call, after a
+warm-up by time, with L2 flushed before each call, over enough calls to fill a time budget; on a CPU, wall-clock per
+call the same way. Each figure keeps its median and its spread (quartiles, min, max), and the check records the
+device's name and clocks beside them: lookup compares only figures taken the same way on the same kind of device.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -12,9 +24,11 @@ import torch
 
 from compiler import inputs as inputs_mod
 from compiler.compat import pytree
-from compiler.compat.aoti import aoti_load_package
+from compiler.compat.aoti import aoti_load_package, load_for_graphs, native_graph_support
 from compiler.errors import CheckFailed
 from compiler.loading import load_program
+
+log = logging.getLogger("aotc.check")
 
 # Error allowed, as max|compiled - eager| / max(max|eager|, 1), by output dtype. Compiled code reorders
 # reductions and fuses ops, so low-precision dtypes differ by a few ulps of their own.
@@ -35,19 +49,80 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_ms(fn: Callable[[], Any], device: str, *, warmup: int = 3, runs: int = 20, budget_s: float = 3.0) -> float:
-    """Median milliseconds of `fn`, after warm-up; stops early when over the time budget."""
-    for _ in range(warmup):
-        fn()
+# How each latency is taken; lookup compares only figures of one method (records without one are "legacy": the
+# median of 20 wall-clock calls after 3 warm-up calls, synchronising after each).
+METHOD_CUDA = "cuda-events-l2flush"
+METHOD_CPU = "wall-clock"
+L2_FLUSH_BYTES = 256 * 2**20  # what do_bench zeroes before each call: more than any GPU's L2
+
+
+def measure(fn: Callable[[], Any], device: str, *, warmup_ms: float = 100.0, rep_ms: float = 400.0,
+            min_reps: int = 10, max_reps: int = 2000, budget_s: float = 4.0) -> dict[str, Any]:
+    """Milliseconds per call of `fn`, as do_bench takes them: estimate from 5 calls (1 if it is slow), warm up for
+    `warmup_ms` (at least 3 calls), then time as many calls as fill `rep_ms` (between `min_reps` and `max_reps`,
+    fewer when a call is so slow that `budget_s` would not hold them, but at least 3). On CUDA each call sits between
+    two CUDA events and L2 is flushed before it; on a CPU each is timed by the wall clock. The median, quartiles,
+    min and max."""
+    cuda = device.startswith("cuda")
+    fn()
     _sync(device)
-    samples: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    while len(samples) < runs and (len(samples) < 3 or time.perf_counter() < deadline):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device) if cuda else None
+
+    def timed(n: int) -> list[float]:
+        if flush is not None:
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            for a, b in zip(starts, ends, strict=True):
+                flush.zero_()
+                a.record()
+                fn()
+                b.record()
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in zip(starts, ends, strict=True)]
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
+
+    first = timed(1)[0]
+    estimate = max(first if first > 10.0 else statistics.fmean(timed(5)), 1e-3)  # a slow call needs no more
+    warm = max(3, min(math.ceil(warmup_ms / estimate), max_reps))
+    warm = min(warm, max(3, int(budget_s * 250 / estimate)))  # warm-up takes at most a quarter of the budget
+    timed(warm)
+    reps = max(min_reps, min(math.ceil(rep_ms / estimate), max_reps))
+    reps = max(3, min(reps, int(budget_s * 750 / estimate)))
+    samples = sorted(timed(reps))
+    q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
+    return {"median_ms": round(statistics.median(samples), 5), "p25_ms": round(q[0], 5), "p75_ms": round(q[2], 5),
+            "iqr_ms": round(q[2] - q[0], 5), "min_ms": round(samples[0], 5), "max_ms": round(samples[-1], 5),
+            "reps": reps, "warmup_reps": warm, "method": METHOD_CUDA if cuda else METHOD_CPU}
+
+
+def device_info(device: str) -> dict[str, Any]:
+    """The name, kind and clocks of the device the check timed on (torch's device properties; no nvidia-smi)."""
+    if not device.startswith("cuda"):
+        name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+        except OSError:
+            pass
+        return {"kind": "cpu", "name": name, "threads": torch.get_num_threads()}
+    index = torch.device(device).index or 0
+    p = torch.cuda.get_device_properties(index)
+    info: dict[str, Any] = {"kind": "cuda", "name": p.name, "capability": f"sm{p.major}{p.minor}",
+                            "sm_count": p.multi_processor_count, "memory_bytes": p.total_memory}
+    for attr, key in (("clock_rate", "sm_clock_max_khz"), ("memory_clock_rate", "memory_clock_max_khz"),
+                      ("memory_bus_width", "memory_bus_bits"), ("L2_cache_size", "l2_bytes")):
+        if hasattr(p, attr):  # torch 2.13 has them all; older builds fewer
+            info[key] = int(getattr(p, attr))
+    try:  # the current SM clock needs NVML (pynvml), which images may lack
+        info["sm_clock_now_mhz"] = int(torch.cuda.clock_rate(index))
+    except Exception:  # noqa: BLE001 - optional
+        pass
+    return info
 
 
 OPT_IN = ("set the compile option allow_nonfinite=true (aotc compile --allow-nonfinite) if this model's outputs "
@@ -123,10 +198,15 @@ def compare(expected: Any, actual: Any, min_tolerance: float = 0.0, allow_nonfin
     return worst
 
 
+# Graphs "pay" when the graph's median is at least this much below the plain run's.
+GRAPH_PAYS = 0.95
+
+
 def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, seed: int = 0,
-                   precision: str = "keep", allow_nonfinite: bool = False) -> dict[str, Any]:
+                   precision: str = "keep", allow_nonfinite: bool = False, graphs: bool = True) -> dict[str, Any]:
     """Run the package and the program eagerly at every point of `spec` and compare (see `compare`). Raises
-    CheckFailed when they disagree, or when any output holds NaN or inf and `allow_nonfinite` is not set."""
+    CheckFailed when they disagree, or when any output holds NaN or inf and `allow_nonfinite` is not set. On CUDA
+    (unless `graphs=False`) the package's run is also captured in a CUDA graph per point, checked and timed."""
     ep = load_program(model_path)
     eager = ep.module()
     eager.to(device)
@@ -139,29 +219,47 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         args, kwargs = inputs_mod.call_args(ep, flat)
         with torch.inference_mode():
             expected = eager(*args, **kwargs)
-            eager_ms = time_ms(lambda: eager(*args, **kwargs), device)
-        cases.append((label, shapes, args, kwargs, expected, eager_ms))
+            eager_t = measure(lambda: eager(*args, **kwargs), device)
+        cases.append((label, shapes, args, kwargs, expected, eager_t))
     compiled = aoti_load_package(package_path, device)
+    tolerance = PRECISION_TOLERANCE.get(precision, 0.0)
     results = []
-    for label, shapes, args, kwargs, expected, eager_ms in cases:
+    for label, shapes, args, kwargs, expected, eager_t in cases:
         with torch.inference_mode():
-            cmp = compare(expected, compiled(*args, **kwargs), PRECISION_TOLERANCE.get(precision, 0.0),
-                          allow_nonfinite)
-            compiled_ms = time_ms(lambda: compiled(*args, **kwargs), device)
+            cmp = compare(expected, compiled(*args, **kwargs), tolerance, allow_nonfinite)
+            compiled_t = measure(lambda: compiled(*args, **kwargs), device)
+        eager_ms, compiled_ms = eager_t["median_ms"], compiled_t["median_ms"]
         results.append({"point": label, "shapes": {i["name"]: s for i, s in zip(spec, shapes)}, **cmp,
                         "eager_ms": round(eager_ms, 4), "compiled_ms": round(compiled_ms, 4),
-                        "speedup": round(eager_ms / compiled_ms, 3) if compiled_ms > 0 else None})
+                        "speedup": round(eager_ms / compiled_ms, 3) if compiled_ms > 0 else None,
+                        "latency": {"eager": eager_t, "compiled": compiled_t}})
     failed = [r for r in results if not r["ok"]]
+    graph_summary: dict[str, Any] = {"impl": None, "captured": False}
+    if not device.startswith("cuda"):
+        graph_summary["reason"] = "CUDA graphs need a CUDA device"
+    elif not graphs:
+        graph_summary["reason"] = "not asked for"
+    elif failed:
+        graph_summary["reason"] = "the plain run disagrees with eager"
+    else:
+        del compiled  # one copy of the weights at a time
+        torch.cuda.empty_cache()
+        graph_summary = _check_graphs(package_path, device, cases, results, tolerance, allow_nonfinite)
+    first = results[0]
     summary = {
         "passed": not failed,
         "device": device,
+        "device_info": device_info(device),
         "precision": precision,
         "points": results,
         "max_abs_err": max(r.get("max_abs_err", 0.0) for r in results),
         "max_rel_err": max(r.get("max_rel_err", 0.0) for r in results),
-        "eager_ms": results[0]["eager_ms"],
-        "compiled_ms": results[0]["compiled_ms"],
-        "speedup": results[0]["speedup"],
+        "eager_ms": first["eager_ms"],
+        "compiled_ms": first["compiled_ms"],
+        "speedup": first["speedup"],
+        "latency": {"method": first["latency"]["compiled"]["method"], **first["latency"]},
+        "graph_ms": first.get("graph_ms"),
+        "graphs": graph_summary,
         "notes": sorted({n for r in results for n in r.get("notes", [])}),
         "allow_nonfinite": allow_nonfinite,
         "nonfinite": [{"point": r["point"], **n} for r in results for n in r.get("nonfinite", [])],
@@ -169,4 +267,68 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     if failed:
         raise CheckFailed(f"artifact disagrees with eager at {failed[0]['point']} shapes: {failed[0]['why']}",
                           stage="check", excerpt=str(summary))
+    return summary
+
+
+def _check_graphs(package_path: str, device: str, cases: list[Any], results: list[dict[str, Any]],
+                  tolerance: float, allow_nonfinite: bool) -> dict[str, Any]:
+    """Capture the package's run at each point in a CUDA graph, compare the replay with eager and time it (copy in,
+    replay, clone out: what a `cuda_graphs=True` load costs per call). Adds `graph_ms`, `graph_speedup` (over the
+    plain run), `graph` and `latency.graph` to each point's result; returns the summary. A failure here never fails
+    the check: the plain run is what was checked, and the record says why graphs are off."""
+    from compiler.cudagraphs import GraphRunner, signature
+
+    impl = native_graph_support() or "aotc"
+    try:
+        pkg = load_for_graphs(package_path, device)
+    except RuntimeError as e:
+        return {"impl": impl, "captured": False, "reason": str(e)}
+    runner = GraphRunner(pkg.run_flat, torch.device(device))
+    captured = []
+    for (label, _, args, kwargs, expected, _), r in zip(cases, results, strict=True):
+        flat = pkg.flat_inputs(args, kwargs)
+        try:
+            with torch.inference_mode():
+                out = pkg.unflatten(runner(flat))
+                row = runner.stat(signature(flat))
+                if runner.last != "graph":
+                    r["graph"] = {"captured": False, "reason": row.get("reason")}
+                    continue
+                cmp = compare(expected, out, tolerance, allow_nonfinite)
+                # The same graph again after other points' graphs: each keeps its own buffers and pool.
+                again = compare(expected, pkg.unflatten(runner(flat)), tolerance, allow_nonfinite)
+                graph_t = measure(lambda: runner(flat), device)
+        except Exception as e:  # noqa: BLE001 - graphs are optional; the plain run passed
+            log.warning("CUDA graph at %s failed: %s", label, e)
+            r["graph"] = {"captured": False, "reason": f"{type(e).__name__}: {e}"[:500]}
+            continue
+        ok = cmp["ok"] and again["ok"]
+        plain_ms = r["latency"]["compiled"]["median_ms"]
+        r["graph"] = {"captured": True, "ok": ok, "max_rel_err": max(cmp.get("max_rel_err", 0.0),
+                                                                     again.get("max_rel_err", 0.0)),
+                      "memory": row["memory"], "capture_s": row["capture_s"]}
+        if not ok:
+            r["graph"]["why"] = cmp.get("why") or again.get("why")
+            continue
+        r["latency"]["graph"] = graph_t
+        r["graph_ms"] = round(graph_t["median_ms"], 4)
+        r["graph_speedup"] = round(plain_ms / graph_t["median_ms"], 3) if graph_t["median_ms"] > 0 else None
+        r["graph"]["pays"] = graph_t["median_ms"] <= GRAPH_PAYS * plain_ms
+        captured.append((flat, expected, r))
+    # Every point's graph once more, after all were captured: a shape that comes back replays its own graph.
+    for flat, expected, r in captured:
+        with torch.inference_mode():
+            cmp = compare(expected, pkg.unflatten(runner(flat)), tolerance, allow_nonfinite)
+        if not cmp["ok"]:
+            r["graph"].update(ok=False, pays=False, why=f"after the other points' graphs: {cmp.get('why')}")
+    first = results[0].get("graph") or {}
+    summary = {"impl": impl, "captured": bool(first.get("captured")), "ok": first.get("ok"),
+               "pays": first.get("pays"), "speedup": results[0].get("graph_speedup"),
+               "memory_bytes": (first.get("memory") or {}).get("total_bytes"),
+               "pays_at": [r["point"] for r in results if (r.get("graph") or {}).get("pays")]}
+    if not first.get("captured"):
+        summary["reason"] = first.get("reason")
+    elif not first.get("ok"):
+        summary["reason"] = f"the graph's replay disagrees with eager: {first.get('why')}"
+    runner.release()
     return summary

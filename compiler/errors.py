@@ -18,12 +18,18 @@
      │                             inline asm, a header off the allow-list): refused before anything ran it
      └── CheckFailed               the artifact ran but disagrees with eager beyond tolerance
 
+    BadSignature                   reason, kid: an artifact whose signed manifest does not verify (the client
+                                   refuses to write or load it): unsigned, malformed, unknown_key, revoked_key,
+                                   bad_signature, mismatch (key, sha256 or size), trusted_keys (unreadable pins)
+
 Every message says what was wrong and, where it can, what would be right: a user's mistake is never a 500.
 A CompileError on a valid model is permanent: retrying gives the same answer. Crashes, timeouts and lost
 workers are not exceptions: each failed attempt becomes a `Failure` record.
 
     Failure                        type, message, stage, excerpt; retryable follows from the type
       Timeout, Crashed, OutOfMemory, WorkerLost, WorkerError    retryable: the machine failed, not the model
+      BrokenEnvironment            a child that failed before its compile started: the worker hands the job back
+                                   without spending an attempt, and stops claiming after a few in a row
       Cancelled, ToolchainMismatch, NotFound, any CompileError  final
     A job that has used its attempts fails with its last failure's type, marked not retryable.
 """
@@ -79,6 +85,32 @@ class Unavailable(AotcError):
     status, code = 503, "unavailable"
 
 
+class Unauthorized(AotcError):
+    """No API key, or one the service does not know (or has revoked)."""
+
+    status, code = 401, "unauthorized"
+    headers = {"WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(AotcError):
+    """A known key whose scope does not allow the request."""
+
+    status, code = 403, "forbidden"
+
+
+class TooManyJobs(AotcError):
+    """A namespace has as many queued and running jobs as its quota allows."""
+
+    status, code = 429, "quota_jobs"
+    headers = {"Retry-After": "30"}
+
+
+class OverQuota(AotcError):
+    """A namespace's stored bytes would pass its quota."""
+
+    status, code = 507, "quota_storage"
+
+
 class CompileError(Exception):
     def __init__(self, message: str, *, stage: str = "", excerpt: str = "") -> None:
         super().__init__(message)
@@ -107,9 +139,19 @@ class CheckFailed(CompileError):
     pass
 
 
+class BadSignature(Exception):
+    """A signed artifact manifest (compiler/signing.py) that does not verify, or a package that does not match it.
+    `reason` is one word (unsigned, malformed, unknown_key, revoked_key, bad_signature, mismatch, trusted_keys);
+    `kid` the signing key concerned, where there is one; the message says what failed."""
+
+    def __init__(self, reason: str, message: str, *, kid: str = "") -> None:
+        super().__init__(message)
+        self.reason, self.message, self.kid = reason, message, kid
+
+
 # Failure kinds that another attempt may fix: the machine or the process failed, not the model. Everything else
 # (a CompileError, a cancel, a toolchain mismatch, an unexpected exception in the compile) is final.
-RETRYABLE = frozenset({"Timeout", "Crashed", "OutOfMemory", "WorkerLost", "WorkerError"})
+RETRYABLE = frozenset({"Timeout", "Crashed", "OutOfMemory", "WorkerLost", "WorkerError", "BrokenEnvironment"})
 
 
 @dataclass(frozen=True)
@@ -186,6 +228,14 @@ class Failure:
     def not_found(cls, message: str, stage: str) -> Failure:
         """Something the job needs is gone from the store (e.g. its model, at fetch)."""
         return cls("NotFound", message, stage)
+
+    @classmethod
+    def broken_environment(cls, kind: str, cause: str, excerpt: str = "") -> Failure:
+        """A compile or check child that failed before its work started (in `import torch`, at its device, or
+        before Python ran): nothing of the model had run, so the worker's environment is broken, not the model.
+        `cause` says what happened (the child's own error, or how it died)."""
+        return cls("BrokenEnvironment", f"the {kind} child failed before the {kind} started, so this worker's "
+                   f"environment is broken, not the model: {cause}", kind, excerpt)
 
     @classmethod
     def limit_exceeded(cls, stage: str, what: str, setting: str, excerpt: str = "") -> Failure:

@@ -41,6 +41,7 @@ DTYPE_BYTES: dict[str, int] = {
     "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1, "uint32": 4, "uint64": 8,
 }
 _DIM_RE = re.compile(r"^(\d+)(?:\.\.(\d+))?$")
+_MAX_DIGITS = len(str(INT64_MAX))  # 19
 
 
 def parse_shape(text: str) -> list[Dim]:
@@ -53,6 +54,9 @@ def parse_shape(text: str) -> list[Dim]:
         m = _DIM_RE.match(part.strip())
         if not m:
             raise Unprocessable(f"cannot read shape {text!r}: each dim is a size (8) or a range (1..32), joined by 'x'")
+        if any(g is not None and len(g) > _MAX_DIGITS for g in m.groups()):  # int() of 4300+ digits raises
+            raise Unprocessable(f"cannot read shape {text[:40]!r}...: a dim has more than {_MAX_DIGITS} digits; sizes "
+                                f"fit in int64 (at most {INT64_MAX})")
         lo = int(m.group(1))
         dims.append(lo if m.group(2) is None else {"min": lo, "max": int(m.group(2))})
     return dims

@@ -39,7 +39,8 @@ def _bounds(f: FieldInfo) -> str:
 
 
 def _type(f: FieldInfo) -> str:
-    return getattr(f.annotation, "__name__", None) or str(f.annotation).replace("pathlib.", "")
+    text = getattr(f.annotation, "__name__", None) or str(f.annotation)
+    return text.replace("pathlib.", "").replace("pydantic.types.", "")
 
 
 def _cell(text: str) -> str:

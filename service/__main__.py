@@ -15,6 +15,7 @@ This process never imports torch (a worker needs it; the API does not): workers 
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import logging
 import os
 import shutil
@@ -52,13 +53,18 @@ def serve(
     api_workers: Annotated[int, typer.Option(
         min=1, help="API processes (uvicorn workers) sharing the port.")] = 2,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
+    insecure: Annotated[bool, typer.Option(
+        "--insecure", help="Serve an address other than loopback without API keys: whoever reaches it is an "
+        "admin. Without AOTC_ADMIN_KEY, aotc-server refuses to unless this is given.")] = False,
 ) -> None:
     """Run the API, an embedded Redis (unless AOTC_REDIS_URL is set) and workers for this machine's devices."""
     from service.api.settings import Settings
     from service.store.embedded import EmbeddedRedis
+    from service.store.redis_url import masked
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = Settings()
+    _check_auth(settings, host, insecure)
     devices = _worker_devices(device, workers)
     try:
         lock = DirLock(settings.data_dir / "server.lock").acquire(wait_s=5.0)
@@ -76,7 +82,8 @@ def serve(
                 _exit(str(e))
             settings = settings.model_copy(update={"redis_url": redis_proc.url})
             print(f"aotc: embedded redis-server pid {redis_proc.proc.pid if redis_proc.proc else '?'} on "
-                  f"{redis_proc.url} (data in {redis_proc.data_dir}, AOF on)", file=sys.stderr)
+                  f"{masked(redis_proc.url)} (data in {redis_proc.data_dir}, AOF on, password in "
+                  f"{redis_proc.password_file})", file=sys.stderr)
         work_dirs = [settings.data_dir / ("work" if i == 0 else f"work-{i}") for i in range(len(devices))]
         _clean_up(settings, work_dirs, own_redis=redis_proc is not None)
         if devices and importlib.util.find_spec("torch") is None:
@@ -245,6 +252,34 @@ def gpu_count() -> int:
             pass
     gpus = Path("/proc/driver/nvidia/gpus")
     return len(list(gpus.iterdir())) if gpus.is_dir() else 0
+
+
+def _check_auth(settings: Settings, host: str, insecure: bool) -> None:
+    """Keys are on with AOTC_ADMIN_KEY. Without it, serve loopback only, unless told --insecure."""
+    if settings.admin_key is not None:
+        print("aotc: API keys are on (AOTC_ADMIN_KEY): every /v1 request needs `Authorization: Bearer <key>`",
+              file=sys.stderr)
+        return
+    if _is_loopback(host):
+        print("aotc: AOTC_ADMIN_KEY is unset: the API runs open, without keys, for local use on this machine only "
+              "(it answers loopback clients; every caller is an admin)", file=sys.stderr)
+        return
+    if not insecure:
+        _exit(f"refusing to serve {host} without API keys: anyone who reaches it could download every model and "
+              "compile without limit. Set AOTC_ADMIN_KEY (a bootstrap admin key of 16+ characters; create the "
+              "others with `aotc keys create`), or listen on 127.0.0.1, or pass --insecure to serve it open anyway")
+    print(f"aotc: WARNING: --insecure: serving {host} without API keys; whoever reaches it is an admin",
+          file=sys.stderr)
+    os.environ["AOTC_INSECURE"] = "1"  # the API processes read their settings from the environment
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _exit(message: str) -> NoReturn:

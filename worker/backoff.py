@@ -1,6 +1,11 @@
-"""Waiting out a Redis that is down. The worker never exits for that: it retries with capped backoff, logging
-once when Redis goes away and once when it is back. (redis-py's own Retry, set up in service.store, rides over
-blips of a second or so first.)"""
+"""Backoff, twice: waiting out a Redis that is down, and spacing a failed job's attempts.
+
+The worker never exits because Redis is down: it retries with capped backoff, logging once when Redis goes away
+and once when it is back. (redis-py's own Retry, set up in service.store, rides over blips of a second or so first.)
+
+A job whose attempt failed with a retryable failure goes back in line, but no worker may take it before a delay
+(`retry_delay`: exponential in the attempts, capped, with jitter) has passed: the queue holds it aside until then
+(docs/queue.md, "Backoff")."""
 
 from __future__ import annotations
 
@@ -43,3 +48,13 @@ def until_redis(fn: Callable[[], T], what: str, wait: Callable[[float], bool], *
         if down_since is not None:
             log.info("Redis is back after %.1f s", time.monotonic() - down_since)
         return out
+
+
+def retry_delay(attempt: int, base_s: float, cap_s: float, rand: Callable[[], float] = random.random) -> float:
+    """Seconds a job waits after its attempt `attempt` (1, 2, ...) failed: base_s doubled per earlier attempt, at
+    most cap_s, then "equal jitter" (half of it fixed, half random), so jobs that failed together do not come back
+    together. 0 when base_s is 0 (retry at once)."""
+    if base_s <= 0:
+        return 0.0
+    full = min(cap_s, base_s * 2.0 ** min(max(attempt - 1, 0), 60))
+    return full / 2 + rand() * full / 2

@@ -1,5 +1,10 @@
-"""Entry point of the child process that runs one compile, one artifact check or the warm-up compile:
-`python -m worker.child JOBDIR KIND`, inside the sandbox (worker.isolation), with the limits already set.
+"""Entry point of the child process that runs one compile, one artifact check, the warm-up compile or the health
+probe: `python -m worker.child JOBDIR KIND`, inside the sandbox (worker.isolation), with the limits already set.
+
+The handshake: once the child has imported torch and what its kind runs, and touched its device, it appends the
+stage READY to its events, before it reads anything of the model. The worker (worker.health) relays it live; a child
+that fails without it failed because of the worker's environment (a broken torch, CUDA, the sandbox, the
+interpreter), never because of the model, and the job goes back without spending an attempt.
 
 JOBDIR/KIND-task.json (the worker's, read-only here) says what to do and names the one dir this child may write
 (task["dir"]). The child appends stage events to DIR/events.jsonl and writes DIR/result.json: {"ok": true,
@@ -11,6 +16,7 @@ whatever it shares with other compiles (max-autotune timings), the worker reads 
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import json
 import os
 import signal
@@ -19,6 +25,11 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+READY = "child-ready"  # the handshake's stage name (worker.health takes it out of the job's stages)
+KINDS = ("compile", "check", "warmup", "probe")
+TOOLCHAIN = {"compile": ("compiler.pipeline", "compiler.compat.caches"), "check": ("compiler.check",),
+             "warmup": ("compiler.pipeline", "compiler.archive.inspect")}
 
 
 def _die_with_parent(parent: int | None) -> None:
@@ -71,6 +82,16 @@ def _warm_up(task: dict[str, Any], d: Path) -> dict[str, Any]:
     return {"seconds": round(time.perf_counter() - t0, 3)}
 
 
+def _import_toolchain(kind: str, device: str) -> None:
+    """What must work before any of the job is touched: torch, the compiler modules this kind runs, the device."""
+    import torch
+
+    for module in TOOLCHAIN.get(kind, ()):
+        importlib.import_module(module)
+    if device.startswith("cuda"):
+        torch.empty(1, device=device)  # a CUDA context: a driver or device that does not work fails here
+
+
 def main(jobdir: str, kind: str) -> int:
     task: dict[str, Any] = json.loads((Path(jobdir) / f"{kind}-task.json").read_text())
     _die_with_parent(task.get("parent_pid"))
@@ -84,6 +105,10 @@ def main(jobdir: str, kind: str) -> int:
     from compiler.errors import Failure
 
     try:
+        if kind not in KINDS:
+            raise ValueError(f"unknown task kind {kind!r}")
+        _import_toolchain(kind, str(task.get("device") or "cpu"))
+        on_stage(READY)
         if kind == "compile":
             from compiler.compat.caches import inductor_cache_settings
             from compiler.options import CompileOptions
@@ -105,8 +130,10 @@ def main(jobdir: str, kind: str) -> int:
                                     allow_nonfinite=bool(asked.get("allow_nonfinite", False)))
         elif kind == "warmup":
             result = _warm_up(task, d)
-        else:
-            raise ValueError(f"unknown task kind {kind!r}")
+        else:  # probe: the handshake is all it does
+            import torch
+
+            result = {"torch": torch.__version__}
         out: dict[str, Any] = {"ok": True, "result": result}
     except Exception as e:
         out = {"ok": False, "error": Failure.from_exception(e, kind, traceback.format_exc()[-4000:]).to_json()}

@@ -47,6 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from worker.limits import Limits
 from worker.settings import WorkerSettings
@@ -250,7 +251,7 @@ def _hidden(settings: WorkerSettings) -> tuple[Path, ...]:
     paths = [Path("/tmp"), Path("/run"), Path("/var/run"), settings.work_dir, settings.data_dir,
              settings.data_dir / "redis", headers_dir(settings), Path(os.path.expanduser("~")), *settings.sandbox_hide]
     if settings.redis_url.startswith("unix://"):  # a socket by path ignores the network namespace: hide its dir
-        paths.append(Path(settings.redis_url.removeprefix("unix://").split("?")[0]).parent)
+        paths.append(Path(urlsplit(settings.redis_url).path).parent)  # unix://[:password@]/path?db=0
     out = []
     for p in paths:
         real = Path(os.path.realpath(p))

@@ -5,12 +5,14 @@ in a sandboxed child process (worker.sandbox, worker.isolation), and this truste
 the model, seeds and collects the shared max-autotune timings (worker.tuning), and takes the outputs out of the
 child's dir once it is dead; a checked artifact is published write-then-record, so a job delivered twice
 finds its own result. Every way an attempt ends is a job transition: succeeded, cancelled, a failure (retried or
-final, compiler.errors.Failure decides which), or handed back unspent when the worker shuts down or loses Redis.
-A job whose lease a reaper took is abandoned: it is someone else's now.
+final, compiler.errors.Failure decides which; a retry waits out a backoff), or handed back unspent when the worker
+shuts down, loses Redis, or finds its environment broken (a child that failed before its work started:
+worker.health). A job whose lease a reaper took is abandoned: it is someone else's now.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -26,12 +28,14 @@ import redis
 
 from compiler.errors import Failure
 from compiler.report import attach_check  # torch-free
+from compiler.signing import Signer, key_record, statement
 from service.store import Lease, Store
-from worker.backoff import until_redis
+from worker.backoff import retry_delay, until_redis
 from worker.headers import Headers, header_dir
+from worker.health import Health
 from worker.isolation import Sandbox, headers_dir
 from worker.limits import GIB, MIB, Limits
-from worker.sandbox import Outcome, run_child, take
+from worker.sandbox import Outcome, take
 from worker.settings import WorkerSettings
 from worker.tuning import GemmTimingShare
 
@@ -56,6 +60,8 @@ class JobRunner:
         self._lost: Lease | None = None  # a lease the heartbeat found taken by a reaper
         self._next_cancel_check = 0.0
         self.jobs_done = 0
+        self.health = Health(settings.worker_max_early_crashes)  # children that fail before their work starts
+        self.signer: Signer | None = None  # set at start (worker.main): the key that signs each published manifest
 
     # -- the lease ----------------------------------------------------------------------------------------------
 
@@ -73,11 +79,12 @@ class JobRunner:
             if self.current is current:
                 log.warning("lost the lease on job %s (a reaper took it); abandoning the job", current[0])
 
-    def hand_back(self, job_id: str, lease: Lease) -> None:
-        """Put a job back in line and refund the attempt it was charged: a shutdown wastes no attempt."""
+    def hand_back(self, job_id: str, lease: Lease, why: str = "shutting down") -> None:
+        """Put a job back in line and refund the attempt it was charged: neither a shutdown nor a broken worker
+        spends one."""
         if self.store.jobs.requeue(job_id, lease, refund=True, expect_state="running",
-                                   reason=f"handed back by {self.id} (shutting down)"):
-            log.info("handed job %s back on shutdown", job_id)
+                                   reason=f"handed back by {self.id} ({why})"):
+            log.info("handed job %s back (%s)", job_id, why[:200])
 
     # -- one job ------------------------------------------------------------------------------------------------
 
@@ -153,10 +160,14 @@ class JobRunner:
             elif outcome.ok:
                 jobs.finish(job_id, "succeeded", lease=lease, artifact=result["key"], timings=result["timings"],
                             check=result["check"])
+            elif outcome.failure is not None and outcome.failure.type == "BrokenEnvironment":  # not the job's fault
+                self.hand_back(job_id, lease, outcome.failure.message)
             else:
                 assert outcome.failure is not None
-                what = jobs.retry_or_fail(job, lease, outcome.failure)
-                log.info("job %s attempt %d: %s (%s)", job_id, attempt, outcome.failure.message, what)
+                delay = retry_delay(attempt, self.settings.retry_backoff_s, self.settings.retry_backoff_max_s)
+                what = jobs.retry_or_fail(job, lease, outcome.failure, delay_s=delay)
+                log.info("job %s attempt %d: %s (%s%s)", job_id, attempt, outcome.failure.message, what,
+                         f"; next attempt in {delay:.1f} s at the earliest" if what == "requeued" and delay else "")
         finally:
             self.jobs_done += 1
             if not self.settings.keep_work:
@@ -218,9 +229,10 @@ class JobRunner:
         def warm_up(adopt: Callable[[Path], None]) -> bool:
             jobdir = (self.settings.work_dir / f"warmup-{os.getpid()}").resolve()
             try:
-                outcome = run_child({"kind": "warmup", "device": self.info["device"]}, jobdir, sandbox=self.sandbox,
-                                    timeout_s=self.settings.compile_timeout_s, device=self.info["device"],
-                                    hide=self._hide(), should_cancel=self.stopping.is_set)
+                outcome = self.health.run_child({"kind": "warmup", "device": self.info["device"]}, jobdir,
+                                                sandbox=self.sandbox, timeout_s=self.settings.compile_timeout_s,
+                                                device=self.info["device"], hide=self._hide(),
+                                                should_cancel=self.stopping.is_set)
                 if not outcome.ok:
                     assert outcome.failure is not None
                     log.warning("warm-up compile failed: %s\n%s", outcome.failure.message, outcome.failure.excerpt)
@@ -257,8 +269,8 @@ class JobRunner:
             return self._should_stop(job_id)
 
         device = self.info["device"]
-        run = partial(run_child, sandbox=self.sandbox, device=device, limits=self.limits(), hide=self._hide(),
-                      on_stage=on_stage, should_cancel=cancelled)
+        run = partial(self.health.run_child, sandbox=self.sandbox, device=device, limits=self.limits(),
+                      hide=self._hide(), on_stage=on_stage, should_cancel=cancelled)
         share = (GemmTimingShare(store.r, self.target)
                  if self.settings.share_gemm_timings and (job["options"] or {}).get("mode") == "max-autotune" else None)
 
@@ -300,7 +312,7 @@ class JobRunner:
         report = attach_check(json.loads(report_path.read_text()), check)
         report["key"] = job["key"]
         report["caches"] = caches
-        artifact = store.artifacts.put({
+        record: dict[str, Any] = {
             "key": job["key"],
             "factors": job["factors"],
             "model_id": job["model_id"],
@@ -313,8 +325,30 @@ class JobRunner:
             "check": check,
             "job_id": job_id,
             "worker": {"id": self.id, "device_name": self.info["device_name"], "host": self.info["host"]},
-        }, outputs["package"], report=report, sources=outputs["sources"])
+        }
+        if outputs["package"] is not None:  # a report-only record (mode=training) has no package to sign
+            record["manifest"] = self._sign(job, outputs["package"], check)
+        artifact = store.artifacts.put(record, outputs["package"], report=report, sources=outputs["sources"])
         return Outcome(True), {"key": artifact["key"], "timings": timings, "check": check}
+
+    def _sign(self, job: dict[str, Any], package: Path, check: dict[str, Any] | None) -> dict[str, Any]:
+        """The signed manifest (compiler/signing.py) of a package about to be published. Signed here, in the trusted
+        worker, from the file the dead child left: the key never reaches a child, and Redis only stores the result."""
+        signer = self.signer
+        if signer is None:
+            raise RuntimeError("this worker has no signing key (worker.main loads one at start)")
+        # Published again in case Redis lost it (idempotent: a known key keeps its record, revoked or not).
+        if self.store.signing.publish(key_record(signer.public)).get("revoked_at") is not None:
+            raise RuntimeError(f"this worker's signing key {signer.kid} was revoked: restart the worker with a new "
+                               "key (AOTC_SIGNING_KEY_FILE, or delete the one it made to have it make another)")
+        with open(package, "rb") as f:
+            sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+            size = os.fstat(f.fileno()).st_size
+        return signer.sign(statement(
+            artifact_key=job["key"], package_sha256=sha256, package_size=size,
+            model_sha256=str(job["factors"].get("model") or job["model_id"]), factors=job["factors"],
+            toolchain=self.info["toolchain"], target=self.target, check=check,
+            worker={"id": self.id, "host": self.info["host"], "device_name": self.info["device_name"]}))
 
 
 REPORT_MAX_BYTES = 256 * 2**20

@@ -10,6 +10,11 @@ Before it serves, a worker sets up the sandbox its children run in (worker.isola
 none can be set up, unless AOTC_SANDBOX=off) and, once registered, builds or finds the trusted precompiled
 headers (worker.headers); its registry record says whether its children are sandboxed.
 
+A worker knows when it is broken (worker.health): after AOTC_WORKER_MAX_EARLY_CRASHES children in a row fail
+before their work starts (in `import torch`, or before), it stops claiming jobs and says so in its registry record
+(healthy: false, unhealthy_reason), heartbeating on; the jobs those children failed went back unspent. Every
+AOTC_WORKER_REPROBE_S it runs a probe child, and serves again once one gets through.
+
 Signals never interrupt Redis calls: SIGTERM/SIGINT only set a flag. The loop stops reading, the sandbox's poll
 loop sees the flag and kills the compile, and the job is handed back with its attempt refunded. A second signal
 forces the exit (the job's lease then expires and the reaper requeues it).
@@ -19,14 +24,17 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
+from compiler.signing import Signer, key_record
 from service.store import Lease, StorageOptions, Store
 from service.store.reaper import Reaper
 from worker.backoff import until_redis
@@ -40,8 +48,10 @@ T = TypeVar("T")
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings, info: dict[str, Any], sandbox: Sandbox | None = None) -> None:
-        """`sandbox`: how children are confined (worker.isolation.setup, which probes it, when not given)."""
+    def __init__(self, settings: WorkerSettings, info: dict[str, Any], sandbox: Sandbox | None = None,
+                 signer: Signer | None = None) -> None:
+        """`sandbox`: how children are confined (worker.isolation.setup, which probes it, when not given).
+        `signer`: the key that signs manifests (`signing_key`); a worker without one publishes nothing."""
         self.settings = settings
         self.info = info
         self.target: str = info["target"]
@@ -55,6 +65,9 @@ class Worker:
         self.reaper = Reaper(self.store, settings.lease_s, settings.reap_interval_s)
         self.sandbox = sandbox or setup(settings, info["device"])
         self.runner = JobRunner(self.store, settings, info, self.id, self.stopping, self.sandbox)
+        self.runner.signer = signer
+        self._said_unhealthy = False  # the registry was told this worker is unhealthy
+        self._next_probe = 0.0  # when an unhealthy worker runs its next probe child
 
     @property
     def streams(self) -> list[str]:
@@ -71,6 +84,7 @@ class Worker:
             "started": self.started,
             "jobs_done": self.runner.jobs_done,
             "job": current[0] if current else None,
+            **self.runner.health.describe(),
             **self.sandbox.describe(),
             **self.info,
         }
@@ -96,13 +110,49 @@ class Worker:
 
     def next_message(self) -> tuple[Lease, str] | None:
         """The next job as (lease, job id), or None after poll_ms without one. Reaps expired leases first (at most
-        every reap_interval_s), so lost jobs are back in line."""
+        every reap_interval_s), so lost jobs are back in line, and queues the retried jobs whose backoff is over."""
         self.reaper.maybe_run()
+        self.store.jobs.promote_due()
         return self.reader.next()
+
+    def while_unhealthy(self) -> None:
+        """One turn of the loop of a worker that claims nothing: the heartbeat thread goes on (so no reaper takes
+        the worker for lost), this thread still reaps and promotes for the others, and every reprobe_s it runs the
+        probe child, which makes the worker healthy again once one gets through its imports."""
+        health = self.runner.health
+        if not self._said_unhealthy:
+            self._said_unhealthy = True
+            self._next_probe = time.monotonic() + self.settings.worker_reprobe_s
+            self._beat_now()  # /v1/workers and /readyz say so now, not at the next heartbeat
+        self.stopping.wait(self.settings.poll_ms / 1000)
+        try:
+            self.reaper.maybe_run()
+            self.store.jobs.promote_due()
+        except Exception as e:  # Redis down: the heartbeat thread reports it; nothing here must stop the loop
+            log.debug("while unhealthy: %s", e)
+        if self.settings.worker_reprobe_s and time.monotonic() >= self._next_probe and not self.stopping.is_set():
+            self._next_probe = time.monotonic() + self.settings.worker_reprobe_s
+            jobdir = (self.settings.work_dir / f"probe-{os.getpid()}").resolve()
+            try:
+                health.probe(jobdir, sandbox=self.sandbox, device=self.info["device"], limits=self.runner.limits(),
+                             timeout_s=self.settings.compile_timeout_s, should_cancel=self.stopping.is_set)
+            finally:
+                shutil.rmtree(jobdir, ignore_errors=True)
+            if health.healthy:
+                self._said_unhealthy = False
+                self._beat_now()
+
+    def _beat_now(self) -> None:
+        try:
+            self.heartbeat()
+        except Exception as e:
+            log.warning("heartbeat failed: %s", e)
 
     def run(self, max_jobs: int | None = None) -> None:
         for warning in self._until_redis(self.store.check_redis, "check Redis's settings") or []:  # noeviction
             log.warning("%s", warning)
+        if self.runner.signer is not None:
+            self._until_redis(self.publish_signing_key, "publish the signing key")
         self._until_redis(lambda: self.store.queues.ensure(self.target), "create the queue")
         self._until_redis(self.heartbeat, "register")
         hb = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
@@ -111,6 +161,9 @@ class Worker:
         log.info("worker %s serving %s (%s)", self.id, self.target, self.info["device_name"])
         try:
             while not self.stopping.is_set():
+                if not self.runner.health.healthy:
+                    self.while_unhealthy()
+                    continue
                 try:
                     msg = self._until_redis(self.next_message, "read the queue")
                 except Exception:  # a bug or an odd reply must not take the worker down: log it, go on
@@ -135,6 +188,18 @@ class Worker:
             except Exception:
                 pass
 
+    def publish_signing_key(self) -> None:
+        """Put this worker's public key in Redis (GET /v1/signing-keys), where clients that do not pin keys find
+        it. A key revoked earlier stays revoked: the worker refuses to sign with it, and stops."""
+        signer = self.runner.signer
+        assert signer is not None
+        record = self.store.signing.publish(key_record(signer.public))
+        if record.get("revoked_at") is not None:
+            raise SystemExit(f"aotc-worker: refusing to start: signing key {signer.kid} ({signer.path}) was revoked; "
+                             "give the worker a new key (AOTC_SIGNING_KEY_FILE), or delete the one it made so that "
+                             "it makes another")
+        log.info("signing manifests with key %s (%s)", signer.kid, signer.path)
+
     def _until_redis(self, fn: Callable[[], T], what: str) -> T | None:
         """`fn` once Redis answers; None if a shutdown begins while waiting. A queue that Redis lost (it came back
         empty) is created again."""
@@ -151,7 +216,12 @@ def serve(settings: WorkerSettings, max_jobs: int | None = None) -> None:
     except SandboxUnavailable as e:
         log.error("%s", e)
         raise SystemExit(f"aotc-worker: refusing to start: {e}") from None
-    w = Worker(settings, info, sandbox)
+    try:
+        signer = signing_key(settings, sandbox)
+    except (OSError, ValueError) as e:
+        log.error("%s", e)
+        raise SystemExit(f"aotc-worker: refusing to start: {e}") from None
+    w = Worker(settings, info, sandbox, signer)
 
     def _stop(signum: int, frame: Any) -> None:
         if w.stopping.is_set():  # the second signal: leave now; the lease expires and the reaper requeues
@@ -165,3 +235,21 @@ def serve(settings: WorkerSettings, max_jobs: int | None = None) -> None:
         w.run(max_jobs=max_jobs)
     except KeyboardInterrupt:
         log.info("worker %s stopped", w.id)
+
+
+def signing_key(settings: WorkerSettings, sandbox: Sandbox) -> Signer:
+    """The key this worker signs manifests with: AOTC_SIGNING_KEY_FILE, else AOTC_DATA_DIR/signing/worker-ed25519.pem,
+    made on first start. ValueError when it cannot be read, or when it lies where compile and check children could
+    read it (a sandboxed child sees every path the sandbox does not hide)."""
+    given = settings.signing_key_file
+    path = Path(os.path.realpath(given or settings.data_dir / "signing" / "worker-ed25519.pem"))
+    if sandbox.on and not any(path.is_relative_to(h) for h in sandbox.hidden):
+        raise ValueError(f"the signing key {path} is where compile and check children could read it: put it under "
+                         "AOTC_DATA_DIR or /run (e.g. /run/secrets), or add its dir to AOTC_SANDBOX_HIDE")
+    if given is not None and not path.is_file():
+        raise ValueError(f"AOTC_SIGNING_KEY_FILE={given}: no such file")
+    signer = Signer.from_file(path, create=given is None)
+    if path.stat().st_mode & 0o077:
+        log.warning("the signing key %s can be read by other users (mode %o): chmod 600 it", path,
+                    path.stat().st_mode & 0o777)
+    return signer

@@ -8,11 +8,16 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.store.redis_url import with_password_file
+
 
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AOTC_", extra="ignore")
 
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="The service's Redis.")
+    redis_password_file: Path | None = Field(
+        default=None, description="A file holding Redis's password (e.g. a Docker secret), for an AOTC_REDIS_URL "
+        "without one; a password in the URL wins.")
     device: str = Field(default="auto", description="auto, cpu, cuda or cuda:N. One worker process per GPU.")
     work_dir: Path = Field(default=Path(".aotc/work"), description="Scratch space for compiles.")
     compile_timeout_s: float = Field(default=1800.0, gt=0, description="A compile running longer is killed.")
@@ -44,9 +49,28 @@ class WorkerSettings(BaseSettings):
         "(the worker seeds and reads each compile's timings file; compile children never reach Redis)."
     )
     keep_work: bool = Field(default=False, description="Keep each job's scratch folder (logs, package) for debugging.")
+    retry_backoff_s: float = Field(
+        default=10.0, ge=0, description="A job whose attempt failed and may be retried waits this long before its "
+        "next attempt, doubled per attempt it has used, at most AOTC_RETRY_BACKOFF_MAX_S, half of it random "
+        "(jitter); 0: at once. A lost worker's job comes back at once (its lease was the wait).")
+    retry_backoff_max_s: float = Field(default=300.0, ge=0, description="The longest wait between two attempts.")
+    worker_max_early_crashes: int = Field(
+        default=3, ge=1, description="After this many compile or check children in a row fail before their work "
+        "starts (while importing torch, or before), the worker stops claiming jobs and reports itself unhealthy; "
+        "the jobs it failed that way go back without spending an attempt.")
+    worker_reprobe_s: float = Field(
+        default=300.0, ge=0, description="An unhealthy worker runs a probe child (import torch, touch the device) "
+        "this often and serves again once one passes; 0: it stays unhealthy until restarted.")
     data_dir: Path = Field(
         default=Path(".aotc"), description="The service's data dir (the embedded Redis's data, uploads), read here "
         "only to hide it from compile and check children."
+    )
+
+    signing_key_file: Path | None = Field(
+        default=None, description="The Ed25519 private key (PEM, PKCS#8, unencrypted) this worker signs artifact "
+        "manifests with. Unset: AOTC_DATA_DIR/signing/worker-ed25519.pem, made on first start (mode 0600) and kept. "
+        "It must sit where compile and check children cannot see it: under AOTC_DATA_DIR, /run (e.g. "
+        "/run/secrets) or an AOTC_SANDBOX_HIDE dir; the worker refuses to start otherwise."
     )
 
     # -- the sandbox of compile and check children (worker/isolation.py) ----------------------------------------
@@ -87,6 +111,11 @@ class WorkerSettings(BaseSettings):
     child_max_open_files: int = Field(
         default=8192, ge=0, description="Open files per process (RLIMIT_NOFILE) in compile and check children; 0: none."
     )
+
+    @model_validator(mode="after")
+    def _redis_password(self) -> WorkerSettings:
+        self.redis_url = with_password_file(self.redis_url, self.redis_password_file)
+        return self
 
     @model_validator(mode="after")
     def _lease_outlives_heartbeat(self) -> WorkerSettings:

@@ -1,6 +1,9 @@
 """AOTInductor: build a package from an exported program, and load one.
 
-aoti_compile_and_package / aoti_load_package live under torch._inductor (documented, but private by name).
+aoti_compile_and_package / aoti_load_package live under torch._inductor (documented, but private by name). The C++
+loader `torch._C._aoti.AOTIModelPackageLoader(path, model_name, run_single_threaded, num_runners, device_index)`
+has had that signature from torch 2.6 through 2.13. `run_single_threaded=True` runs the model without the
+container's locks and per-run CUDA events: the mode a CUDA graph can capture (compiler/cudagraphs.py).
 """
 
 from __future__ import annotations
@@ -28,36 +31,74 @@ class LoadedPackage:
     and the package's own call spec, which is what `AOTICompiledModel` does after that check.
     """
 
-    def __init__(self, package_path: str, device: str = "cpu") -> None:
+    def __init__(self, package_path: str, device: str = "cpu", run_single_threaded: bool = False) -> None:
         index = -1
         if device.startswith("cuda"):
             index = torch.device(device).index or 0
-        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(package_path), "model", False, 1, index)
+        self.run_single_threaded = run_single_threaded
+        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(package_path), "model", run_single_threaded, 1, index)
         in_spec, out_spec = self.loader.get_call_spec()
         self.in_spec = pytree.treespec_loads(in_spec)
         self.out_spec = pytree.treespec_loads(out_spec)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs:
-            from torch.export._tree_utils import reorder_kwargs
-
-            kwargs = reorder_kwargs(kwargs, self.in_spec)
-        flat = [x for x in pytree.tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
-        return pytree.tree_unflatten(self.loader.boxed_run(flat), self.out_spec)
+        return pytree.tree_unflatten(self.loader.boxed_run(self.flat_inputs(args, kwargs)), self.out_spec)
 
     def get_metadata(self) -> dict[str, str]:
         return dict(self.loader.get_metadata())
 
+    def flat_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        """The tensors the package takes, in its order, from a call's arguments."""
+        if kwargs:
+            from torch.export._tree_utils import reorder_kwargs
 
-def aoti_load_package(package_path: str, device: str = "cpu") -> Callable[..., Any]:
+            kwargs = reorder_kwargs(kwargs, self.in_spec)
+        return [x for x in pytree.tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+
+    def run_flat(self, flat: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run on flat input tensors, on the current CUDA stream; the flat outputs. (boxed_run empties the list it is
+        given, so it gets a copy.)"""
+        return list(self.loader.boxed_run(list(flat)))
+
+    def unflatten(self, outputs: list[Any]) -> Any:
+        return pytree.tree_unflatten(outputs, self.out_spec)
+
+
+def aoti_load_package(package_path: str, device: str = "cpu", *,
+                      run_single_threaded: bool = False) -> Callable[..., Any]:
     """Load a package for `device` (cuda:N picks the GPU). Falls back to torch's own loader if the C++ loader's
-    signature differs in this torch version."""
+    signature differs in this torch version. `run_single_threaded=True` loads it for CUDA graph capture."""
     try:
-        return LoadedPackage(package_path, device)
+        return LoadedPackage(package_path, device, run_single_threaded)
     except (AttributeError, TypeError):
         from torch._inductor import aoti_load_package as _load
 
         index = torch.device(device).index
         if device.startswith("cuda") and index is not None:
-            return _load(package_path, device_index=index)
-        return _load(package_path)
+            return _load(package_path, run_single_threaded=run_single_threaded, device_index=index)
+        return _load(package_path, run_single_threaded=run_single_threaded)
+
+
+def load_for_graphs(package_path: str, device: str) -> LoadedPackage:
+    """The package loaded in single-threaded mode with the flat-tensor interface CUDA graph capture needs. Raises
+    RuntimeError naming what this torch lacks when its loader cannot do that."""
+    try:
+        return LoadedPackage(package_path, device, run_single_threaded=True)
+    except (AttributeError, TypeError) as e:
+        raise RuntimeError(f"torch {torch.__version__} has no AOTIModelPackageLoader(..., run_single_threaded, ...) "
+                           f"to capture a package's run in a CUDA graph: {e}") from e
+
+
+def native_graph_support() -> str | None:
+    """The name of torch's own CUDA-graph support for AOTInductor packages, where this torch has one; None otherwise.
+
+    torch 2.11 to 2.13 have none: `torch._inductor.config.aot_inductor` has no CUDA-graph option, the package loader
+    only offers `run_single_threaded` ("useful to avoid conflicts with CUDAGraphs"), and cudagraph trees work on
+    torch.compile's Python wrapper, not on a package. So aotc captures the single-threaded run itself."""
+    from torch._inductor import config
+
+    aoti_cfg = config.aot_inductor
+    for name in ("use_cuda_graphs", "cuda_graphs", "cudagraphs"):  # none of these exists in 2.11-2.13
+        if hasattr(aoti_cfg, name):
+            return f"torch._inductor.config.aot_inductor.{name}"
+    return None

@@ -14,14 +14,14 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from compiler.errors import AotcError
 from service.api import errors
+from service.api.auth import Keyring
 from service.api.cache import Reads
-from service.api.routes import artifacts, compilations, health, jobs, metrics, models, workers
+from service.api.routes import artifacts, compilations, health, jobs, keys, metrics, models, signing, workers
 from service.api.routes.metrics import CountRequests, Scraper
 from service.api.settings import Settings, get_settings
 from service.api.storage import on_start, storage_options
@@ -46,6 +46,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.redis_url, max_connections=64, timeout=5, decode_responses=True, socket_connect_timeout=2.0,
             socket_timeout=10.0))
         app.state.reads = Reads(app.state.aredis)  # the hot read paths: lookup, meta, model get
+        admin_key = settings.admin_key.get_secret_value() if settings.admin_key else None
+        app.state.keyring = Keyring(app.state.aredis, admin_key, settings.auth_cache_s, insecure=settings.insecure)
+        if admin_key is None:
+            log.warning("AOTC_ADMIN_KEY is unset: the API runs open, without keys, and answers only clients on "
+                        "loopback")
         app.state.scraper = Scraper(store)  # /metrics
         await run_in_threadpool(_backfill_model_ids, store)
         gc.freeze()  # what start-up made lives as long as the process: full collections need not walk it
@@ -68,30 +73,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(AotcError)
     async def _aotc_error(request: Request, exc: AotcError) -> JSONResponse:
-        return JSONResponse(exc.to_json(), status_code=exc.status)
+        return JSONResponse(exc.to_json(), status_code=exc.status, headers=getattr(exc, "headers", None))
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        parts = []
-        for e in errors:
-            where = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
-            parts.append(f"{where}: {e.get('msg')}" if where else str(e.get("msg")))
-        body = {"error": {"code": "invalid", "message": "; ".join(parts), "errors": [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors]}}
-        return JSONResponse(body, status_code=422)
-
-    @app.exception_handler(redis.ConnectionError)
-    @app.exception_handler(redis.TimeoutError)
-    async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
-        msg = f"the service cannot reach its Redis ({exc}); try again shortly"
-        return JSONResponse({"error": {"code": "redis_unavailable", "message": msg}}, status_code=503,
-                            headers={"Retry-After": "2"})
-
-    errors.install(app)  # Redis out of memory: a JSON 507 from every route
+    # Every other failure answers JSON too: validation (422, or 404 for an id that names nothing), no route, Redis
+    # unreachable (503), out of memory (507) or refusing (503), and a last-resort 500 logged under a request id.
+    errors.install(app)
     # Routes match in this order: artifacts first, since deploy-time lookups, metas and pulls are most of the
     # traffic (each route tried before the right one costs a match); their paths overlap no other router's.
-    for module in (artifacts, health, metrics, models, compilations, jobs, workers):
+    for module in (artifacts, health, metrics, models, compilations, jobs, workers, keys, signing):
         app.include_router(module.router)
     app.add_middleware(CountRequests)  # cache hits and misses, bytes served: /metrics
     return app

@@ -121,6 +121,7 @@ class Reads:
         self.answers: Memo[bytes] = Memo(maxsize)  # lookup answers, keyed by the query (lookup.py)
         self._ids: Memo[str] = Memo(maxsize)  # short id -> full id: a hint, checked by FIND_MODEL
         self._find = aredis.register_script(scripts.FIND_MODEL)
+        self._models_of: dict[str, str] = {}  # artifact key -> model id
 
     async def artifact(self, key: str) -> str | None:
         """The raw artifact record stored under `key` now; None when there is none (never one from memory)."""
@@ -128,6 +129,16 @@ class Reads:
         if raw is None:
             self.metas.drop(key)
         return raw
+
+    def model_of(self, key: str, raw: str) -> str:
+        """The model an artifact was built from. A key hashes its factors, the model among them, so the answer
+        for a key never changes: it is kept once read."""
+        if (model_id := self._models_of.get(key)) is None:
+            model_id = str(json.loads(raw)["factors"]["model"])
+            if len(self._models_of) >= MEMO_ENTRIES:
+                self._models_of.clear()
+            self._models_of[key] = model_id
+        return model_id
 
     def meta(self, key: str, raw: str) -> bytes:
         """GET /v1/artifacts/{key}/meta's body for the record `raw` (also what a lookup that picks it answers)."""

@@ -13,11 +13,15 @@ import json
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from compiler.errors import NotFound, Unprocessable
+from service.api.auth import Caller, Keyring, Principal
 from service.api.cache import Ambiguous, Found, NoModel, Reads
+from service.api.schemas import ARTIFACT_KEY, JOB_ID, MODEL_ID
 from service.api.settings import Settings
-from service.store import Store
+from service.store import Store, keys
+from service.store.models import ID_LEN, lex_range
 
 
 async def get_store(request: Request) -> Store:
@@ -31,6 +35,11 @@ async def get_app_settings(request: Request) -> Settings:
 
 
 StoreDep = Annotated[Store, Depends(get_store)]
+# Path ids with their patterns (schemas.py): a value outside one names no record, and answers 404 before any
+# Redis read (so `/v1/jobs/{id}:events` never reads the job's event stream as if it were the job).
+ModelIdPath = Annotated[str, Path(pattern=MODEL_ID, max_length=64,
+                                  description="The model's id, or a unique prefix of it (8+ hex digits).")]
+JobIdPath = Annotated[str, Path(pattern=JOB_ID, max_length=32, description="The job's id (32 hex digits).")]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 
 
@@ -47,15 +56,19 @@ def _ambiguous(model_id: str) -> Unprocessable:
     return Unprocessable(f"model id prefix {model_id!r} is ambiguous; give more digits")
 
 
-def resolve_model(store: Store, model_id: str) -> dict[str, Any]:
-    """The model with this id, or with this unique id prefix (8+ hex digits, as `aotc models` prints)."""
-    ids = store.models.find(model_id) if is_id_prefix(model_id) else []
+def resolve_model(store: Store, model_id: str, ns: str | None = None) -> dict[str, Any]:
+    """The model with this id, or with this unique id prefix (8+ hex digits, as `aotc models` prints); with `ns`,
+    only among that namespace's models, and as that namespace sees it (its name for it)."""
+    if not is_id_prefix(model_id):
+        ids = []
+    else:
+        ids = store.models.find(model_id) if ns is None else store.namespaces.find_model(ns, model_id)
     if len(ids) > 1:
         raise _ambiguous(model_id)
     model = store.models.get(ids[0]) if ids else None
     if model is None:
         raise _no_model(model_id)
-    return model
+    return model if ns is None else store.namespaces.view(ns, model)
 
 
 async def find_model(reads: Reads, model_id: str, *, with_artifacts: bool = False, trust_id: bool = False) -> Found:
@@ -70,39 +83,70 @@ async def find_model(reads: Reads, model_id: str, *, with_artifacts: bool = Fals
         raise _ambiguous(model_id) from None
 
 
+async def own_model_id(request: Request, who: Principal, model_id: str) -> str:
+    """The full id of the model `model_id` names among those the caller may see (an admin: all of them, so the id
+    is returned as given). Another namespace's model answers as a missing one: 404, never 403."""
+    if who.ns is None:
+        return model_id
+    if not is_id_prefix(model_id):
+        raise _no_model(model_id)
+    keyring: Keyring = request.app.state.keyring
+    if len(model_id) == ID_LEN:
+        if await keyring.holds_model(who.ns, model_id):
+            return model_id
+        raise _no_model(model_id)
+    start, stop = lex_range(model_id)
+    ids = await request.app.state.aredis.zrangebylex(keys.ns(who.ns, "model-ids"), start, stop, start=0, num=2)
+    if len(ids) > 1:
+        raise _ambiguous(model_id)
+    if not ids:
+        raise _no_model(model_id)
+    return str(ids[0])
+
+
 async def _model(
     request: Request,
-    model_id: Annotated[str, Path(description="The model's id, or a unique prefix of it (8+ hex digits).")],
+    model_id: ModelIdPath,
+    who: Caller,
 ) -> dict[str, Any]:
-    return (await find_model(request.app.state.reads, model_id)).model
+    model = (await find_model(request.app.state.reads, await own_model_id(request, who, model_id))).model
+    if who.ns is None:
+        return model
+    store: Store = request.app.state.store
+    return await run_in_threadpool(store.namespaces.view, who.ns, model)
 
 
-def _job(store: StoreDep, job_id: Annotated[str, Path(description="The job's id.")]) -> dict[str, Any]:
-    job = store.jobs.get(job_id)
+def _job(store: StoreDep, job_id: JobIdPath, who: Caller) -> dict[str, Any]:
+    job = store.jobs.get(job_id) if who.ns is None or store.namespaces.has_job(who.ns, job_id) else None
     if job is None:
         raise NotFound(f"no job {job_id!r}")
     return job
 
 
-KeyPath = Annotated[str, Path(description="The artifact's cache key.")]
+KeyPath = Annotated[str, Path(pattern=ARTIFACT_KEY, description="The artifact's cache key (32 hex digits).")]
 
 
-async def _artifact_raw(request: Request, key: str) -> str:
-    raw = await request.app.state.reads.artifact(key)
+async def _artifact_raw(request: Request, key: str, who: Principal) -> str:
+    reads: Reads = request.app.state.reads
+    raw = await reads.artifact(key)
+    if raw is not None and who.ns is not None:  # the caller's namespace must hold the artifact's model
+        keyring: Keyring = request.app.state.keyring
+        if not await keyring.holds_model(who.ns, reads.model_of(key, raw)):
+            raw = None
     if raw is None:
         raise NotFound(f"no artifact {key!r}")
     return str(raw)
 
 
-async def _artifact(request: Request, key: KeyPath) -> dict[str, Any]:
-    record: dict[str, Any] = json.loads(await _artifact_raw(request, key))
+async def _artifact(request: Request, key: KeyPath, who: Caller) -> dict[str, Any]:
+    record: dict[str, Any] = json.loads(await _artifact_raw(request, key, who))
     return record
 
 
-async def _artifact_meta(request: Request, key: KeyPath) -> Response:
+async def _artifact_meta(request: Request, key: KeyPath, who: Caller) -> Response:
     # One flat dependency (each level costs FastAPI's resolution on the hot path).
     reads: Reads = request.app.state.reads
-    return Response(reads.meta(key, await _artifact_raw(request, key)), media_type="application/json")
+    return Response(reads.meta(key, await _artifact_raw(request, key, who)), media_type="application/json")
 
 
 # JobDep is sync: FastAPI runs it in its thread pool, like the routes' own store calls. The getters above are

@@ -29,9 +29,9 @@ def rank(
     options: dict[str, Any] | None = None, *, mode: str | None = None,
 ) -> dict[str, Any] | None:
     """The best of a model's `artifacts` for `target` whose spec covers `spec`: static before dynamic, then the
-    narrowest range, then the fastest where the checks timed them all on one kind of device, else the newest.
-    `options`, when given, must match exactly; without them, report-only records (mode=training, no package) are
-    never picked. `mode`, when given, must be the artifact's compile mode."""
+    narrowest range, then the fastest (median) where the checks timed them all the same way on one kind of device,
+    else the newest. `options`, when given, must match exactly; without them, report-only records (mode=training, no
+    package) are never picked. `mode`, when given, must be the artifact's compile mode."""
     fits = [
         a
         for a in artifacts
@@ -47,8 +47,8 @@ def rank(
     timed = [(t, a) for a in best if (t := _measured(a)) is not None]
     if len(best) > 1 and len(timed) == len(best) and len({t[0] for t, _ in timed}) == 1:
         # Equally specialised artifacts (say default and max-autotune of the same shapes) whose checks ran on the
-        # same kind of device: serve the one that ran fastest there. max-autotune wins on some models and loses
-        # on others (bench/results/tuning-*), so the measured time, not the mode, decides.
+        # same kind of device, timed the same way: serve the one whose median was fastest there. max-autotune wins
+        # on some models and loses on others (bench/results/tuning-*), so the measured time, not the mode, decides.
         return min(timed, key=lambda ta: (ta[0][1], -ta[1]["created"]))[1]
     return max(best, key=lambda a: a["created"])
 
@@ -61,13 +61,18 @@ def find_artifact(
     return rank(store.artifacts.for_model(model_id), target, spec, options, mode=mode)
 
 
-def _measured(a: dict[str, Any]) -> tuple[str, float] | None:
-    """(device name, the check's median latency in ms at the spec's smallest point), if the check timed it."""
-    ms = (a.get("check") or {}).get("compiled_ms")
-    device = (a.get("worker") or {}).get("device_name")
+def _measured(a: dict[str, Any]) -> tuple[tuple[str, str], float] | None:
+    """((device kind, timing method), the check's median latency in ms at the spec's first point), if the check
+    timed it. Figures are comparable only with the same key: the same kind of device (its name, e.g. 'NVIDIA H100
+    80GB HBM3') timed the same way (CUDA events with L2 flushed, wall clock; records from before the check kept
+    its spread have no method and compare only with each other, by their median `compiled_ms`)."""
+    check = a.get("check") or {}
+    plain = (check.get("latency") or {}).get("compiled") or {}
+    ms = plain.get("median_ms", check.get("compiled_ms"))
+    device = (check.get("device_info") or {}).get("name") or (a.get("worker") or {}).get("device_name")
     if not isinstance(ms, (int, float)) or ms <= 0 or not device:
         return None
-    return str(device), float(ms)
+    return (str(device), str(plain.get("method") or "legacy")), float(ms)
 
 
 async def lookup_answer(reads: Reads, model_id: str, target: str, shape: list[str], mode: str | None) -> bytes:

@@ -16,6 +16,11 @@ class Unsatisfiable(Exception):
     pass
 
 
+def _int(digits: str) -> int:
+    """A byte position: one past any size for more digits than int64 holds (int() refuses 4300+ digits)."""
+    return int(digits) if len(digits) <= 18 else 2**63
+
+
 def _opaque(tag: str) -> str:
     tag = tag.strip()
     return tag[2:] if tag.startswith("W/") else tag
@@ -38,12 +43,12 @@ def byte_range(range_header: str | None, if_range: str | None, etag: str, size: 
     if m is None or (not m[1] and not m[2]):
         return None
     if not m[1]:  # the last N bytes
-        n = int(m[2])
+        n = _int(m[2])
         if n == 0 or size == 0:
             raise Unsatisfiable
         return max(0, size - n), size
-    start = int(m[1])
-    end = size if not m[2] else int(m[2]) + 1
+    start = _int(m[1])
+    end = size if not m[2] else _int(m[2]) + 1
     if m[2] and end <= start:
         return None  # last < first: invalid, so ignored
     if start >= size:

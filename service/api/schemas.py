@@ -16,8 +16,9 @@ what they write, and `errors(...)` declares it on a route for each status code t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from fastapi import Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from compiler.options import CompileOptions
@@ -38,9 +39,12 @@ class ValidationIssue(BaseModel):
 
 
 class ErrorDetail(Record):
-    code: str = Field(description="invalid, not_found, conflict, too_large, not_a_zip, unsafe_archive, "
-                      "unavailable, redis_unavailable, bad_request")
+    code: str = Field(description="bad_request, unauthorized, forbidden, not_found, conflict, too_large, not_a_zip, "
+                      "invalid, unsafe_archive, range_not_satisfiable, quota_jobs, internal, unavailable, "
+                      "redis_unavailable, redis_error, insufficient_storage, quota_storage (docs/api.md)")
     message: str = Field(description="What was wrong and, where it can say, what would be right.")
+    request_id: str | None = Field(default=None, description="internal and redis_error: the id the server logged "
+                                   "the failure under (also the X-Request-ID header).")
     errors: list[ValidationIssue] | None = Field(default=None, description="Request validation: each problem.")
     inputs: list[str] | None = Field(default=None, description="The inputs the exported program takes (422).")
     live_targets: list[str] | None = Field(default=None, description="Targets live workers serve (503).")
@@ -54,13 +58,22 @@ class ErrorBody(BaseModel):
 
 
 _WHY = {
-    400: "Malformed request",
-    404: "Not found",
+    400: "Malformed request (e.g. a body that is not JSON)",
+    401: "No API key, or one the service does not know (send `Authorization: Bearer <key>`)",
+    403: "The key's scope does not allow this request",
+    404: "Not found (an id that cannot name a record, too: it does not match its pattern)",
     409: "Conflicts with the current state",
     413: "Over the size limit (AOTC_MAX_UPLOAD_MB)",
     415: "Not a zip archive",
-    422: "The request does not validate",
-    503: "The service cannot reach its Redis (retry after Retry-After seconds)",
+    422: "The request does not validate: `error.message` names each parameter and its bound",
+    429: "The namespace has as many queued and running jobs as its quota allows (retry after Retry-After seconds)",
+    503: "The service cannot reach its Redis, or Redis refused the command (retry after Retry-After seconds)",
+    507: "Redis is out of memory, or the namespace's stored bytes would pass its quota",
+}
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again", "schema": {"type": "integer"}}}
+_HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
+    429: _RETRY_AFTER, 503: _RETRY_AFTER, 507: _RETRY_AFTER,
 }
 
 
@@ -69,10 +82,36 @@ def errors(*codes: int, why: Mapping[int, str] | None = None) -> dict[int | str,
     out: dict[int | str, dict[str, Any]] = {}
     for code in codes:
         out[code] = {"model": ErrorBody, "description": (why or {}).get(code, _WHY[code])}
-        if code == 503:
-            out[code]["headers"] = {"Retry-After": {"description": "Seconds to wait (Redis unreachable)",
-                                                    "schema": {"type": "integer"}}}
+        if code in _HEADERS:
+            out[code]["headers"] = _HEADERS[code]
     return out
+
+
+# What every /v1 route can answer, whatever it does: its routers declare these (router-level `responses=`).
+V1_ERRORS = errors(401, 403, 503, 507)
+
+
+# -- parameters: the bounds every path and query parameter has (docs/api.md) -------------------------------------
+
+MAX_LIMIT = 1000
+JOB_ID = r"^[0-9a-f]{32}$"  # uuid4().hex (service/store/jobs.py)
+MODEL_ID = r"^[0-9a-f]{8,64}$"  # the archive's sha256, or a prefix of 8+ hex digits (as `aotc models` prints)
+ARTIFACT_KEY = r"^[0-9a-f]{32}$"  # compiler.cachekey.cache_key
+MAX_SOURCE_PATH = 1024
+MAX_TARGET = 64
+MAX_SHAPE_ARG = 256  # one ?shape=NAME=SHAPE
+MAX_SHAPE_ARGS = 64  # ?shape= given at most this often (one per input)
+STREAM_ID = r"^[0-9]{1,19}(-[0-9]{1,19})?$"  # a Redis stream entry id (Last-Event-ID), each part below 2**64
+# Parameters that name a record, and the rule each must meet: a value outside it names none, so the answer is the
+# 404 an unknown id gets (service/api/errors.py), never a Redis read of some other key.
+ID_PARAMS = {
+    "job_id": ("job", "a job id is 32 hex digits"),
+    "model_id": ("model", "a model id is 64 hex digits, or a unique prefix of 8 or more"),
+    "key": ("artifact", "an artifact key is 32 hex digits"),
+    "path": ("source file", f"a source path is at most {MAX_SOURCE_PATH} characters"),
+}
+
+Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description=f"How many to list, newest first (1..{MAX_LIMIT}).")]
 
 
 # -- shapes ------------------------------------------------------------------------------------------------------
@@ -161,12 +200,17 @@ class ArtifactRecord(Record):
 
     caches: Any = None
     check: dict[str, Any] | None = Field(
-        default=None, description="The artifact check: passed, errors against eager, latencies, per point.")
+        default=None, description="The artifact check: passed, errors against eager, latencies, per point. "
+        "`latency` holds the median and spread of each timing and how it was taken, `device_info` the device's name "
+        "and clocks, `graphs` whether a CUDA-graph replay was captured and pays (`graph_ms`).")
     created: float
     dynamic_dims: Any = None
     factors: CacheFactors
     job_id: str | None = None
     key: str
+    # Served alone (GET /v1/artifacts/{key}/manifest), never in meta, lookup or listings: it is most of the
+    # record's bytes, and deploy-time lookups need none of it.
+    manifest: Any = Field(default=None, exclude=True)
     model_id: str
     options: dict[str, Any]
     package: bool = Field(default=True, description="False for a report only (mode=training): no .pt2 to pull.")
@@ -256,6 +300,8 @@ class JobRecord(Record):
     check: dict[str, Any] | None = None
     error: FailureRecord | None = None
     failures: list[dict[str, Any]] | None = Field(default=None, description="Each failed attempt.")
+    not_before: float | None = Field(default=None, description="A retried job waits out its backoff: no worker "
+                                     "takes it before this time (epoch seconds).")
     cancel_requested: bool
 
 
@@ -269,7 +315,8 @@ class JobList(BaseModel):
 class CompilationRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model_id: str = Field(description="The id POST /v1/models returned (the sha256 of the archive).")
+    model_id: str = Field(pattern=MODEL_ID, description="The id POST /v1/models returned (the sha256 of the "
+                          "archive), or a unique prefix of it (8+ hex digits).")
     shapes: dict[str, Any] = Field(
         description="Per input, its dims: a size (8), a range ({'min': 1, 'max': 32}), or a string '1..32x3x224x224'.",
         examples=[{"x": [8, 3, 224, 224]}, {"x": [{"min": 1, "max": 32}, 3, 224, 224]}],
@@ -329,6 +376,11 @@ class WorkerRecord(Record):
     started: float | None = None
     target: str = Field(description="The concrete target it compiles for.")
     toolchain: dict[str, Any]
+    healthy: bool = Field(default=True, description="False: its compile children keep failing before their work "
+                          "starts (a broken environment), so it claims no jobs until a probe child passes.")
+    unhealthy_reason: str | None = Field(default=None, description="Why it is unhealthy: the last child's failure "
+                                         "and the tail of its stderr.")
+    unhealthy_since: float | None = None
 
 
 class WorkerList(BaseModel):
@@ -363,6 +415,47 @@ class Health(BaseModel):
     ok: bool
 
 
+class UnhealthyWorker(BaseModel):
+    id: str
+    target: str
+    reason: str = Field(description="The worker's unhealthy_reason.")
+    since: float | None = None
+
+
 class Ready(BaseModel):
-    ok: bool
-    targets: list[str] = Field(description="The targets live workers serve.")
+    ok: bool = Field(description="This API process can serve: its Redis answers and has room.")
+    targets: list[str] = Field(description="The targets that healthy live workers serve.")
+    degraded: bool = Field(default=False, description="Some live workers are unhealthy (they claim no jobs).")
+    unhealthy_workers: list[UnhealthyWorker] = Field(default_factory=list, description="Those workers, and why.")
+
+
+# -- signed artifacts (compiler/signing.py) ------------------------------------------------------------------------
+
+
+class DsseSignature(BaseModel):
+    keyid: str = Field(description="The signing key's id: the first 16 hex digits of the sha256 of its raw bytes.")
+    sig: str = Field(description="The Ed25519 signature of PAE(payloadType, payload bytes), base64.")
+
+
+class SignedManifest(BaseModel):
+    """A DSSE envelope around an in-toto Statement v1 whose predicateType is https://aotc.dev/artifact-manifest/v1:
+    the package's sha256 and size, the cache-key factors, the model's sha256, the toolchain, the target and the
+    artifact check, signed by the worker that published it."""
+
+    payloadType: Literal["application/vnd.in-toto+json"]
+    payload: str = Field(description="The statement's JSON bytes, exactly as signed, base64.")
+    signatures: list[DsseSignature]
+
+
+class SigningKey(BaseModel):
+    """A public key workers sign manifests with. A revoked key's signatures are refused by clients."""
+
+    kid: str
+    algorithm: Literal["ed25519"]
+    public_key: str = Field(description="The raw 32-byte Ed25519 public key, base64.")
+    created: float
+    revoked_at: float | None = Field(description="When it was revoked; None while it is active.")
+
+
+class SigningKeyList(BaseModel):
+    keys: list[SigningKey] = Field(description="Every key, active and revoked, oldest first.")

@@ -5,10 +5,12 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from compiler.archive.limits import MB, Limits
+from service.store.namespaces import GB, Quota
+from service.store.redis_url import with_password_file
 
 
 class Settings(BaseSettings):
@@ -17,6 +19,9 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         default=None, description="Redis to use. Unset: `aotc-server` starts an embedded redis-server."
     )
+    redis_password_file: Path | None = Field(
+        default=None, description="A file holding Redis's password (e.g. a Docker secret), for an AOTC_REDIS_URL "
+        "without one; a password in the URL wins.")
     data_dir: Path = Field(default=Path(".aotc"), description="Embedded Redis data and scratch space.")
     max_upload_mb: int = Field(default=4096, gt=0, description="Largest accepted .pt2 upload.")
     # Bounds on the work one upload may cost the API (compiler.archive.limits; each refusal names its setting).
@@ -58,6 +63,20 @@ class Settings(BaseSettings):
         default="", description="S3 endpoint in the presigned URLs clients are sent to; empty: AOTC_S3_ENDPOINT_URL.")
     s3_region: str = Field(default="", description="S3 region; empty: AWS_REGION, else us-east-1.")
     s3_presign_s: int = Field(default=900, gt=0, description="How long a presigned download URL works.")
+    admin_key: SecretStr | None = Field(
+        default=None, min_length=16, description="The bootstrap admin API key. Set: every /v1 route needs a key "
+        "(Authorization: Bearer). Unset: the API runs open, and answers only clients on loopback.")
+    insecure: bool = Field(default=False, description="Without AOTC_ADMIN_KEY, answer clients beyond loopback "
+                           "too (`aotc-server --insecure`): whoever reaches the API is an admin.")
+    auth_cache_s: float = Field(default=5.0, ge=0, le=60, description="How long an API process trusts a key it "
+                                "has checked: a revoked key stops working within this.")
+    ns_max_jobs: int = Field(default=64, gt=0, description="Default quota: queued plus running jobs of a namespace "
+                             "(429 past it). An admin sets another per namespace.")
+    ns_max_stored_gb: float = Field(default=100.0, gt=0, description="Default quota: bytes a namespace's models "
+                                    "and their artifacts hold (507 past it).")
+
+    def default_quota(self) -> Quota:
+        return Quota(max_jobs=self.ns_max_jobs, max_stored_bytes=int(self.ns_max_stored_gb * GB))
 
     def archive_limits(self) -> Limits:
         """The upload bounds as compiler.archive takes them."""
@@ -73,6 +92,12 @@ class Settings(BaseSettings):
         if v and not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("AOTC_REDIS_URL must start with redis://, rediss:// or unix://")
         return v or None
+
+    @model_validator(mode="after")
+    def _redis_password(self) -> Settings:
+        if self.redis_url:
+            self.redis_url = with_password_file(self.redis_url, self.redis_password_file)
+        return self
 
 
 @lru_cache

@@ -8,6 +8,9 @@
     store.artifacts   artifacts.py   published artifacts and their reports; the bounded cache that evicts them
     store.workers     registry.py    live workers and their heartbeats
     store.caches      caches.py      the compile caches workers share, and the compile count
+    store.signing     signing.py     the public keys workers sign artifact manifests with; their revocation
+    store.apikeys     apikeys.py     API keys (hashes only), their scopes and namespaces
+    store.namespaces  namespaces.py  what each namespace sees (models, jobs) and its quotas
 
 The reaper (reaper.py) settles the jobs of lost workers; keys.py names every key; memory.py checks Redis's eviction
 policy and tells an out-of-memory Redis apart; embedded.py starts a local redis-server. Synchronous on purpose:
@@ -21,6 +24,7 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
+from service.store.apikeys import ApiKeys
 from service.store.artifacts import Artifacts
 from service.store.blobs import BlobStore
 from service.store.blobstore import Announced, StorageOptions, check_same_volume, open_blob_store
@@ -30,8 +34,10 @@ from service.store.jobs import TERMINAL, Jobs
 from service.store.leases import Lease, Leases
 from service.store.memory import check_eviction_policy
 from service.store.models import Models
+from service.store.namespaces import Namespaces
 from service.store.queues import Queues
 from service.store.registry import Registry
+from service.store.signing import SigningKeys
 
 __all__ = ["TERMINAL", "Lease", "StorageOptions", "Store"]
 
@@ -60,6 +66,9 @@ class Store:
         self.artifacts = Artifacts(self.r, self.blobs, storage.max_artifact_bytes)
         self.workers = Registry(self.r)
         self.caches = Caches(self.r)
+        self.signing = SigningKeys(self.r)
+        self.apikeys = ApiKeys(self.r)
+        self.namespaces = Namespaces(self.r)
 
     def ping(self) -> bool:
         return bool(self.r.ping())

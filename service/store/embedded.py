@@ -7,13 +7,20 @@ One redis-server per data folder: `start` takes an exclusive lock on `DATA_DIR/r
 redis-server it starts, so the lock lasts as long as either lives, and a second one on the same append-only file
 is refused with a message that names the holder. The redis-server gets SIGTERM (it flushes its AOF and exits) when
 the process that started it dies, `kill -9` included (service/procs.py).
+
+It is never open: it requires a password, random and made once per data folder, kept in `DATA_DIR/password`
+(mode 0600) and reused on every restart, so the AOF's clients (a restarted API, workers) keep working. The
+password reaches redis-server on its stdin, never on its command line (which `ps` shows to every user), and `url`
+carries it (`redis://:PASSWORD@127.0.0.1:PORT/0`), so whoever is handed the URL connects; print `masked(url)`.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -21,6 +28,9 @@ from pathlib import Path
 import redis
 
 from service.procs import DirLock, LockHeld, dying_with_this_process
+from service.store.redis_url import read_password, with_password
+
+PASSWORD_FILE = "password"
 
 
 def redis_server_binary() -> str:
@@ -38,6 +48,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def ensure_password(path: Path) -> str:
+    """The password in `path`, made on first use: 32 random bytes (URL-safe text) in a new file of mode 0600. An
+    existing file is reused, and tightened to 0600 if others could read it. ValueError when it is not a plain file
+    or holds no usable password."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"the embedded Redis's password file {path} is not a plain file") from None
+        if st.st_mode & 0o077:
+            os.chmod(path, 0o600)
+        return read_password(path, f"the embedded Redis's password file {path}")
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return read_password(path, f"the embedded Redis's password file {path}")
+
+
+def _quoted(value: str) -> str:
+    """A redis.conf string argument."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 class EmbeddedRedis:
     def __init__(self, data_dir: Path, port: int | None = None, appendonly: bool = True, *,
                  die_with_parent: bool = True) -> None:
@@ -47,10 +80,14 @@ class EmbeddedRedis:
         self.die_with_parent = die_with_parent  # start() from a thread that lives as long as this process
         self.proc: subprocess.Popen[bytes] | None = None
         self.lock = DirLock(self.data_dir / "redis.lock")
+        self.password_file = self.data_dir / PASSWORD_FILE
+        self.password: str | None = None  # read or made by start()
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The URL clients connect with, the password in it once start() has run (never log it: masked())."""
+        url = f"redis://127.0.0.1:{self.port}/0"
+        return with_password(url, self.password) if self.password else url
 
     def start(self, timeout_s: float = 10.0, lock_wait_s: float = 5.0) -> EmbeddedRedis:
         """Start redis-server; waits up to `lock_wait_s` for one on its way out (a restart right after a kill)."""
@@ -62,8 +99,13 @@ class EmbeddedRedis:
                 f"another redis-server is using the data dir {self.data_dir} (lock {self.lock.path}: "
                 f"{self.lock.holder()}); stop that aotc-server first, or give this one its own AOTC_DATA_DIR"
             ) from None
+        try:
+            self.password = ensure_password(self.password_file)
+        except (OSError, ValueError) as e:
+            self.lock.release()
+            raise RuntimeError(str(e)) from None
         args = [
-            redis_server_binary(),
+            redis_server_binary(), "-",  # "-": configuration from stdin, where the password goes
             "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.data_dir),
             "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
             "--save", "", "--daemonize", "no", "--protected-mode", "yes",
@@ -72,10 +114,16 @@ class EmbeddedRedis:
         assert self.lock.fd is not None
         if self.die_with_parent:
             args = dying_with_this_process(args, signal.SIGTERM)
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      pass_fds=(self.lock.fd,))
+        assert self.proc.stdin is not None
+        try:
+            with self.proc.stdin:
+                self.proc.stdin.write(f"requirepass {_quoted(self.password)}\n".encode())
+        except BrokenPipeError:  # it exited at once: the loop below reports why
+            pass
         self.lock.note(f"redis-server pid {self.proc.pid} on port {self.port}, started by pid {os.getpid()}")
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout_s
         try:
             while True:

@@ -48,6 +48,7 @@ class Jobs:
         self._requeue = r.register_script(scripts.REQUEUE)
         self._cancel = r.register_script(scripts.CANCEL)
         self._stage = r.register_script(scripts.STAGE)
+        self._promote = r.register_script(scripts.PROMOTE)
 
     # -- records and events --------------------------------------------------------------------------------------
 
@@ -93,7 +94,7 @@ class Jobs:
         for k in JSON_FIELDS:
             if k in job:
                 job[k] = json.loads(job[k])
-        for k in ("created", "started", "finished"):
+        for k in ("created", "started", "finished", "not_before"):
             if k in job:
                 job[k] = float(job[k])
         for k in ("attempts", "attempt", "max_attempts"):
@@ -157,19 +158,28 @@ class Jobs:
         return int(done) == 1
 
     def requeue(self, job_id: str, lease: Lease, *, refund: bool = False, expect_state: str | None = None,
-                reason: str = "", **fields: Any) -> bool:
-        """Put a held job back at the tail of its stream; `refund` gives back the attempt it was charged."""
+                reason: str = "", delay_s: float = 0.0, **fields: Any) -> bool:
+        """Put a held job back at the tail of its stream; `refund` gives back the attempt it was charged. With
+        `delay_s`, no worker gets it before that many seconds have passed (it waits in `backoff`: promote_due)."""
         done = self._requeue(
-            keys=[keys.job(job_id), keys.job_events(job_id), lease.stream],
+            keys=[keys.job(job_id), keys.job_events(job_id), lease.stream, keys.BACKOFF],
             args=[keys.QUEUE_GROUP, lease.msg_id, lease.holder, expect_state or "", "1" if refund else "0", _ts(),
-                  job_id, _flat(fields), json.dumps(["reason", reason[:500]] if reason else [])],
+                  job_id, _flat(fields), json.dumps(["reason", reason[:500]] if reason else []),
+                  f"{max(delay_s, 0.0):.3f}"],
         )
         return int(done) == 1
 
-    def retry_or_fail(self, job: dict[str, Any], lease: Lease, failure: Failure) -> str:
-        """After a failed attempt: requeue when the failure is retryable and attempts are left, else fail the job
-        for good with the reason. `job` is the record as the attempt saw it. Returns 'requeued', 'failed' or
-        'stale' (the lease was lost meanwhile, so someone else decides)."""
+    def promote_due(self, limit: int = 100) -> int:
+        """Put the jobs whose retry backoff is over back in their streams (at most `limit`); returns how many.
+        Workers call it before they read the queue."""
+        queue_prefix = keys.queue("", "")[:-1]  # the script appends "{target}:{priority}", as keys.queue does
+        return int(self._promote(keys=[keys.BACKOFF], args=[keys.job(""), queue_prefix, limit]))
+
+    def retry_or_fail(self, job: dict[str, Any], lease: Lease, failure: Failure, *, delay_s: float = 0.0) -> str:
+        """After a failed attempt: requeue when the failure is retryable and attempts are left (no worker takes it
+        before `delay_s`, its backoff), else fail the job for good with the reason. `job` is the record as the
+        attempt saw it. Returns 'requeued', 'failed' or 'stale' (the lease was lost meanwhile, so someone else
+        decides)."""
         attempt = int(job.get("attempt") or job.get("attempts") or 0)
         max_attempts = int(job.get("max_attempts", 3))
         summary = {"type": failure.type, "message": failure.message, "stage": failure.stage}
@@ -177,7 +187,7 @@ class Jobs:
         worker = job.get("worker")
         if failure.retryable and attempt < max_attempts:
             ok = self.requeue(job["id"], lease, expect_state="running", reason=failure.message, failures=failures,
-                              last_worker=worker)
+                              last_worker=worker, delay_s=delay_s)
             return "requeued" if ok else "stale"
         final = replace(failure, extra={**failure.extra, "attempts": attempt, "failures": failures})
         if failure.retryable:

@@ -15,6 +15,8 @@ All keys live under one prefix so a shared Redis can host aotc beside other tena
     inflight:{cache key}          str   job id of the one job computing that key (single-flight)
     queue:{target}:{priority}     stream of job ids for one concrete target and priority, group `workers`
     queues                        set   every queue stream, so a reaper anywhere can find expired leases
+    backoff                       zset  job id -> when (epoch s) a retried job may go back in its stream; until
+                                        then it is queued in no stream (service/store/scripts.py, PROMOTE)
     deadletter                    list  ids of jobs that failed for good
     artifact:{key}                str   artifact record (JSON): factors, sizes, timings, check
     report:{key}                  str   the artifact's stage report (JSON, compiler.report schema)
@@ -37,8 +39,21 @@ All keys live under one prefix so a shared Redis can host aotc beside other tena
     metrics:hist:{name}:{target}  hash  a /metrics histogram (compile or check seconds): bucket index -> count,
                                         plus `sum` and `count`
     metrics:observed              set   succeeded job ids already counted in those histograms (exactly once)
+    apikeys                       hash  API key id -> key record (JSON): scope, namespace, name, created, revoked,
+                                        and the sha256 of its secret (the secret itself is never stored)
+    apikey:{sha256}               str   the id of the live key whose secret hashes to this (deleted on revoke)
+    namespaces                    zset  namespace -> when it was first used
+    ns:{ns}:models                zset  model id -> when this namespace uploaded it (its listing, its view)
+    ns:{ns}:model-ids             zset  the same ids at score 0: this namespace's short ids (lex range)
+    ns:{ns}:names                 hash  model id -> the name this namespace gave it
+    ns:{ns}:jobs                  zset  job id -> when this namespace asked for it
+    ns:{ns}:active                set   job ids this namespace may have queued or running (its job quota)
+    ns:{ns}:quota                 hash  an admin's quotas for this namespace: max_jobs, max_stored_gb
+    job:{id}:namespaces           set   the namespaces whose requests share this job
     tuning:gemm:{target}:{system} hash  max-autotune matmul/conv timings shared by workers (worker/tuning.py):
                                         field JSON [op, inputs, precision, choice] -> milliseconds
+    signing:keys                  hash  kid -> the public record (JSON) of a key workers sign manifests with:
+                                        kid, algorithm, public_key (base64 raw), created, revoked_at (or null)
 
 Inductor's own remote caches, when workers point them here (AOTC_INDUCTOR_REMOTE_CACHE), write `pt2:*` keys
 outside this prefix: Triton autotune results, small JSON values that torch keys by its own version, Triton's
@@ -101,6 +116,9 @@ def queue(target: str, priority: str) -> str:
 QUEUES = f"{PREFIX}queues"
 
 
+BACKOFF = f"{PREFIX}backoff"
+
+
 DEADLETTER = f"{PREFIX}deadletter"
 
 
@@ -145,6 +163,26 @@ def gemm_tuning(target: str, system: str) -> str:
     return f"{PREFIX}tuning:gemm:{target}:{system}"
 
 
+APIKEYS = f"{PREFIX}apikeys"
+
+
+def apikey(secret_sha256: str) -> str:
+    return f"{PREFIX}apikey:{secret_sha256}"
+
+
+NAMESPACES = f"{PREFIX}namespaces"
+
+
+def ns(namespace: str, what: str) -> str:
+    """A namespace's own index: models, model-ids, names, jobs, active, quota."""
+    return f"{PREFIX}ns:{namespace}:{what}"
+
+
+def job_namespaces(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:namespaces"
+
+
 GEMM_TUNING_PATTERN = f"{PREFIX}tuning:gemm:*"
+SIGNING_KEYS = f"{PREFIX}signing:keys"
 # Inductor's remote-cache keys (torch._inductor.remote_cache.RedisRemoteCache: "pt2:{cache id}::{key}:c{n}").
 INDUCTOR_PATTERN = "pt2:*"

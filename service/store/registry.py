@@ -2,6 +2,8 @@
 
 A live worker whose last heartbeat is older than half its record's lifetime (`late`) has missed a heartbeat or
 more: it is stuck, cut off or dying, and drops out of `live` unless one comes soon (/metrics counts it unhealthy).
+A worker that heartbeats but says `healthy: false` (`broken`: its compile children keep failing before their work
+starts, worker.health) claims no jobs; /readyz and /v1/workers name it with its `unhealthy_reason`.
 """
 
 from __future__ import annotations
@@ -50,3 +52,8 @@ def late(record: dict[str, Any], now: float | None = None) -> bool:
     """The worker missed a heartbeat or more: its last one is older than half its record's lifetime."""
     ttl = float(record.get("ttl_s") or 0)
     return bool(ttl) and (now if now is not None else time.time()) - float(record.get("heartbeat") or 0) > ttl / 2
+
+
+def broken(record: dict[str, Any]) -> bool:
+    """The worker says it is unhealthy (worker.health): it heartbeats but claims no jobs."""
+    return record.get("healthy") is False

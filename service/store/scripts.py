@@ -6,8 +6,13 @@ and its event stream in one atomic step. Every Lua script aotc runs is in this m
                        ^  |                           |
                        |  '--- cancel (at once) ------|--------------> cancelled
                        '------------------------------'
-                  requeue: a retryable failure, a lost worker (the reaper), or a hand-back on shutdown
-                  (which refunds the attempt)
+                  requeue: a retryable failure, a lost worker (the reaper), or a hand-back on shutdown or by
+                  a broken worker (which refunds the attempt)
+
+A retryable failure's requeue may hold the job back (a delay, its backoff): it stays `queued` but in no stream,
+in the `backoff` zset scored by when it may run, until PROMOTE (run by every worker before it reads the queue) adds
+its entry to its stream. Both steps are one script each, so at every moment the job is in its stream, held by a
+lease, or in `backoff`; the times are Redis's own (TIME), so workers' clocks do not matter.
 
 Submit is single-flight: a request whose cache key already has a queued or running job joins that job (an
 interactive request moves a queued batch job to the interactive queue) instead of making a second one.
@@ -48,9 +53,14 @@ if existing then
   if st == 'queued' and ARGV[5] == 'interactive' and redis.call('HGET', job, 'priority') == 'batch' then
     -- An interactive request joins a batch job still in line: the job moves to the interactive queue. Its batch
     -- entry stays (it may already be in a worker's hands); whichever entry is started first runs the job, and
-    -- START drops the other as a duplicate.
-    local id = redis.call('XADD', KEYS[4], '*', 'job', existing)
-    redis.call('HSET', job, 'priority', 'interactive', 'msg', id)
+    -- START drops the other as a duplicate. A job waiting out a retry's backoff has no entry: PROMOTE puts it in
+    -- the interactive queue when it is due.
+    if redis.call('HEXISTS', job, 'not_before') == 1 then
+      redis.call('HSET', job, 'priority', 'interactive')
+    else
+      local id = redis.call('XADD', KEYS[4], '*', 'job', existing)
+      redis.call('HSET', job, 'priority', 'interactive', 'msg', id)
+    end
     redis.call('XADD', job .. ':events', 'MAXLEN', '~', 500, '*', 'state', 'queued', 'stage', 'queued',
                'priority', 'interactive', 'ts', ARGV[2])
     return {existing, 0}
@@ -67,7 +77,7 @@ return {ARGV[1], 1}
 
 # KEYS: job, events, stream. ARGV: group, msg id, worker, ts.
 # Returns {outcome, attempt}: 'running' (attempt counted now), 'cancel' (cancelled while queued: finish it),
-# or 'missing' / a terminal state / 'duplicate' (entry dropped: nothing to do).
+# or 'missing' / a terminal state / 'duplicate' / 'backoff' (entry dropped: nothing to do).
 START = _PRELUDE + """
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then drop(KEYS[3], ARGV[1], ARGV[2]); return {'missing', 0} end
@@ -78,6 +88,10 @@ if st == 'running' then
   end
   drop(KEYS[3], ARGV[1], ARGV[2])  -- a second entry for a job another worker runs
   return {'duplicate', 0}
+end
+if redis.call('HEXISTS', KEYS[1], 'not_before') == 1 then
+  drop(KEYS[3], ARGV[1], ARGV[2])  -- an older entry of a job that waits out its backoff: PROMOTE queues it again
+  return {'backoff', 0}
 end
 if redis.call('HGET', KEYS[1], 'cancel') == '1' then return {'cancel', 0} end
 local n = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
@@ -116,24 +130,63 @@ event(KEYS[2], ev)
 return 1
 """
 
-# KEYS: job, events, stream. ARGV: group, msg id, holder, expected state or '', refund '1'|'0', ts, job id,
-#       JSON [field, value, ...], JSON [event field, value, ...].
-# Puts the job back in line (a new entry at the tail of its stream) and drops the held entry.
+# KEYS: job, events, stream, backoff. ARGV: group, msg id, holder, expected state or '', refund '1'|'0', ts, job id,
+#       JSON [field, value, ...], JSON [event field, value, ...], delay in seconds ('0': none).
+# Puts the job back in line (a new entry at the tail of its stream) and drops the held entry; with a delay, the
+# job waits in `backoff` instead (its record and its queued event say `not_before`), and PROMOTE queues it then.
 # Returns 1 done, 0 the job had already ended, -1 not in the expected state, -2 the lease is no longer held.
 REQUEUE = _PRELUDE + """
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st or terminal(st) then drop(KEYS[3], ARGV[1], ARGV[2]); return 0 end
 if ARGV[4] ~= '' and st ~= ARGV[4] then return -1 end
 if not owns(KEYS[3], ARGV[1], ARGV[2], ARGV[3]) then return -2 end
+if st == 'queued' and redis.call('HEXISTS', KEYS[1], 'not_before') == 1 then
+  drop(KEYS[3], ARGV[1], ARGV[2])  -- an older entry of a job that waits out its backoff: it keeps waiting
+  return 1
+end
 if ARGV[5] == '1' then redis.call('HINCRBY', KEYS[1], 'attempts', -1) end
-local id = redis.call('XADD', KEYS[3], '*', 'job', ARGV[7])
-redis.call('HDEL', KEYS[1], 'worker')
-redis.call('HSET', KEYS[1], 'state', 'queued', 'stage', 'queued', 'msg', id, unpack(cjson.decode(ARGV[8])))
-drop(KEYS[3], ARGV[1], ARGV[2])
+local delay = tonumber(ARGV[10]) or 0
 local ev = {'state', 'queued', 'stage', 'queued', 'ts', ARGV[6]}
+redis.call('HDEL', KEYS[1], 'worker', 'not_before')
+if delay > 0 then
+  local now = redis.call('TIME')
+  local due = string.format('%.3f', tonumber(now[1]) + tonumber(now[2]) / 1000000 + delay)
+  redis.call('ZADD', KEYS[4], due, ARGV[7])
+  redis.call('HDEL', KEYS[1], 'msg')
+  redis.call('HSET', KEYS[1], 'state', 'queued', 'stage', 'queued', 'not_before', due, unpack(cjson.decode(ARGV[8])))
+  table.insert(ev, 'not_before')
+  table.insert(ev, due)
+else
+  local id = redis.call('XADD', KEYS[3], '*', 'job', ARGV[7])
+  redis.call('HSET', KEYS[1], 'state', 'queued', 'stage', 'queued', 'msg', id, unpack(cjson.decode(ARGV[8])))
+end
+drop(KEYS[3], ARGV[1], ARGV[2])
 for _, v in ipairs(cjson.decode(ARGV[9])) do table.insert(ev, v) end
 event(KEYS[2], ev)
 return 1
+"""
+
+# KEYS: backoff. ARGV: job key prefix, queue key prefix, most jobs to move.
+# Queues the jobs whose backoff is over: each one still queued gets an entry at the tail of its stream (by its
+# record's target and priority, as SUBMIT would make it); one that ended meanwhile (cancelled) just leaves `backoff`.
+# Returns how many were queued.
+PROMOTE = """
+local now = redis.call('TIME')
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', tonumber(now[1]) + tonumber(now[2]) / 1000000,
+                       'LIMIT', 0, tonumber(ARGV[3]))
+local n = 0
+for _, id in ipairs(due) do
+  local job = ARGV[1] .. id
+  local rec = redis.call('HMGET', job, 'state', 'target', 'priority', 'not_before')
+  if rec[1] == 'queued' and rec[4] and rec[2] and rec[3] then
+    local msg = redis.call('XADD', ARGV[2] .. rec[2] .. ':' .. rec[3], '*', 'job', id)
+    redis.call('HSET', job, 'msg', msg)
+    redis.call('HDEL', job, 'not_before')
+    n = n + 1
+  end
+  redis.call('ZREM', KEYS[1], id)
+end
+return n
 """
 
 # KEYS: stream. ARGV: group, msg id, holder. Renews a lease only while the holder still has it: XCLAIM alone

@@ -11,11 +11,26 @@ import httpx
 import pytest
 
 from client.sdk import Client, ClientError, JobFailed
+from compiler.errors import BadSignature
+from compiler.signing import Signer, key_record, statement
 
 JOB = "a26295e1974f4d7eb225520e162a5310"
 KEY = "491be8f7" * 4
 BLOB = b"an AOTInductor package" * 100
 META = {"key": KEY, "sha256": hashlib.sha256(BLOB).hexdigest(), "size": len(BLOB), "target": "cpu"}
+SIGNER = Signer.generate()
+MANIFEST = SIGNER.sign(statement(artifact_key=KEY, package_sha256=META["sha256"], package_size=len(BLOB),
+                                 model_sha256="0" * 64, factors={}, toolchain={}, target="cpu", check={},
+                                 worker={"id": "test"}))
+
+
+def signed(request: httpx.Request) -> httpx.Response | None:
+    """The service's answers about signatures: the manifest of KEY and the key that signed it."""
+    if request.url.path == f"/v1/artifacts/{KEY}/manifest":
+        return httpx.Response(200, json=MANIFEST)
+    if request.url.path == "/v1/signing-keys":
+        return httpx.Response(200, json={"keys": [key_record(SIGNER.public)]})
+    return None
 
 
 def frame(event: str, data: object, event_id: str | None = None) -> str:
@@ -84,6 +99,8 @@ def test_pull_verifies_the_sha256_and_reuses_the_cached_copy(tmp_path):
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/meta"):
             return httpx.Response(200, json=META)
+        if (answer := signed(request)) is not None:
+            return answer
         downloads.append(request.url.path)
         return httpx.Response(200, content=BLOB)
 
@@ -99,9 +116,11 @@ def test_pull_refuses_a_corrupt_download(tmp_path):
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/meta"):
             return httpx.Response(200, json=META)
+        if (answer := signed(request)) is not None:
+            return answer
         return httpx.Response(200, content=BLOB[:-1] + b"!")
 
-    with scripted(tmp_path, handler) as c, pytest.raises(ClientError, match="arrived corrupt"):
+    with scripted(tmp_path, handler) as c, pytest.raises(BadSignature, match="arrived corrupt"):
         c.pull(KEY)
     assert not list((tmp_path / "cache" / "artifacts").iterdir())
 

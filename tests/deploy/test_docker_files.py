@@ -7,8 +7,10 @@ import json
 import re
 import shlex
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
+import pytest
 import typer
 import yaml
 
@@ -108,3 +110,60 @@ def test_compose_prometheus_scrapes_the_api_metrics():
     (job,) = config["scrape_configs"]
     assert job["metrics_path"] == "/metrics"
     assert job["static_configs"][0]["targets"] == [f"api:{api_port}"]
+
+
+def _interpolated(value: str, env: dict[str, str]) -> str:
+    """Compose's ${VAR}, ${VAR:?message} and $$ as `docker compose` reads them, with a missing VAR an error."""
+    def one(m: re.Match[str]) -> str:
+        name, _, message = m.group(1).partition(":?")
+        if not env.get(name):
+            raise ValueError(message or f"{name} is not set")
+        return env[name]
+
+    return re.sub(r"\$\{([^}]+)\}", one, value).replace("$$", "$")
+
+
+def test_compose_redis_requires_a_password_that_the_api_and_workers_read_from_a_secret():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    redis_svc = services["redis"]
+    command = redis_svc["command"]
+    assert not any("requirepass" in a or "masterauth" in a for a in command), "a password on the command line"
+    assert "ports" not in redis_svc, "Redis must not be published outside the compose network"
+
+    # redis-server's first argument is a config file that compose mounts, and that file requires a password.
+    conf = command[1]
+    assert command[0] == "redis-server" and conf.endswith(".conf")
+    mounted = {c["target"]: c["source"] for c in redis_svc.get("configs", [])}
+    assert conf in mounted, f"redis-server reads {conf}, which compose does not mount"
+    content = compose["configs"][mounted[conf]]["content"]
+    m = re.search(r'^requirepass\s+"(\$\{(\w+)[^}]*\})"\s*$', content, re.M)
+    assert m, f"Redis runs open: no requirepass in {conf}:\n{content}"
+    password_var = m.group(2)
+    # Without the variable, compose refuses to start (rather than run Redis with an empty password).
+    with pytest.raises(ValueError, match=".env"):
+        _interpolated(content, {})
+    assert _interpolated(content, {password_var: "s3cret"}).strip() == 'requirepass "s3cret"'
+
+    # The same variable is the secret the API and the workers read through AOTC_REDIS_PASSWORD_FILE.
+    secrets = {name: spec for name, spec in compose["secrets"].items() if spec.get("environment") == password_var}
+    assert secrets, f"no secret carries {password_var}"
+    clients = [name for name, svc in services.items() if "build" in svc]
+    assert {"api", "worker-gpu", "worker-cpu"} <= set(clients)
+    for name in clients:
+        svc = services[name]
+        env = svc["environment"]
+        assert urlsplit(env["AOTC_REDIS_URL"]).password is None, f"{name}: a password in AOTC_REDIS_URL"
+        secret = Path(env["AOTC_REDIS_PASSWORD_FILE"])
+        assert secret.parent == Path("/run/secrets") and secret.name in secrets, name
+        assert secret.name in svc["secrets"], f"{name} reads {secret} but is not given the secret"
+
+    # The health check authenticates (a bare `redis-cli ping` gets NOAUTH from a locked Redis).
+    check = " ".join(redis_svc["healthcheck"]["test"])
+    assert "REDISCLI_AUTH" in check and "/run/secrets/" in check and "PONG" in check
+    assert any(s in redis_svc["secrets"] for s in secrets)
+
+    # .env.example documents the variable, and .env (where the real one goes) is never committed.
+    example = (ROOT / ".env.example").read_text()
+    assert re.search(rf"^{password_var}=", example, re.M)
+    assert ".env" in (ROOT / ".gitignore").read_text().split()

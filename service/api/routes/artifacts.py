@@ -6,24 +6,47 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, StringConstraints
 
 from compiler.errors import Conflict, NotFound, Unprocessable
-from service.api.deps import ArtifactDep, ArtifactMetaDep, StoreDep
+from compiler.options import Mode
+from service.api.auth import Admin, Pull, needs
+from service.api.deps import ArtifactDep, ArtifactMetaDep, StoreDep, own_model_id
 from service.api.lookup import lookup_answer
 from service.api.ranges import Unsatisfiable, byte_range, etag_matches
-from service.api.schemas import ArtifactList, ArtifactRecord, ErrorBody, SourceListing, StageReport, errors
+from service.api.schemas import (
+    ARTIFACT_KEY,
+    MAX_SHAPE_ARG,
+    MAX_SHAPE_ARGS,
+    MAX_SOURCE_PATH,
+    MAX_TARGET,
+    MODEL_ID,
+    V1_ERRORS,
+    ArtifactList,
+    ArtifactRecord,
+    ErrorBody,
+    Limit,
+    SignedManifest,
+    SourceListing,
+    StageReport,
+    errors,
+)
 from service.store import Store
 
-router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"], responses=errors(503))
+router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"], responses=V1_ERRORS, dependencies=needs("pull"))
 SOURCES_LIMIT = 512 * 2**20  # the sources archive is read whole; the worker writes text, far below this
 _NO_ARTIFACT = {404: "No such artifact"}
 
 
 @router.get("", response_model=ArtifactList, response_model_exclude_unset=True, responses=errors(422))
-def list_artifacts(store: StoreDep, limit: int = 100) -> dict[str, Any]:
-    """Stored artifacts, newest first."""
-    return {"artifacts": store.artifacts.recent(limit)}
+def list_artifacts(store: StoreDep, who: Pull, limit: Limit = 100) -> dict[str, Any]:
+    """Stored artifacts, newest first: those of the caller's namespace's models (an admin's: all)."""
+    if who.ns is None:
+        return {"artifacts": store.artifacts.recent(limit)}
+    found: list[dict[str, Any]] = []
+    for model_id in store.namespaces.model_ids(who.ns, limit):
+        found.extend(store.artifacts.for_model(model_id))
+    return {"artifacts": sorted(found, key=lambda a: -a["created"])[:limit]}
 
 
 @router.get("/lookup", response_model=ArtifactRecord, response_model_exclude_unset=True, responses=errors(
@@ -31,18 +54,22 @@ def list_artifacts(store: StoreDep, limit: int = 100) -> dict[str, Any]:
                    422: "Unreadable shapes or target, shapes the program does not allow, or an ambiguous id prefix"}))
 async def lookup(
     request: Request,
-    model_id: str,
-    target: str = "cpu",
+    who: Pull,
+    model_id: Annotated[str, Query(pattern=MODEL_ID, max_length=64,
+                                   description="The model's id, or a unique prefix of it (8+ hex digits).")],
+    target: Annotated[str, Query(max_length=MAX_TARGET, description="'cpu', 'cuda', or a concrete target.")] = "cpu",
     *,
-    shape: Annotated[list[str], Query(default_factory=list,
-                                      description="NAME=SHAPE, once per input, e.g. x=8x3x224x224")],
-    mode: str | None = None,
+    shape: Annotated[list[Annotated[str, StringConstraints(max_length=MAX_SHAPE_ARG)]], Query(
+        default_factory=list, max_length=MAX_SHAPE_ARGS, description="NAME=SHAPE, once per input, e.g. "
+        "x=8x3x224x224; each dim fits in int64 (at most 19 digits)")],
+    mode: Annotated[Mode | None, Query(description="Only artifacts compiled in this mode.")] = None,
 ) -> Response:
     """Find the artifact for (model, shapes, target) without knowing its key; 404 when none fits.
 
     Static artifacts win over dynamic ones that cover the shapes; among dynamic ones, the narrowest range.
     """
     # The async hot path (service/api/lookup.py): one Redis round trip, the answer rendered once per process.
+    model_id = await own_model_id(request, who, model_id)
     body = await lookup_answer(request.app.state.reads, model_id, target, shape, mode)
     return Response(body, media_type="application/json")
 
@@ -99,7 +126,8 @@ def source_listing(art: ArtifactDep, store: StoreDep) -> dict[str, Any]:
     200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "The file, as text"},
     **errors(404, 422, why={404: "No such artifact, or no such file in its sources"}),
 })
-def source_file(art: ArtifactDep, path: str, store: StoreDep) -> Response:
+def source_file(art: ArtifactDep, path: Annotated[str, Path(max_length=MAX_SOURCE_PATH)],
+                store: StoreDep) -> Response:
     """One generated file or graph, as text."""
     key = art["key"]
     with _sources(store, art) as zf:
@@ -173,11 +201,11 @@ class PinState(BaseModel):
     pinned: bool
 
 
-_KEY = Path(description="The artifact's cache key.")
+_KEY = Path(pattern=ARTIFACT_KEY, description="The artifact's cache key (32 hex digits).")
 
 
 @router.post("/{key}/pin", response_model=PinState, responses=errors(404, 422, why=_NO_ARTIFACT))
-def pin(key: Annotated[str, _KEY], store: StoreDep) -> dict[str, Any]:
+def pin(key: Annotated[str, _KEY], store: StoreDep, _: Admin) -> dict[str, Any]:
     """Keep an artifact: a pinned artifact is never evicted from the bounded artifact store (AOTC_STORE_MAX_GB)."""
     if not store.artifacts.pin(key):
         raise NotFound(f"no artifact {key!r}")
@@ -185,9 +213,25 @@ def pin(key: Annotated[str, _KEY], store: StoreDep) -> dict[str, Any]:
 
 
 @router.delete("/{key}/pin", response_model=PinState, responses=errors(404, 422, why=_NO_ARTIFACT))
-def unpin(key: Annotated[str, _KEY], store: StoreDep) -> dict[str, Any]:
+def unpin(key: Annotated[str, _KEY], store: StoreDep, _: Admin) -> dict[str, Any]:
     """Let an artifact be evicted again, least recently pulled first, when artifacts outgrow AOTC_STORE_MAX_GB."""
     if not store.artifacts.unpin(key):
         raise NotFound(f"no artifact {key!r}")
     store.artifacts.make_room()
     return {"key": key, "pinned": False}
+
+
+@router.get("/{key}/manifest", response_model=SignedManifest, responses=errors(404, 409, 422, why={
+    404: "No such artifact, or it is unsigned (published before signing: recompile it)",
+    409: "A report-only artifact (mode=training): no package, so nothing to sign"}))
+async def manifest(art: ArtifactDep) -> dict[str, Any]:
+    """The artifact's signed manifest: a DSSE envelope around an in-toto statement of its package's sha256 and size,
+    cache-key factors, model, toolchain, target and check, signed with Ed25519 by the worker that published it.
+    Verify it against a pinned key (or one of GET /v1/signing-keys) before loading the package."""
+    key = art["key"]
+    if art.get("package", True) is False:
+        raise Conflict(f"artifact {key} is a report only (mode=training): it has no package and no manifest")
+    envelope = art.get("manifest")
+    if not envelope:
+        raise NotFound(f"artifact {key} is unsigned: published before signing, recompile it", reason="unsigned")
+    return dict(envelope)

@@ -6,21 +6,24 @@ from fastapi import APIRouter, Response
 
 from compiler import cachekey
 from compiler import shapes as specs
-from compiler.errors import Unavailable, Unprocessable
+from compiler.errors import TooManyJobs, Unavailable, Unprocessable
 from compiler.targets import Target, pick_worker
+from service.api.auth import Compile, Principal, needs
 from service.api.deps import SettingsDep, StoreDep, resolve_model
 from service.api.lookup import find_artifact
-from service.api.schemas import CompilationAnswer, CompilationRequest, errors
+from service.api.schemas import V1_ERRORS, CompilationAnswer, CompilationRequest, errors
 from service.api.settings import Settings
 from service.store import Store
 
-router = APIRouter(prefix="/v1/compilations", tags=["compilations"])
+router = APIRouter(prefix="/v1/compilations", tags=["compilations"], responses=V1_ERRORS,
+                   dependencies=needs("compile"))
 
 
-def _answer(store: Store, settings: Settings, model: dict[str, Any], spec: list[dict[str, Any]],
+def _answer(store: Store, settings: Settings, who: Principal, model: dict[str, Any], spec: list[dict[str, Any]],
             worker: dict[str, Any], options: dict[str, Any], priority: str) -> dict[str, Any]:
     """The answer for one spec: {"status": "cached", "key", "artifact"} or
-    {"status": "queued"|"joined", "key", "job"}."""
+    {"status": "queued"|"joined", "key", "job"}. "joined" only when the caller's namespace already asked for
+    that job: a job another namespace asked for first answers "queued", as a new one would."""
     factors = cachekey.factors(model["id"], spec, worker["target"], worker["toolchain"], options)
     key = cachekey.cache_key(factors)
     artifact = store.artifacts.get(key)
@@ -39,7 +42,25 @@ def _answer(store: Store, settings: Settings, model: dict[str, Any], spec: list[
         },
         priority=priority,
     )
-    return {"status": "queued" if created else "joined", "key": key, "job": store.jobs.get(job_id)}
+    new_here = store.namespaces.add_job(who.namespace, job_id)
+    return {"status": "queued" if created or new_here else "joined", "key": key, "job": store.jobs.get(job_id)}
+
+
+def _cached(store: Store, model: dict[str, Any], spec: list[dict[str, Any]], worker: dict[str, Any],
+            options: dict[str, Any]) -> bool:
+    key = cachekey.cache_key(cachekey.factors(model["id"], spec, worker["target"], worker["toolchain"], options))
+    return store.artifacts.get(key) is not None
+
+
+def _check_jobs_quota(store: Store, settings: Settings, ns: str, wanted: int) -> None:
+    """429 when `wanted` more jobs would take the namespace past its quota of queued plus running jobs."""
+    quota = store.namespaces.quota(ns, settings.default_quota())
+    active = store.namespaces.active_jobs(ns)
+    if active + wanted > quota.max_jobs:
+        raise TooManyJobs(
+            f"namespace {ns!r} has {active} jobs queued or running and asks for {wanted} more; its quota is "
+            f"{quota.max_jobs} (max_jobs): wait for some to end, or ask an admin to raise it",
+            quota="max_jobs", active=active, limit=quota.max_jobs)
 
 
 def _bucket_specs(model: dict[str, Any], buckets: list[dict[str, Any]],
@@ -59,14 +80,14 @@ def _bucket_specs(model: dict[str, Any], buckets: list[dict[str, Any]],
 
 @router.post("", status_code=202, response_model=CompilationAnswer, response_model_exclude_unset=True, responses={
     200: {"model": CompilationAnswer, "description": "Matching artifacts are cached"},
-    **errors(404, 422, 503, why={
+    **errors(400, 404, 422, 429, 503, why={
         404: "No such model",
         422: "The shapes contradict the exported program, or the target or options do not validate",
         503: "No live worker serves the target (error.live_targets lists those served), or Redis is unreachable",
     }),
 })
 def request_compilation(req: CompilationRequest, response: Response, store: StoreDep,
-                        settings: SettingsDep) -> dict[str, Any]:
+                        settings: SettingsDep, who: Compile) -> dict[str, Any]:
     """Compile a model for some shapes and a target, and optionally for extra static shape buckets.
 
     200 with the artifact when one is cached; otherwise 202 with the job (identical requests share one job).
@@ -74,7 +95,7 @@ def request_compilation(req: CompilationRequest, response: Response, store: Stor
     cached under its own key, and the answer is 200 only when every one is cached.
     422 when the shapes contradict the exported program; 503 when no live worker serves the target.
     """
-    model = resolve_model(store, req.model_id)
+    model = resolve_model(store, req.model_id, who.ns)
     max_input_bytes = settings.max_input_mb * 2**20
     spec = specs.canonical_spec(model["inputs"], req.shapes, max_input_bytes=max_input_bytes)
     bucket_specs = _bucket_specs(model, req.buckets, max_input_bytes)
@@ -95,7 +116,11 @@ def request_compilation(req: CompilationRequest, response: Response, store: Stor
                 )
             answers.append({"status": "cached", "key": cached["key"], "artifact": cached})
     else:
-        answers = [_answer(store, settings, model, s, worker, options, req.priority) for s in [spec, *bucket_specs]]
+        uncached = [s for s in [spec, *bucket_specs] if not _cached(store, model, s, worker, options)]
+        if uncached and who.ns is not None:  # admins (operators, and open mode) have no quota
+            _check_jobs_quota(store, settings, who.ns, len(uncached))
+        answers = [_answer(store, settings, who, model, s, worker, options, req.priority)
+                   for s in [spec, *bucket_specs]]
 
     body = dict(answers[0])
     if req.buckets:

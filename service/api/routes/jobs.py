@@ -2,29 +2,37 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from compiler.errors import Conflict
+from service.api.auth import Compile, needs
 from service.api.deps import JobDep, StoreDep
 from service.api.events import job_stream
-from service.api.schemas import JobList, JobRecord, errors
+from service.api.schemas import STREAM_ID, V1_ERRORS, JobList, JobRecord, JobState, Limit, errors
 from service.store import TERMINAL
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=errors(503))
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=V1_ERRORS, dependencies=needs("compile"))
 
 
 @router.get("", response_model=JobList, response_model_exclude_unset=True, responses=errors(422))
-def list_jobs(store: StoreDep, limit: int = 50, state: str | None = None) -> dict[str, Any]:
-    """Recent jobs, newest first; `state` filters (queued, running, succeeded, failed, cancelled)."""
-    return {"jobs": store.jobs.recent(limit, state)}
+def list_jobs(store: StoreDep, who: Compile, limit: Limit = 50,
+              state: Annotated[JobState | None, Query(description="Only jobs in this state.")] = None,
+              ) -> dict[str, Any]:
+    """Recent jobs, newest first; `state` filters (queued, running, succeeded, failed, cancelled). A namespace's
+    key sees the jobs its namespace asked for; an admin's, all."""
+    if who.ns is None:
+        return {"jobs": store.jobs.recent(limit, state)}
+    ids = store.namespaces.job_ids(who.ns, limit * 4 if state else limit)
+    return {"jobs": [j for j in (store.jobs.get(i) for i in ids) if j and state in (None, j["state"])][:limit]}
 
 
 @router.get("/deadletter", response_model=JobList, response_model_exclude_unset=True, responses=errors(422))
-def deadletter(store: StoreDep, limit: int = 50) -> dict[str, Any]:
-    """Jobs that failed for good, newest first."""
-    return {"jobs": store.jobs.deadletter(limit)}
+def deadletter(store: StoreDep, who: Compile, limit: Limit = 50) -> dict[str, Any]:
+    """Jobs that failed for good, newest first (a namespace's key: its own among them)."""
+    jobs = store.jobs.deadletter(limit)
+    return {"jobs": jobs if who.ns is None else [j for j in jobs if store.namespaces.has_job(who.ns, j["id"])]}
 
 
 @router.get("/{job_id}", response_model=JobRecord, response_model_exclude_unset=True,
@@ -39,7 +47,9 @@ def get_job(job: JobDep) -> dict[str, Any]:
     **errors(404, 422, why={404: "No such job"}),
 })
 async def job_events(job: JobDep, request: Request, store: StoreDep,
-                     last_event_id: Annotated[str | None, Header()] = None) -> StreamingResponse:
+                     last_event_id: Annotated[str | None, Header(
+                         pattern=STREAM_ID, description="Resume after this event id (`id:` of an event sent)")]
+                     = None) -> StreamingResponse:
     """A job's state and stage changes as Server-Sent Events (`event: state`), from its start, or after
     `Last-Event-ID`; then `event: end` with the whole job record once it has ended."""
     job_id = job["id"]
@@ -57,10 +67,17 @@ async def job_events(job: JobDep, request: Request, store: StoreDep,
 @router.delete("/{job_id}", status_code=202, response_model=JobRecord, response_model_exclude_unset=True,
                responses={200: {"model": JobRecord, "description": "A queued job, cancelled now"},
                           **errors(404, 409, 422, why={404: "No such job", 409: "The job has already ended"})})
-def cancel_job(job: JobDep, response: Response, store: StoreDep) -> dict[str, Any] | None:
+def cancel_job(job: JobDep, response: Response, store: StoreDep, who: Compile) -> dict[str, Any] | None:
     """Cancel a job: a queued one ends at once (200), a running one within seconds (202; its worker kills the
-    compile). Every request that joined the job sees it cancelled. 409 when the job has already ended."""
+    compile). Every request of the namespace that joined the job sees it cancelled. 409 when it has already ended.
+
+    A job that other namespaces asked for too (the same model bytes, shapes and target) goes on for them: the
+    caller's namespace leaves it (it no longer lists it) and the answer is the one a cancel of its own would get."""
     job_id = job["id"]
+    if who.ns is not None and job["state"] not in TERMINAL and store.namespaces.shared_with_others(who.ns, job_id):
+        store.namespaces.leave_job(who.ns, job_id)
+        response.status_code = 200 if job["state"] == "queued" else 202
+        return {**job, "state": "cancelled"} if job["state"] == "queued" else {**job, "cancel_requested": True}
     state = store.jobs.cancel(job_id) if job["state"] not in TERMINAL else job["state"]
     if state == "cancelled" and job["state"] == "queued":
         response.status_code = 200

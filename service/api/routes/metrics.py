@@ -32,11 +32,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api.auth import needs
+from service.api.schemas import V1_ERRORS
 from service.store import TERMINAL, Store, keys, scripts
-from service.store.registry import late
+from service.store.registry import broken, late
 
 log = logging.getLogger("aotc.metrics")
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], dependencies=needs("admin"))  # counts of every namespace: admin only
 
 # Upper bounds in seconds: a small CPU compile takes ~10-30 s, max-autotune on a GPU minutes; checks are shorter.
 BUCKETS = {
@@ -203,11 +205,12 @@ class Scraper:
         live = GaugeMetricFamily("aotc_workers_live", "Workers whose heartbeat is current, per target.",
                                  labels=["target"])
         unhealthy = GaugeMetricFamily("aotc_workers_unhealthy", "Registered workers that missed a heartbeat or "
-                                      "more (stuck, cut off or dying), per target.", labels=["target"])
+                                      "more (stuck, cut off or dying), or that say they are unhealthy (their "
+                                      "children fail before the compile starts), per target.", labels=["target"])
         ok: defaultdict[str, int] = defaultdict(int)
         bad: defaultdict[str, int] = defaultdict(int)
         for w in self.store.workers.live():
-            (bad if late(w) else ok)[str(w.get("target"))] += 1
+            (bad if late(w) or broken(w) else ok)[str(w.get("target"))] += 1
         for t in sorted(set(ok) | set(bad)):
             live.add_metric([t], ok.get(t, 0))
             unhealthy.add_metric([t], bad.get(t, 0))
@@ -244,7 +247,8 @@ class _Families:
 
 @router.get("/metrics", response_class=Response, responses={
     200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-          "description": "Prometheus text format (version 0.0.4)"}})
+          "description": "Prometheus text format (version 0.0.4)"},
+    **V1_ERRORS})
 def metrics(request: Request) -> Response:
     """The service's metrics for Prometheus: queues, jobs, workers, compile and check times, cache hits and misses,
     bytes stored and served. Open like /healthz; every API process answers for the whole service."""

@@ -4,17 +4,21 @@ import hashlib
 import os
 import tempfile
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from compiler.archive.inspect import inspect_archive
-from compiler.errors import BadRequest, PayloadTooLarge, Unprocessable
+from compiler.errors import BadRequest, OverQuota, PayloadTooLarge, Unprocessable
+from service.api.auth import Compile, Principal, Pull, needs
 from service.api.deps import ModelDep, SettingsDep, StoreDep
-from service.api.schemas import ModelList, ModelRecord, errors
+from service.api.schemas import V1_ERRORS, Limit, ModelList, ModelRecord, errors
+from service.api.settings import Settings
+from service.store import Store
+from service.store.namespaces import GB
 
-router = APIRouter(prefix="/v1/models", tags=["models"], responses=errors(503))
+router = APIRouter(prefix="/v1/models", tags=["models"], responses=V1_ERRORS, dependencies=needs("pull"))
 
 
 def _model_name(name: str | None, max_chars: int) -> str | None:
@@ -33,10 +37,15 @@ def _model_name(name: str | None, max_chars: int) -> str | None:
 
 @router.post("", status_code=201, response_model=ModelRecord, response_model_exclude_unset=True, responses={
     200: {"model": ModelRecord, "description": "Already uploaded"},
-    **errors(400, 413, 415, 422, why={400: "The body is empty", 422: "Not an exported program, or an unsafe one"}),
-})
+    **errors(400, 413, 415, 422, 429, why={400: "The body is empty",
+                                           422: "Not an exported program, or an unsafe one, or a bad name"}),
+}, openapi_extra={"requestBody": {"required": True, "description": "The archive `torch.export.save` wrote, as "
+                  "the raw body (at most AOTC_MAX_UPLOAD_MB)", "content": {
+                      "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
 async def upload_model(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
-                       name: str | None = None) -> dict[str, Any]:
+                       who: Compile, name: Annotated[str | None, Query(
+                           description="The model's name: printable text of at most AOTC_MAX_MODEL_NAME_CHARS "
+                           "characters (default 200)")] = None) -> dict[str, Any]:
     """Upload a `torch.export.save` archive as the raw request body.
 
     The body is streamed to disk under the size limit, hashed, and inspected without unpickling anything:
@@ -65,19 +74,22 @@ async def upload_model(request: Request, response: Response, store: StoreDep, se
         if size == 0:
             raise BadRequest("the request body is empty; send the .pt2 file as the body")
         model_id = digest.hexdigest()
+        name_here = model_name or model_id[:12]
         existing = await run_in_threadpool(store.models.get, model_id)
-        # Already stored, unless its bytes went missing: then this upload stores them again.
-        if existing:
-            have_bytes: bool = await run_in_threadpool(store.blobs.exists, "model", model_id)
-            if have_bytes:
-                response.status_code = 200
-                return existing
+        # Already stored, unless its bytes went missing: then this upload stores them again. The answer is the
+        # caller's own: 200 only when its namespace had this model, never because another namespace has it.
+        have_bytes: bool = existing is not None and await run_in_threadpool(store.blobs.exists, "model", model_id)
+        if existing and have_bytes:
+            added = await run_in_threadpool(_add_to_namespace, store, settings, who, model_id, name_here, size)
+            response.status_code = 201 if added else 200
+            return await run_in_threadpool(store.namespaces.view, who.namespace, existing)
+        await run_in_threadpool(_check_room, store, settings, who, size)
         info = await run_in_threadpool(inspect_archive, path, settings.archive_limits())
         record: dict[str, Any] = {
             "id": model_id,
-            "name": model_name or model_id[:12],
+            "name": existing["name"] if existing else name_here,
             "size": size,
-            "created": time.time(),
+            "created": existing["created"] if existing else time.time(),
             **info,
         }
 
@@ -85,17 +97,46 @@ async def upload_model(request: Request, response: Response, store: StoreDep, se
             with open(path, "rb") as src:
                 store.blobs.put("model", model_id, src)
             store.models.put(record)  # the record last: a model is visible only once its bytes are stored
+            store.namespaces.add_model(who.namespace, model_id, name_here)
 
         await run_in_threadpool(_persist)
-        return record
+        return await run_in_threadpool(store.namespaces.view, who.namespace, record)
     finally:
         os.unlink(path)
 
 
+def _check_room(store: Store, settings: Settings, who: Principal, incoming: int) -> None:
+    """507 when `incoming` more bytes would take the caller's namespace past its stored-bytes quota (admins, the
+    operators, have none)."""
+    if who.ns is None:
+        return
+    ns = who.ns
+    quota = store.namespaces.quota(ns, settings.default_quota())
+    held = store.namespaces.stored_bytes(ns)
+    if held + incoming > quota.max_stored_bytes:
+        raise OverQuota(
+            f"namespace {ns!r} holds {held / GB:.3f} GB of models and artifacts; {incoming / GB:.3f} GB more would "
+            f"pass its quota of {quota.max_stored_bytes / GB:.3f} GB (max_stored_gb; an admin raises it with "
+            "`aotc namespaces quota`)", quota="max_stored_gb", held_bytes=held,
+            quota_bytes=quota.max_stored_bytes)
+
+
+def _add_to_namespace(store: Store, settings: Settings, who: Principal, model_id: str, name: str,
+                      size: int) -> bool:
+    """Put a model already stored in the caller's namespace (its quota counts the model's bytes from now)."""
+    if store.namespaces.has_model(who.namespace, model_id):
+        return False
+    _check_room(store, settings, who, size)
+    return store.namespaces.add_model(who.namespace, model_id, name)
+
+
 @router.get("", response_model=ModelList, response_model_exclude_unset=True, responses=errors(422))
-def list_models(store: StoreDep, limit: int = 100) -> dict[str, Any]:
-    """Uploaded models, newest first."""
-    return {"models": store.models.recent(limit)}
+def list_models(store: StoreDep, who: Pull, limit: Limit = 100) -> dict[str, Any]:
+    """Uploaded models, newest first: the caller's namespace's (an admin's: all)."""
+    if who.ns is None:
+        return {"models": store.models.recent(limit)}
+    models = [m for m in (store.models.get(i) for i in store.namespaces.model_ids(who.ns, limit)) if m]
+    return {"models": [store.namespaces.view(who.ns, m) for m in models]}
 
 
 @router.get("/{model_id}", response_model=ModelRecord, response_model_exclude_unset=True,

@@ -4,10 +4,11 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from service.api.auth import needs
 from service.api.deps import StoreDep
-from service.api.schemas import CachesRemoved, CompileCaches, Stats, WorkerList, errors
+from service.api.schemas import V1_ERRORS, CachesRemoved, CompileCaches, Stats, WorkerList
 
-router = APIRouter(prefix="/v1", tags=["workers"], responses=errors(503))
+router = APIRouter(prefix="/v1", tags=["workers"], responses=V1_ERRORS, dependencies=needs("admin"))
 
 
 @router.get("/workers", response_model=WorkerList, response_model_exclude_unset=True)

@@ -19,6 +19,7 @@ import procs
 from procs import ROOT, api, stop
 from service.store import Store, keys
 from service.store.embedded import free_port
+from service.store.redis_url import with_password_file
 
 
 def _children_of() -> dict[int, list[int]]:
@@ -64,7 +65,8 @@ class Server:
         self.port = free_port()
         self.redis_port = redis_port or free_port()
         env = {k: v for k, v in os.environ.items() if k != "AOTC_REDIS_URL"}
-        env.update({"AOTC_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT), "AOTC_MAX_UPLOAD_MB": "64"})
+        env.update({"AOTC_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT), "AOTC_MAX_UPLOAD_MB": "64",
+                    "AOTC_ADMIN_KEY": procs.ADMIN_KEY})
         if headers := getattr(procs, "HEADERS_DIR", None):  # the test workers' shared precompiled headers
             env.setdefault("AOTC_HEADERS_DIR", str(headers))
         self.log = data_dir.parent / f"{data_dir.name}-server-{self.port}.log"
@@ -76,7 +78,8 @@ class Server:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.redis_port}/0"
+        """Its embedded Redis, with the password that aotc-server keeps in the data dir."""
+        return with_password_file(f"redis://127.0.0.1:{self.redis_port}/0", self.data_dir / "redis" / "password")
 
     def wait_ready(self, targets: int = 0, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout

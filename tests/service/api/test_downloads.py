@@ -18,9 +18,11 @@ import httpx
 import psutil
 import pytest
 
+from compiler.signing import Signer, key_record, statement
 from procs import ROOT, Cluster, api
 from service.store import StorageOptions, Store, keys
 
+SIGNER = Signer.generate()
 S3 = {"AWS_ACCESS_KEY_ID": "aotc-test", "AWS_SECRET_ACCESS_KEY": "aotc-test", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
@@ -34,8 +36,14 @@ class Service:
         (tmp / key).write_bytes(data)
         factors = {"format": 1, "model": "f" * 64, "options": {}, "spec": [], "target": "cpu-x86_64-avx2",
                    "toolchain": {"torch": "2.13.0"}}
+        # Signed as a worker signs what it publishes, so that the SDK's pulls verify it.
+        manifest = SIGNER.sign(statement(
+            artifact_key=key, package_sha256=hashlib.sha256(data).hexdigest(), package_size=size,
+            model_sha256="f" * 64, factors=factors, toolchain=factors["toolchain"], target=factors["target"],
+            check={}, worker={"id": "test"}))
+        self.store.signing.publish(key_record(SIGNER.public))
         self.store.artifacts.put({"key": key, "factors": factors, "model_id": "f" * 64, "target": factors["target"],
-                                  "spec": [], "options": {}}, tmp / key)
+                                  "spec": [], "options": {}, "manifest": manifest}, tmp / key)
         return key, data
 
 
@@ -60,7 +68,8 @@ def _get(svc: Service, key: str, **headers: str) -> httpx.Response:
     r = api.get(f"{svc.url}/v1/artifacts/{key}", headers=headers, timeout=60)
     if svc.backend == "s3" and r.status_code == 307:
         assert r.headers["etag"] and r.headers["x-aotc-sha256"]
-        r = api.get(r.headers["location"], headers={k: v for k, v in headers.items() if k != "If-Range"},
+        # A presigned URL carries its own signature: never the API key.
+        r = httpx.get(r.headers["location"], headers={k: v for k, v in headers.items() if k != "If-Range"},
                       timeout=60)
     return r
 
@@ -146,14 +155,19 @@ def test_a_pull_killed_midway_resumes_with_range_and_ends_verified(service: Serv
 
     sent: list[tuple[str, str | None]] = []
     statuses: list[int] = []
+    keys_sent: list[bool] = []
     with Client(service.url, cache_dir=cache) as c:
-        c.http.event_hooks = {"request": [lambda req: sent.append((str(req.url), req.headers.get("range")))],
-                              "response": [lambda resp: statuses.append(resp.status_code)]}
+        hooks = {"request": [lambda req: sent.append((str(req.url), req.headers.get("range"))),
+                             lambda req: keys_sent.append("authorization" in req.headers)],
+                 "response": [lambda resp: statuses.append(resp.status_code)]}
+        c.http.event_hooks = c.direct.event_hooks = hooks  # the API, and the presigned URL it redirects to
         path = c.pull(key)
     assert path.read_bytes() == data and not part.exists()
     assert (sent[-1][1], statuses[-1]) == (f"bytes={have}-", 206)  # only the rest came down
     if service.backend == "s3":
         assert statuses[-2] == 307 and "X-Amz-Signature" in sent[-1][0]
+        assert sent[-2][0].startswith(service.url)
+        assert keys_sent[-2:] == [True, False]  # the API key goes to the API, never to object storage
 
 
 def test_a_corrupt_part_file_is_started_over(service: Service, tmp_path: Path) -> None:
@@ -196,13 +210,13 @@ def test_sixteen_streams_at_once_hold_little_memory(service: Service, tmp_path: 
     if service.backend == "s3":
         pytest.skip("S3 downloads do not pass through the API")
     key, data = service.publish(tmp_path, 24 * 2**20)
-    api = psutil.Process(service.cluster.api.pid)
-    base = api.memory_info().rss
+    server = psutil.Process(service.cluster.api.pid)
+    base = server.memory_info().rss
     peak, done = [base], threading.Event()
 
     def sample() -> None:
         while not done.wait(0.02):
-            peak[0] = max(peak[0], api.memory_info().rss)
+            peak[0] = max(peak[0], server.memory_info().rss)
 
     def pull(results: list[Any]) -> None:
         digest = hashlib.sha256()

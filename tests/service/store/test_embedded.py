@@ -1,17 +1,21 @@
-"""The embedded redis-server: one per data dir (a lock), and it dies with the process that started it."""
+"""The embedded redis-server: one per data dir (a lock), it dies with the process that started it, and it requires
+the password it keeps in its data dir."""
 
 from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import redis
 
-from procs import ROOT
+from procs import ADMIN_KEY, ROOT, api, start_api, start_worker, stop, wait_workers
+from service.store import Store
 from service.store.embedded import EmbeddedRedis
 
 
@@ -53,3 +57,84 @@ def test_redis_dies_with_the_process_that_started_it(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+# -- the password ------------------------------------------------------------------------------------------------
+
+
+def test_embedded_redis_requires_its_password_kept_0600_in_the_data_dir_and_reused_on_restart(tmp_path):
+    data = tmp_path / "redis"
+    server = EmbeddedRedis(data).start()
+    try:
+        password_file = data / "password"
+        assert stat.S_IMODE(password_file.stat().st_mode) == 0o600
+        password = password_file.read_text().strip()
+        assert len(password) >= 32 and server.password == password
+        assert server.url == f"redis://:{password}@127.0.0.1:{server.port}/0"
+        assert password not in Path(f"/proc/{server.proc.pid}/cmdline").read_text()  # `ps` does not show it
+
+        anonymous = redis.Redis(host="127.0.0.1", port=server.port)
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.set("aotc:test", "1")
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(host="127.0.0.1", port=server.port, password="wrong-password").ping()
+        assert redis.Redis.from_url(server.url).set("aotc:test", "kept")
+
+        server.stop()
+        server.start()  # the same folder: the same password, and the data is still there
+        assert (data / "password").read_text().strip() == password
+        assert redis.Redis.from_url(server.url).get("aotc:test") == b"kept"
+    finally:
+        server.stop()
+    with EmbeddedRedis(data) as again:  # another object on the same folder: the same password again
+        assert again.password == password and redis.Redis.from_url(again.url).get("aotc:test") == b"kept"
+
+
+def test_a_password_file_others_can_read_is_tightened_and_one_that_is_empty_is_refused(tmp_path):
+    data = tmp_path / "redis"
+    data.mkdir()
+    (data / "password").write_text("an-operator-chose-this\n")
+    os.chmod(data / "password", 0o644)
+    with EmbeddedRedis(data) as server:
+        assert server.password == "an-operator-chose-this"
+        assert stat.S_IMODE((data / "password").stat().st_mode) == 0o600
+    (data / "password").write_text("")
+    refused = EmbeddedRedis(data)
+    with pytest.raises(RuntimeError, match=r"password file .*/redis/password: the file is empty"):
+        refused.start()
+    assert refused.proc is None
+    (data / "password").write_text("another\n")
+    with EmbeddedRedis(data) as server:  # the refusal released the lock
+        assert redis.Redis.from_url(server.url).ping()
+
+
+def test_the_api_and_a_worker_connect_with_a_password_file_and_a_url_without_it(tmp_path):
+    data = tmp_path / "data"
+    with EmbeddedRedis(data / "redis") as server:
+        bare = f"redis://127.0.0.1:{server.port}/0"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "AOTC_REDIS_URL": bare, "AOTC_DATA_DIR": str(data),
+               "AOTC_REDIS_PASSWORD_FILE": str(server.password_file), "AOTC_ADMIN_KEY": ADMIN_KEY,
+               "AOTC_DEVICE": "cpu", "AOTC_WORK_DIR": str(data / "work")}
+        url, api_proc = start_api(env, tmp_path / "api.log")
+        worker = start_worker(env, tmp_path / "worker.log")
+        store = Store(server.url)
+        try:
+            ready = api.get(f"{url}/readyz", timeout=10)
+            assert ready.status_code == 200, ready.text  # the API's Redis answered
+            assert len(wait_workers(store, 1, timeout=120)) == 1  # the worker registered through Redis
+            assert api.get(f"{url}/v1/workers", timeout=10).json()["workers"][0]["pid"] == worker.pid
+        finally:
+            stop(worker)
+            stop(api_proc)
+            store.close()
+        logs = (tmp_path / "api.log").read_text() + (tmp_path / "worker.log").read_text()
+        assert server.password not in logs
+
+        # Without the file, the same URL gets nowhere: the API answers, but says it cannot reach its Redis.
+        env.pop("AOTC_REDIS_PASSWORD_FILE")
+        url, api_proc = start_api(env, tmp_path / "api-no-password.log")
+        try:
+            refused = api.get(f"{url}/readyz", timeout=10)
+            assert refused.status_code == 503 and "authenticated" in refused.json()["error"]["message"], refused.text
+        finally:
+            stop(api_proc)

@@ -1,0 +1,174 @@
+"""The C++ loader example (examples/cpp), with real parts: a package compiled by a real worker and pulled with the SDK
+is verified (the manifest's signature by the worker's key, the statement, the package's sha256 and size) and run by
+the example, built against the torch wheel's libtorch; its outputs match Python's. Whatever fails verification is
+refused before anything is loaded."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from client import Client
+from client.sdk import Artifact
+from compiler.signing import Signer, key_id
+from modelzoo import MLP, export, seeded
+from procs import ROOT, api
+
+CXX = os.environ.get("CXX", "g++")
+EXAMPLE = ROOT / "examples" / "cpp"
+# One build per torch version, kept across runs: the first takes about 30 s on 2 cores, later ones are make's no-op.
+BUILD = ROOT / ".aotc" / "cpp-build" / f"torch-{torch.__version__}"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which(CXX) is None or shutil.which("make") is None,
+                       reason=f"no C++ compiler ({CXX}) or make: the C++ example cannot be built"),
+]
+
+
+@pytest.fixture(scope="module")
+def aotc_run() -> Path:
+    BUILD.mkdir(parents=True, exist_ok=True)
+    with open(BUILD / ".lock", "w") as lock:  # two sessions building one directory would clobber each other
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        made = subprocess.run(["make", "-C", str(EXAMPLE), f"BUILD={BUILD}", f"PYTHON={sys.executable}", f"CXX={CXX}"],
+                              capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    return BUILD / "aotc_run"
+
+
+@dataclass
+class Pulled:
+    key: str
+    package: Path
+    manifest: Path  # GET /v1/artifacts/{key}/manifest, as served
+    signing_keys: Path  # GET /v1/signing-keys, as served
+    trusted_key: Path  # the signing worker's public key, pinned: its raw 32 bytes in base64
+    kid: str
+    model: torch.nn.Module
+
+
+@pytest.fixture(scope="module")
+def pulled(api_url: str, worker: dict, tmp_path_factory: pytest.TempPathFactory) -> Pulled:
+    """A dynamic-batch MLP compiled on the CPU by the session's worker, pulled, with its manifest and keys."""
+    tmp = tmp_path_factory.mktemp("cpp")
+    model = seeded(MLP, 13)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    path = export(model, (torch.randn(4, 32),), tmp / "mlp.pt2", dynamic_shapes={"x": {0: batch}})
+    with Client(api_url, cache_dir=tmp / "cache", timeout=120) as c:
+        art = c.compile(path, {"x": [{"min": 1, "max": 16}, 32]}, target="cpu")
+        assert isinstance(art, Artifact)  # one artifact, no buckets
+        package = c.pull(art, tmp / "mlp-cpu.pt2")
+    r = api.get(f"{api_url}/v1/artifacts/{art.key}/manifest")
+    assert r.status_code == 200, r.text
+    (tmp / "manifest.json").write_bytes(r.content)
+    kid = r.json()["signatures"][0]["keyid"]
+    keys = api.get(f"{api_url}/v1/signing-keys")
+    assert keys.status_code == 200, keys.text
+    (tmp / "signing-keys.json").write_bytes(keys.content)
+    (record,) = [k for k in keys.json()["keys"] if k["kid"] == kid]
+    (tmp / "worker.b64").write_text(record["public_key"] + "\n")
+    return Pulled(art.key, package, tmp / "manifest.json", tmp / "signing-keys.json", tmp / "worker.b64", kid, model)
+
+
+def run_cpp(exe: Path, p: Pulled, tmp: Path, x: torch.Tensor, **over: str | Path) -> subprocess.CompletedProcess[str]:
+    """aotc_run on `x`, verifying against `p`'s files unless `over` replaces one (package=, manifest=, ...)."""
+    torch.save([x], tmp / "in.pt")
+    flags = {"package": p.package, "artifact-key": p.key, "manifest": p.manifest, "trusted-key": p.trusted_key,
+             "signing-keys": p.signing_keys, "inputs": tmp / "in.pt", "outputs": tmp / "out.pt",
+             **{k.replace("_", "-"): v for k, v in over.items()}}
+    argv = [str(exe)] + [a for k, v in flags.items() for a in (f"--{k}", str(v))]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+def test_cpp_example_verifies_loads_and_matches_python(aotc_run: Path, pulled: Pulled, client: Client,
+                                                       tmp_path: Path) -> None:
+    fn = client.load(pulled.key)  # Python's path: pull (verified), AOTInductor's loader in this process
+    for b in (1, 5, 16):  # one artifact serves the dynamic range, in C++ as in Python
+        x = torch.randn(b, 32)
+        done = run_cpp(aotc_run, pulled, tmp_path, x)
+        assert done.returncode == 0, done.stderr
+        size = pulled.package.stat().st_size
+        assert f"verified {pulled.key}: signed by key {pulled.kid}, {size} bytes" in done.stdout
+        assert f"ran on Float[{b}, 32] -> Float[{b}, 8]" in done.stdout
+        outs = torch.load(tmp_path / "out.pt", weights_only=True)
+        assert isinstance(outs, tuple) and len(outs) == 1
+        with torch.no_grad():
+            torch.testing.assert_close(outs[0], fn(x))
+            torch.testing.assert_close(outs[0], pulled.model(x), rtol=1e-4, atol=1e-5)
+
+
+def _flip_a_byte(p: Pulled, tmp: Path) -> dict[str, Path]:
+    data = bytearray(p.package.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (tmp / "tampered.pt2").write_bytes(bytes(data))
+    return {"package": tmp / "tampered.pt2"}
+
+
+def _truncate(p: Pulled, tmp: Path) -> dict[str, Path]:
+    (tmp / "short.pt2").write_bytes(p.package.read_bytes()[:-1])
+    return {"package": tmp / "short.pt2"}
+
+
+def _resigned(p: Pulled, tmp: Path, *, claim_trusted_kid: bool) -> dict[str, Path]:
+    """The served statement, unchanged, signed by a key nobody trusts (under its own id, or the trusted one's)."""
+    import base64
+
+    served = json.loads(p.manifest.read_bytes())
+    other = Signer.generate()
+    env = other.sign(json.loads(base64.b64decode(served["payload"])))
+    assert env["signatures"][0]["keyid"] == key_id(other.public) != p.kid
+    if claim_trusted_kid:
+        env["signatures"][0]["keyid"] = p.kid
+    (tmp / "other.json").write_text(json.dumps(env))
+    return {"manifest": tmp / "other.json"}
+
+
+def _revoked(p: Pulled, tmp: Path) -> dict[str, Path]:
+    listed = json.loads(p.signing_keys.read_bytes())
+    for k in listed["keys"]:
+        if k["kid"] == p.kid:
+            k["revoked_at"] = 1_800_000_000.0
+    (tmp / "revoked.json").write_text(json.dumps(listed))
+    return {"signing_keys": tmp / "revoked.json"}
+
+
+def _another_artifact(p: Pulled, tmp: Path) -> dict[str, str]:
+    return {"artifact_key": "0" * 32}
+
+
+REFUSALS: dict[str, tuple[Callable[[Pulled, Path], dict], str]] = {
+    "tampered package": (_flip_a_byte, "has sha256 "),
+    "truncated package": (_truncate, "bytes; the manifest says"),
+    "signed by another key": (lambda p, t: _resigned(p, t, claim_trusted_kid=False), "unknown key: "),
+    "another key under the trusted id": (lambda p, t: _resigned(p, t, claim_trusted_kid=True), "bad signature: "),
+    "revoked key": (_revoked, "revoked key: "),
+    "manifest of another artifact": (_another_artifact, "subject mismatch: "),
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_cpp_example_refuses_before_loading(aotc_run: Path, pulled: Pulled, tmp_path: Path, case: str) -> None:
+    make, message = REFUSALS[case]
+    done = run_cpp(aotc_run, pulled, tmp_path, torch.randn(2, 32), **make(pulled, tmp_path))
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert "aotc_run: refused " in done.stderr and message in done.stderr, done.stderr
+    assert "loaded with" not in done.stdout and not (tmp_path / "out.pt").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a machine without CUDA")
+def test_cpp_example_says_why_it_cannot_run_on_cuda_here(aotc_run: Path, pulled: Pulled, tmp_path: Path) -> None:
+    done = run_cpp(aotc_run, pulled, tmp_path, torch.randn(2, 32), device="cuda")
+    assert done.returncode == 1
+    assert "aotc_run: error: --device cuda: " in done.stderr
+    assert "without CUDA" in done.stderr or "no CUDA device" in done.stderr, done.stderr

@@ -1,0 +1,209 @@
+"""The API keeps its contract, case by case (issue 11, item 5): what fuzzing and a person found, each answered the
+way the OpenAPI says, as JSON, never a 500. test_schemathesis.py covers the rest by generating requests.
+
+A Cluster of its own (its own redis-server and API): some tests corrupt records on purpose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from procs import Cluster, api
+from service.store import keys
+
+LISTS = ("/v1/models", "/v1/artifacts", "/v1/jobs", "/v1/jobs/deadletter")
+TARGET = "cpu-x86_64-contract"  # a queue no worker serves: the test's job stays queued
+DIGITS_5000 = "9" * 5000
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("contract"))
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def job_id(cluster: Cluster) -> str:
+    job_id, created = cluster.store.jobs.submit("c" * 32, TARGET, {"model_id": "f" * 64, "spec": [], "options": {}})
+    assert created and cluster.store.r.type(keys.job_events(job_id)) == "stream"
+    return job_id
+
+
+@pytest.fixture(scope="module")
+def artifact(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    package = tmp_path_factory.mktemp("pkg") / "a.pt2"
+    package.write_bytes(b"PK\x05\x06" + bytes(18))
+    factors = {"format": 1, "model": "f" * 64, "options": {}, "spec": [], "target": TARGET, "toolchain": {}}
+    return cluster.store.artifacts.put({"key": "b" * 32, "factors": factors, "model_id": "f" * 64,
+                                        "target": TARGET, "spec": [], "options": {}}, package)
+
+
+def _error(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json", r.headers
+    error: dict[str, Any] = r.json()["error"]
+    assert error["code"] == code, error
+    return error
+
+
+@pytest.mark.parametrize("path", LISTS)
+@pytest.mark.parametrize("limit, bound", [
+    ("99999999999999999999", "less than or equal to 1000"),  # beyond int64: reached Redis, a 500
+    ("1001", "less than or equal to 1000"),
+    ("0", "greater than or equal to 1"),  # returned everything
+    ("-1", "greater than or equal to 1"),
+])
+def test_limit_out_of_bounds_is_a_422_naming_the_bound(cluster: Cluster, path: str, limit: str, bound: str) -> None:
+    error = _error(api.get(cluster.url + path, params={"limit": limit}), 422, "invalid")
+    assert "limit" in error["message"] and bound in error["message"], error
+
+
+@pytest.mark.parametrize("path", LISTS)
+def test_limit_within_bounds_answers(cluster: Cluster, path: str) -> None:
+    for limit in (1, 1000):
+        assert api.get(cluster.url + path, params={"limit": limit}).status_code == 200
+
+
+def test_job_state_is_an_enum(cluster: Cluster) -> None:
+    error = _error(api.get(f"{cluster.url}/v1/jobs", params={"state": "bogus"}), 422, "invalid")
+    assert "queued" in error["message"] and "cancelled" in error["message"]
+    assert api.get(f"{cluster.url}/v1/jobs", params={"state": "queued"}).status_code == 200
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_a_jobs_event_stream_key_is_not_a_job(cluster: Cluster, job_id: str, method: str) -> None:
+    # /v1/jobs/{id}:events read job:{id}:events, the job's event stream, as a job hash: WRONGTYPE, a 500.
+    error = _error(api.request(method, f"{cluster.url}/v1/jobs/{job_id}:events"), 404, "not_found")
+    assert "32 hex digits" in error["message"]
+    assert cluster.job(job_id)["state"] == "queued"  # the DELETE cancelled nothing
+    assert api.get(f"{cluster.url}/v1/jobs/{job_id}").json()["id"] == job_id
+
+
+@pytest.mark.parametrize("path, noun", [
+    ("/v1/jobs/{}", "job"), ("/v1/models/{}", "model"), ("/v1/artifacts/{}", "artifact"),
+    ("/v1/artifacts/{}/meta", "artifact"), ("/v1/artifacts/{}/report", "artifact"),
+])
+def test_ids_outside_their_pattern_name_nothing(cluster: Cluster, path: str, noun: str) -> None:
+    for bad in ("nope", "ABCDEF0123456789", "a" * 65, "0" * 31 + ":x"):
+        error = _error(api.get(cluster.url + path.format(bad)), 404, "not_found")
+        assert error["message"].startswith(f"no {noun} "), error
+
+
+def test_a_5000_digit_dim_is_a_422(cluster: Cluster) -> None:
+    # int() refuses 4300+ digits: the lookup and the compile request both answered 500.
+    params = {"model_id": "f" * 64, "shape": f"x={DIGITS_5000}x3"}
+    error = _error(api.get(f"{cluster.url}/v1/artifacts/lookup", params=params), 422, "invalid")
+    assert "shape" in error["message"] and "256" in error["message"]
+
+
+def test_a_dim_beyond_int64_is_a_422_naming_it(cluster: Cluster, tmp_path: Path) -> None:
+    model = _upload(cluster, tmp_path)
+    for shape in (f"x={'9' * 25}x32", f"x={DIGITS_5000[:200]}x32"):
+        r = api.get(f"{cluster.url}/v1/artifacts/lookup", params={"model_id": model, "shape": shape})
+        assert "int64" in _error(r, 422, "invalid")["message"], shape
+    for dims in (f"{DIGITS_5000}x32", "9" * 25 + "x32"):
+        r = api.post(f"{cluster.url}/v1/compilations", json={"model_id": model, "shapes": {"x": dims}})
+        assert "int64" in _error(r, 422, "invalid")["message"]
+    r = api.post(f"{cluster.url}/v1/compilations", content=b'{"model_id": "%s", "shapes": {"x": [%s, 32]}}' % (
+        model.encode(), DIGITS_5000.encode()), headers={"content-type": "application/json"})
+    _error(r, 400, "bad_request")  # Python's JSON reader refuses the number itself
+
+
+def _upload(cluster: Cluster, tmp_path: Path) -> str:
+    import torch
+
+    from modelzoo import MLP, export, seeded
+
+    path = export(seeded(MLP, 1105), (torch.randn(2, 32),), tmp_path / "mlp.pt2")
+    r = api.post(f"{cluster.url}/v1/models", content=path.read_bytes(), timeout=60)
+    assert r.status_code in (200, 201), r.text
+    return str(r.json()["id"])
+
+
+def test_bad_headers_are_422_not_a_broken_stream(cluster: Cluster, job_id: str) -> None:
+    # An unreadable Last-Event-ID reached XREAD after the stream had started: the response broke mid-way.
+    r = api.get(f"{cluster.url}/v1/jobs/{job_id}/events", headers={"Last-Event-ID": "bogus"})
+    assert "last-event-id" in _error(r, 422, "invalid")["message"]
+
+
+def test_a_huge_range_is_unsatisfiable(cluster: Cluster, artifact: dict[str, Any]) -> None:
+    url = f"{cluster.url}/v1/artifacts/{artifact['key']}"
+    r = api.get(url, headers={"Range": f"bytes={DIGITS_5000}-"})
+    assert r.status_code == 416 and r.headers["content-range"] == f"bytes */{artifact['size']}", r.text
+    r = api.get(url, headers={"Range": f"bytes=0-{DIGITS_5000}"})
+    assert r.status_code == 206 and len(r.content) == artifact["size"]
+    assert api.get(url, headers={"Range": f"bytes=-{DIGITS_5000}"}).status_code == 206
+
+
+def test_redis_refusing_a_command_is_a_json_503_with_a_request_id(cluster: Cluster) -> None:
+    broken = "d" * 32
+    cluster.store.r.set(keys.job(broken), "not a hash")  # WRONGTYPE for HGETALL
+    r = api.get(f"{cluster.url}/v1/jobs/{broken}", headers={"X-Request-ID": "contract-wrongtype-1"})
+    error = _error(r, 503, "redis_error")
+    assert "WRONGTYPE" in error["message"] and r.headers["retry-after"]
+    assert error["request_id"] == r.headers["x-request-id"] == "contract-wrongtype-1"
+    assert "contract-wrongtype-1" in _api_log(cluster)
+
+
+def test_an_unexpected_failure_is_a_json_500_logged_under_a_request_id(cluster: Cluster) -> None:
+    broken = "e" * 32
+    cluster.store.r.set(keys.artifact(broken), "{not json")  # a record no code path expects
+    r = api.get(f"{cluster.url}/v1/artifacts/{broken}/report")
+    error = _error(r, 500, "internal")
+    rid = error["request_id"]
+    assert rid == r.headers["x-request-id"] and len(rid) >= 8 and rid in error["message"]
+    assert r.headers["connection"] == "close"  # the server drops the connection after a 500
+    log = _api_log(cluster)
+    assert f"request {rid}: GET /v1/artifacts/{broken}/report failed" in log and "JSONDecodeError" in log
+    assert api.get(f"{cluster.url}/healthz").json() == {"ok": True}
+
+
+def _api_log(cluster: Cluster) -> str:
+    return (cluster.base / "api-0.log").read_text(errors="replace")
+
+
+def test_http_errors_are_json(cluster: Cluster) -> None:
+    assert "/v1/nothing" in _error(api.get(f"{cluster.url}/v1/nothing"), 404, "not_found")["message"]
+    r = api.patch(f"{cluster.url}/v1/jobs")
+    _error(r, 405, "method_not_allowed")
+    assert r.headers["allow"] == "GET"
+    r = api.post(f"{cluster.url}/v1/compilations", content=b"{", headers={"content-type": "application/json"})
+    assert "JSON" in _error(r, 422, "invalid")["message"]
+
+
+def test_the_openapi_declares_security_bounds_and_errors(cluster: Cluster) -> None:
+    doc = httpx.get(f"{cluster.url}/openapi.json").json()
+    bearer = doc["components"]["securitySchemes"]["bearer"]
+    assert (bearer["type"], bearer["scheme"]) == ("http", "bearer")
+    ops = [(path, method, op) for path, item in doc["paths"].items() for method, op in item.items()]
+    assert len(ops) >= 30
+    for path, method, op in ops:
+        where, codes = f"{method.upper()} {path}", set(op["responses"])
+        if path in ("/healthz", "/readyz"):
+            assert "security" not in op, where
+            continue
+        assert op["security"] == [{"bearer": []}], where
+        assert {"401", "403", "503", "507"} <= codes, where
+        for code in codes - {"200", "201", "202", "206", "304", "307"}:
+            content = op["responses"][code].get("content", {}).get("application/json", {})
+            assert content.get("schema") == {"$ref": "#/components/schemas/ErrorBody"}, (where, code)
+        for p in op.get("parameters", []):
+            schema = p["schema"]
+            if p["name"] == "limit":
+                assert (schema["minimum"], schema["maximum"]) == (1, 1000), where
+            if p["in"] == "path":
+                assert "pattern" in schema or "maxLength" in schema, (where, p["name"])
+    assert "429" in doc["paths"]["/v1/compilations"]["post"]["responses"]
+    assert "429" in doc["paths"]["/v1/models"]["post"]["responses"]
+    assert "requestBody" in doc["paths"]["/v1/models"]["post"]
+
+
+def test_the_upload_still_names_a_too_long_name(cluster: Cluster) -> None:
+    r = api.post(f"{cluster.url}/v1/models", params={"name": "n" * 201}, content=b"PK")
+    assert "AOTC_MAX_MODEL_NAME_CHARS" in _error(r, 422, "invalid")["message"]

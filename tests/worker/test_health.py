@@ -1,0 +1,201 @@
+"""A worker that knows when it is broken, with real processes: its own redis-server, the API over HTTP, workers.
+
+The broken worker's compile children cannot import torch: a `sitecustomize` on that worker's PYTHONPATH only (the
+way tests/worker/faultops arms faults inside the children) makes `import torch` print a loader error and abort (or
+raise ImportError, when the file says "raise") in every `python -m worker.child` while a BROKEN file lies beside
+it; the worker process itself imports torch fine. Removing the file mends the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from modelzoo import MLP, export, seeded
+from procs import ROOT, Cluster, api, stop
+from worker.health import Health
+from worker.isolation import setup
+from worker.sandbox import Outcome
+from worker.settings import WorkerSettings
+
+pytestmark = pytest.mark.slow
+
+LOADER_ERROR = "libtorch_cpu.so: cannot open shared object file: No such file or directory (planted by test_health)"
+
+SITECUSTOMIZE = f'''
+"""Breaks `import torch` in aotc's compile and check children (never in the worker) while BROKEN is beside it."""
+import os
+import sys
+
+
+def _in_child():
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return b"worker.child" in f.read().split(b"\\0")
+    except OSError:
+        return False
+
+
+class _BrokenTorch:
+    def find_spec(self, name, path=None, target=None):
+        switch = os.path.join(os.path.dirname(__file__), "BROKEN")
+        if name == "torch" and os.path.exists(switch):
+            sys.stderr.write({LOADER_ERROR!r} + "\\n")
+            sys.stderr.flush()
+            with open(switch) as f:
+                if f.read() == "raise":
+                    raise ImportError({LOADER_ERROR!r})
+            os.abort()
+        return None
+
+
+if _in_child():
+    sys.meta_path.insert(0, _BrokenTorch())
+'''
+
+MAX_EARLY_CRASHES = 2
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("health"), env={"AOTC_JOB_MAX_ATTEMPTS": "2"})
+    yield c
+    c.close()
+
+
+def _broken_env(tmp_path: Path, how: str = "abort") -> Path:
+    d = tmp_path / "broken-env"
+    d.mkdir()
+    (d / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    (d / "BROKEN").write_text(how)
+    return d
+
+
+def _workers(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    r = api.get(f"{cluster.url}/v1/workers", timeout=10)
+    assert r.status_code == 200, r.text
+    return {w["id"]: w for w in r.json()["workers"]}
+
+
+def _wait_worker(cluster: Cluster, wid: str, healthy: bool, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        w = _workers(cluster).get(wid)
+        if w is not None and w["healthy"] is healthy:
+            return w
+        time.sleep(0.3)
+    raise AssertionError(f"worker {wid} never became {'healthy' if healthy else 'unhealthy'}: {_workers(cluster)}")
+
+
+def test_a_worker_whose_children_cannot_import_torch_stops_claiming_and_its_jobs_keep_their_attempts(
+        cluster, tmp_path):
+    broken = _broken_env(tmp_path)
+    proc, wid = cluster.start_worker(PYTHONPATH=os.pathsep.join([str(ROOT), str(broken)]),
+                                     AOTC_WORKER_MAX_EARLY_CRASHES=str(MAX_EARLY_CRASHES),
+                                     AOTC_WORKER_REPROBE_S="4")
+    try:
+        assert _workers(cluster)[wid]["healthy"] is True
+        torch.manual_seed(0)
+        model = export(seeded(MLP, 0, d_in=4, hidden=8, d_out=4).eval(), (torch.randn(2, 4),), tmp_path / "mlp.pt2")
+        up = api.post(f"{cluster.url}/v1/models", content=model.read_bytes(), timeout=60)
+        assert up.status_code in (200, 201), up.text
+        r = api.post(f"{cluster.url}/v1/compilations", json={"model_id": up.json()["id"], "shapes": {"x": [2, 4]}},
+                     timeout=30)
+        assert r.status_code == 202, r.text
+        job = r.json()["job"]
+
+        # After MAX_EARLY_CRASHES children in a row died importing torch, the worker says so over HTTP, with the
+        # cause: how the child died and its stderr, where the loader error and the path of the code that aborted are.
+        w = _wait_worker(cluster, wid, healthy=False)
+        reason = w["unhealthy_reason"]
+        assert reason.startswith(f"{MAX_EARLY_CRASHES} children in a row failed before their work started "
+                                 f"(AOTC_WORKER_MAX_EARLY_CRASHES={MAX_EARLY_CRASHES}), so this worker claims no jobs;")
+        assert ("the compile child failed before the compile started, so this worker's environment is broken, not "
+                "the model: compile crashed: the child process died of SIGABRT (signal 6)") in reason
+        assert LOADER_ERROR in reason and str(broken / "sitecustomize.py") in reason  # stderr: cause and path
+        assert w["unhealthy_since"] <= time.time() and proc.poll() is None
+
+        ready = api.get(f"{cluster.url}/readyz", timeout=10)
+        assert ready.status_code == 200, ready.text  # the API itself still serves: degraded, not down
+        body = ready.json()
+        assert body["degraded"] is True and body["targets"] == []  # no healthy worker serves a target
+        assert [(u["id"], u["reason"]) for u in body["unhealthy_workers"]] == [(wid, reason)]
+
+        shown = subprocess.run([sys.executable, "-m", "client.cli", "--url", cluster.url, "workers"],
+                               capture_output=True, text=True, timeout=60, cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert shown.returncode == 0, shown.stderr
+        assert "UNHEALTHY" in shown.stdout and LOADER_ERROR in shown.stdout
+
+        # The job went back each time without spending an attempt, and the unhealthy worker claims it no more.
+        queued = cluster.job(job["id"])
+        assert (queued["state"], queued["attempts"], queued.get("failures")) == ("queued", 0, None)
+        handed_back = [ev["reason"] for _, ev in cluster.store.jobs.events(job["id"]) if ev.get("reason")]
+        assert len(handed_back) == MAX_EARLY_CRASHES
+        assert all(r.startswith(f"handed back by {wid} (the compile child failed before the compile started")
+                   for r in handed_back)
+        heartbeat = w["heartbeat"]
+        time.sleep(6)  # over a heartbeat: it heartbeats on (no reaper takes it for lost) and claims nothing
+        assert _workers(cluster)[wid]["heartbeat"] > heartbeat
+        assert cluster.job(job["id"])["state"] == "queued" and cluster.job(job["id"])["attempts"] == 0
+
+        # A healthy worker started afterwards serves the job with its first attempt.
+        _, healthy_id = cluster.start_worker()
+        done = cluster.wait_end(job["id"])
+        assert done["state"] == "succeeded", done.get("error")
+        assert (done["attempts"], done["worker"], done.get("failures")) == (1, healthy_id, None)
+        assert api.get(f"{cluster.url}/readyz", timeout=10).json()["unhealthy_workers"][0]["id"] == wid
+
+        # Mend the environment: the unhealthy worker's next probe child gets through, and it serves again.
+        (broken / "BROKEN").unlink()
+        back = _wait_worker(cluster, wid, healthy=True, timeout=90)
+        assert back["unhealthy_reason"] is None and back["early_crashes"] == 0
+        ready = api.get(f"{cluster.url}/readyz", timeout=10).json()
+        assert ready["degraded"] is False and ready["targets"] == [back["target"]]
+    finally:
+        stop(proc)
+
+
+def test_a_child_that_raises_importing_torch_counts_a_cancelled_one_does_not_and_one_that_gets_through_resets(
+        tmp_path, monkeypatch):
+    """The same judgement in-process, on real children (unconfined here): a child that reports an ImportError before
+    its handshake is a BrokenEnvironment whose message names the error; a cancel before it counts for nothing;
+    MAX_EARLY_CRASHES in a row make the worker unhealthy; one child that gets through makes it healthy again."""
+    broken = _broken_env(tmp_path, "raise")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), str(broken)]))
+    sandbox = setup(WorkerSettings(sandbox="off", work_dir=tmp_path / "work", data_dir=tmp_path / "data"), "cpu")
+    health = Health(MAX_EARLY_CRASHES)
+
+    def probe(n: int, **kw: Any) -> Outcome:
+        return health.run_child({"kind": "probe", "device": "cpu"}, tmp_path / f"probe-{n}", sandbox=sandbox,
+                                device="cpu", timeout_s=120, **kw)
+
+    out = probe(1)
+    assert out.failure is not None and out.failure.type == "BrokenEnvironment" and out.failure.retryable
+    assert out.failure.message == ("the probe child failed before the probe started, so this worker's environment "
+                                   f"is broken, not the model: ImportError: {LOADER_ERROR}")
+    assert "Traceback" in out.failure.excerpt and "sitecustomize.py" in out.failure.excerpt
+    assert (health.healthy, health.early_crashes) == (True, 1)
+
+    cancelled = probe(2, should_cancel=lambda: True)
+    assert cancelled.cancelled and cancelled.failure is not None and cancelled.failure.type == "Cancelled"
+    assert (health.healthy, health.early_crashes) == (True, 1)
+
+    probe(3)
+    assert not health.healthy and health.early_crashes == MAX_EARLY_CRASHES and health.since is not None
+    assert health.reason is not None and f"ImportError: {LOADER_ERROR}" in health.reason
+    assert health.describe() == {"healthy": False, "unhealthy_reason": health.reason, "unhealthy_since": health.since,
+                                 "early_crashes": MAX_EARLY_CRASHES}
+
+    (broken / "BROKEN").unlink()
+    assert health.probe(tmp_path / "probe-4", sandbox=sandbox, device="cpu", timeout_s=120)
+    assert health.describe() == {"healthy": True, "unhealthy_reason": None, "unhealthy_since": None,
+                                 "early_crashes": 0}
