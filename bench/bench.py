@@ -1,20 +1,31 @@
-"""GPU benchmark: real models (random weights, bf16) through the service, against eager and torch.compile.
+"""GPU benchmark for a serving team: real models (random weights, bf16) at batch 1 and at their serving batch,
+through the service, against eager and torch.compile, each peer in a fresh process.
 
 Run on a machine with a CUDA GPU, from the repo root:
 
-    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 python3 bench/bench.py --out bench/results/h100.json
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 python3 bench/bench.py --out bench/results/h100.json \\
+        [--models resnet50,hf_bert_base | --partition 2/5] [--budget-s 540] [--rounds 2] [--max-autotune]
+    python3 bench/report.py bench/results/h100.json --svg bench/results/h100.svg
 
-It starts `aotc serve` (embedded Redis, API, one worker on cuda:0) unless --url points at a running service, and
-is resumable: models already in --out are skipped, so a long run can be split over several invocations
-(--budget-s stops it before a model that would not finish in time). For each model it records:
+It starts `aotc serve` (embedded Redis, the API, --workers GPU workers) unless --url points at a running service.
+Per model (in --models order, or the --partition's share of zoo.py):
 
-- through the service: compile success (or the stage and reason of the failure), compile time, artifact size;
-- latency (median of triton.testing.do_bench) of eager, torch.compile (default) and the artifact;
-- torch.compile's cold compile time, in a fresh process with empty Inductor and Triton caches;
-- time to first inference in a fresh process: (a) torch.compile from cold, (b) pull the artifact from the
-  service, load it and call it.
+1. compile: the model is exported at each batch (static shapes) and submitted; the workers compile (and check)
+   while the next model exports. Recorded: compile seconds, artifact size, and the worker's check (its median
+   latency and spread, the CUDA-graph run, whether graphs pay).
+2. measure: with no compile running, each peer runs in its own fresh process, in alternating rounds (--rounds):
+   `eager`, `tc_default` (torch.compile), `tc_reduce_overhead` (torch.compile mode="reduce-overhead": CUDA graphs),
+   `tc_max_autotune` (only with --max-autotune), `aot` (the artifact pulled, loaded and called) and `aot_graphs`
+   (the same with `cuda_graphs=True`). A peer process takes the batches in order (1 first): its first batch's
+   time to first inference is from a cold process (import torch, build or pull, compile or load, first call;
+   torch.compile with empty Inductor and Triton caches); later batches' first-call figures are in a warm process.
+   Latency is the median of triton.testing.do_bench (warm-up 25 ms, 200 ms of calls, L2 flushed); `aot` also
+   takes compiler.check.measure (the worker's method) in the same process, to compare with the worker's figure.
+   Memory: the allocator's peak, and the device memory in use after the run (cudaMemGetInfo; it sees the
+   package's constants and CUDA-graph pools, which the allocator statistics do not all see).
 
-`python3 bench/report.py FILE.json` prints the table and draws the chart.
+Resumable: a (model, batch, peer) already in --out is not measured again; --budget-s stops before a model that
+would start after it. The JSON is schema 2 (schema 1 was the 2026-11-22 run: one batch, three peers).
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,64 +46,106 @@ T_START = time.perf_counter()
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-LIBSTDCXX = "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"
+SCHEMA = 2
+PEERS = ("eager", "tc_default", "tc_reduce_overhead", "tc_max_autotune", "aot", "aot_graphs")
+TC_MODE = {"tc_default": "default", "tc_reduce_overhead": "reduce-overhead", "tc_max_autotune": "max-autotune"}
 
 
-def _bench_ms(fn: Any) -> float:
-    import torch
+# -- a peer, in its own process ------------------------------------------------------------------------------
+
+
+def _do_bench_ms(fn: Any) -> float:
     from triton.testing import do_bench
 
-    with torch.inference_mode():
-        return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+    return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
 
 
-# -- fresh-process measurements ------------------------------------------------------------------------------
+def child(peer: str, name: str, batches: list[int], keys: dict[str, str], url: str) -> dict[str, Any]:
+    import torch
+
+    out: dict[str, Any] = {"import_s": time.perf_counter() - T_START, "batches": {}}
+    torch.cuda.init()
+    for n, batch in enumerate(batches):
+        free0 = torch.cuda.mem_get_info()[0]
+        torch.cuda.reset_peak_memory_stats()
+        rec: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        if peer in ("aot", "aot_graphs"):
+            fn, inputs = _load_artifact(peer, name, batch, keys[str(batch)], url, rec)
+        else:
+            fn, inputs = _build_peer(peer, name, batch, rec)
+        with torch.inference_mode():
+            t1 = time.perf_counter()
+            fn(*inputs)
+            torch.cuda.synchronize()
+            rec["first_call_s"] = time.perf_counter() - t1
+            rec["ttfi_in_process_s"] = time.perf_counter() - t0  # build or pull, compile or load, first call
+            if n == 0:
+                rec["ttfi_s"] = time.perf_counter() - T_START  # from the process's start: import torch included
+                rec["ttfi_after_import_s"] = rec["ttfi_s"] - out["import_s"]
+            rec["latency_ms"] = _do_bench_ms(lambda f=fn, x=inputs: f(*x))
+            if peer == "aot":
+                from compiler.check import measure
+
+                rec["measure"] = measure(lambda f=fn, x=inputs: f(*x), "cuda:0")
+        torch.cuda.synchronize()
+        rec["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        rec["device_mem_bytes"] = free0 - torch.cuda.mem_get_info()[0]
+        if peer == "aot_graphs":
+            rec["graphs"] = {"impl": getattr(fn, "impl", None), "reason": getattr(fn, "reason", None),
+                             "last": getattr(fn, "last", None), "stats": fn.stats() if hasattr(fn, "stats") else []}
+        out["batches"][str(batch)] = rec
+        del fn, inputs
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    return out
 
 
-def child_torch_compile(name: str) -> dict[str, Any]:
+def _build_peer(peer: str, name: str, batch: int, rec: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     import torch
 
     from bench.zoo import build
 
-    t_import = time.perf_counter() - T_START
-    model, inputs = build(name)
+    t0 = time.perf_counter()
+    model, inputs = build(name, batch=batch)
     torch.cuda.synchronize()
-    t_build = time.perf_counter() - T_START
-    compiled = torch.compile(model)
+    rec["build_s"] = time.perf_counter() - t0
+    if peer == "eager":
+        return model, inputs
+    compiled = torch.compile(model, mode=TC_MODE[peer], dynamic=False)
+    t1 = time.perf_counter()
     with torch.inference_mode():
         compiled(*inputs)
     torch.cuda.synchronize()
-    t_first = time.perf_counter() - T_START
-    return {"import_s": t_import, "build_s": t_build - t_import, "compile_and_first_call_s": t_first - t_build,
-            "ttfi_s": t_first, "latency_ms": _bench_ms(lambda: compiled(*inputs))}
+    rec["compile_s"] = time.perf_counter() - t1  # the compile and its first call
+    return compiled, inputs
 
 
-def child_artifact(name: str, key: str, url: str) -> dict[str, Any]:
-    import torch
-
-    from bench.zoo import MODELS
+def _load_artifact(peer: str, name: str, batch: int, key: str, url: str,
+                   rec: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
+    from bench.zoo import inputs as zoo_inputs
     from client import Client
-    from compiler.compat.aoti import aoti_load_package
 
-    t_import = time.perf_counter() - T_START
-    inputs = MODELS[name][1]()
-    with tempfile.TemporaryDirectory() as cache, Client(url, cache_dir=cache) as c:
+    inputs = zoo_inputs(name, batch)
+    cache = tempfile.mkdtemp(prefix="aotc-bench-cache-")
+    with Client(url, cache_dir=cache, timeout=300) as c:
         t0 = time.perf_counter()
-        path = c.pull(key)
-        t_pull = time.perf_counter() - t0
-        fn = aoti_load_package(str(path), "cuda:0")
-        t_load = time.perf_counter() - t0 - t_pull
-        with torch.inference_mode():
-            fn(*inputs)
-        torch.cuda.synchronize()
-        t_first = time.perf_counter() - t0 - t_pull - t_load
-    return {"import_s": t_import, "pull_s": t_pull, "load_s": t_load, "first_call_s": t_first,
-            "ttfi_after_import_s": t_pull + t_load + t_first, "ttfi_s": time.perf_counter() - T_START}
+        art = c.artifact(key)
+        c.pull(art)
+        rec["pull_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        fn = c.load(art, device="cuda:0", cuda_graphs=peer == "aot_graphs")  # the pull above is cached
+        rec["load_s"] = time.perf_counter() - t1
+    return fn, inputs
 
 
 def _fresh(args: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        p = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         return {"error": (p.stderr or p.stdout)[-1500:], "returncode": p.returncode}
@@ -105,8 +159,7 @@ def _fresh(args: list[str], env: dict[str, str], timeout: float) -> dict[str, An
 
 def start_service(port: int, data_dir: Path, workers: int) -> list[subprocess.Popen[bytes]]:
     """Embedded Redis (AOF, so artifacts survive a restart), the API, and `workers` worker processes on cuda:0.
-    Several workers share the GPU to overlap compiles, which are mostly CPU work; compile times then include
-    that contention (recorded as parallel_compiles)."""
+    Several workers share the GPU to overlap compiles, which are mostly CPU work."""
     from service.store.embedded import EmbeddedRedis
 
     redis_srv = EmbeddedRedis(data_dir / "redis", port=port + 1).start()
@@ -118,15 +171,15 @@ def start_service(port: int, data_dir: Path, workers: int) -> list[subprocess.Po
     procs = [subprocess.Popen([sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--port",
                                str(port), "--log-level", "warning"],
                               env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)]
-    procs += [subprocess.Popen([sys.executable, "-m", "worker"],
-                               env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-              for _ in range(workers)]
+    procs += [subprocess.Popen([sys.executable, "-m", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                               cwd=ROOT) for _ in range(workers)]
     import httpx
 
+    headers = {"authorization": f"Bearer {os.environ['AOTC_API_KEY']}"} if os.environ.get("AOTC_API_KEY") else {}
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         try:
-            r = httpx.get(f"http://127.0.0.1:{port}/v1/workers", timeout=2)
+            r = httpx.get(f"http://127.0.0.1:{port}/v1/workers", timeout=2, headers=headers)
             if r.status_code == 200 and len(r.json()["workers"]) >= workers:
                 procs.append(redis_srv.proc)  # type: ignore[arg-type]
                 return procs
@@ -138,89 +191,91 @@ def start_service(port: int, data_dir: Path, workers: int) -> list[subprocess.Po
     raise RuntimeError("the service did not come up with its cuda workers")
 
 
-def prefetch(names: list[str], url: str, work: Path, budget_s: float) -> dict[str, str]:
-    """Export and submit every model first, so the workers compile them side by side; then wait for the jobs."""
+def batches_of(name: str) -> list[int]:
+    from bench.zoo import MODELS
+
+    return sorted({1, MODELS[name].batch})
+
+
+def submit_all(names: list[str], url: str, state: Path) -> dict[str, dict[str, Any]]:
+    """Export each model at each batch and submit its compile; the workers compile while the next one exports.
+    {model: {batch: {'job': id} | {'key': key} | {'error': ...}}}."""
     import torch
 
     from bench.zoo import build
     from client import Client
 
-    jobs: dict[str, str] = {}
-    with Client(url, cache_dir=work / "client-cache", timeout=300) as c:
+    jobs: dict[str, dict[str, Any]] = {}
+    with Client(url, cache_dir=state / "client-cache", timeout=300) as c:
         for name in names:
-            path = work / f"{name}.pt2"
-            try:
-                if not path.exists():
-                    model, inputs = build(name)
-                    torch.export.save(torch.export.export(model, inputs), str(path))
-                    del model
-                    torch.cuda.empty_cache()
-                rec = c.upload(path)
-                shapes = {i["name"]: i["shape"] for i in rec["inputs"]}
-                ans = c.submit(rec["id"], shapes, "cuda")
-                if ans["status"] != "cached":
-                    jobs[name] = ans["job"]["id"]
-                print(f"prefetch {name}: {ans['status']}", flush=True)
-            except Exception as e:
-                print(f"prefetch {name} failed: {type(e).__name__}: {e}"[:500], flush=True)
-        while jobs and time.perf_counter() - T_START < budget_s:
-            states = {n: c.job(j)["state"] for n, j in jobs.items()}
-            if all(s in ("succeeded", "failed", "cancelled") for s in states.values()):
-                break
-            time.sleep(2)
+            jobs[name] = {}
+            for batch in batches_of(name):
+                path = state / f"{name}-b{batch}.pt2"
+                try:
+                    t0 = time.perf_counter()
+                    if not path.exists():
+                        model, inputs = build(name, batch=batch)
+                        torch.export.save(torch.export.export(model, inputs), str(path))
+                        del model, inputs
+                        torch.cuda.empty_cache()
+                    rec = c.upload(path)
+                    shapes = {i["name"]: i["shape"] for i in rec["inputs"]}
+                    ans = c.submit(rec["id"], shapes, "cuda", priority="batch")
+                    jobs[name][str(batch)] = ({"key": ans["key"]} if ans["status"] == "cached"
+                                              else {"job": ans["job"]["id"]})
+                    jobs[name][str(batch)]["export_s"] = time.perf_counter() - t0
+                    print(f"submitted {name} b={batch}: {ans['status']}", flush=True)
+                except Exception as e:  # a model we cannot build, export or upload is a result too
+                    jobs[name][str(batch)] = {"error": f"{type(e).__name__}: {e}"[:1500], "stage": "export"}
+                    print(f"{name} b={batch}: {jobs[name][str(batch)]['error'][:300]}", flush=True)
     return jobs
 
 
-def bench_model(name: str, url: str, work: Path, *, warm_timeout: float) -> dict[str, Any]:
-    import torch
+def wait_artifact(c: Any, entry: dict[str, Any]) -> dict[str, Any]:
+    """The compile's outcome: {'ok', 'key', 'compile_s', 'artifact_bytes', 'check', ...} or the failure."""
+    from client import JobFailed
 
-    from bench.zoo import MODELS, build
-    from client import Client, JobFailed
-    from compiler.check import compare
+    if "error" in entry:
+        return {"ok": False, **entry}
+    try:
+        art = c.artifact(entry["key"]) if "key" in entry else c.wait(entry["job"], timeout=1200)
+    except JobFailed as e:
+        err = e.job.get("error") or {}
+        return {"ok": False, "stage": err.get("stage"), "error": err.get("message"),
+                "excerpt": (err.get("excerpt") or "")[-800:]}
+    check = art.meta.get("check") or {}
+    return {"ok": True, "key": art.key, "artifact_bytes": art.meta["size"],
+            "compile_s": (art.meta.get("timings") or {}).get("compile_total"),
+            "check_s": (art.meta.get("timings") or {}).get("check"), "export_s": entry.get("export_s"),
+            "check": {k: check.get(k) for k in ("compiled_ms", "eager_ms", "graph_ms", "max_rel_err", "latency",
+                                                "graphs", "device_info")}}
 
-    row: dict[str, Any] = {"family": MODELS[name][2]}
-    model, inputs = build(name)
-    row["inputs"] = [list(t.shape) for t in inputs]
-    with torch.inference_mode():
-        expected = model(*inputs)
-    row["eager_ms"] = _bench_ms(lambda m=model: m(*inputs))
 
-    path = work / f"{name}.pt2"
-    if not path.exists():  # --prefetch exported it already
-        t0 = time.perf_counter()
-        torch.export.save(torch.export.export(model, inputs), str(path))
-        row["export_s"] = time.perf_counter() - t0
-
-    with Client(url, cache_dir=work / "client-cache", timeout=300) as c:
-        t0 = time.perf_counter()
-        try:
-            art = c.compile(path, list(inputs), target="cuda", timeout=warm_timeout)
-        except JobFailed as e:
-            err = e.job.get("error") or {}
-            row.update(ok=False, stage=err.get("stage"), error=err.get("message"),
-                       excerpt=(err.get("excerpt") or "")[-800:])
-            return row
-        row["service_wall_s"] = time.perf_counter() - t0
-        row.update(ok=True, key=art.key, artifact_bytes=art.meta["size"],
-                   compile_s=art.meta["timings"]["compile_total"],
-                   stage_s=art.meta["timings"], worker_check=art.meta["check"])
-        fn = c.load(art, device="cuda:0")
-        with torch.inference_mode():
-            row["max_rel_err"] = compare(expected, fn(*inputs)).get("max_rel_err")
-        row["aoti_ms"] = _bench_ms(lambda f=fn: f(*inputs))
-        del fn
-    del model
-    torch.cuda.empty_cache()
-
-    with tempfile.TemporaryDirectory() as cold:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cold}/inductor", "TRITON_CACHE_DIR": f"{cold}/triton"}
-        row["torch_compile"] = _fresh(["--child", "torch-compile", name], env, warm_timeout)
-    row["artifact_fresh"] = _fresh(["--child", "artifact", name, row["key"], url], dict(os.environ), 300)
-    tc = row["torch_compile"]
-    if "latency_ms" in tc:
-        row["torch_compile_ms"] = tc["latency_ms"]
-        row["torch_compile_cold_s"] = tc["compile_and_first_call_s"]
-    return row
+def measure_model(name: str, row: dict[str, Any], url: str, peers: list[str], rounds: int) -> None:
+    """Every peer of every batch of one model, in alternating rounds, each a fresh process; fills `row`."""
+    batches = batches_of(name)
+    keys = {b: row["batches"][b]["artifact"].get("key") for b in map(str, batches)}
+    for r in range(rounds):
+        for peer in peers:
+            need = [b for b in batches
+                    if len(row["batches"][str(b)]["peers"].get(peer, {}).get("rounds", [])) <= r]
+            if peer.startswith("aot"):
+                need = [b for b in need if keys[str(b)]]
+            if not need:
+                continue
+            with tempfile.TemporaryDirectory() as cold:
+                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cold}/inductor",
+                       "TRITON_CACHE_DIR": f"{cold}/triton"}
+                res = _fresh(["--child", peer, name, ",".join(map(str, need)),
+                              json.dumps({k: v for k, v in keys.items() if v}), url], env, 900)
+            for b in need:
+                slot = row["batches"][str(b)]["peers"].setdefault(peer, {"rounds": []})
+                slot["rounds"].append(res["batches"][str(b)] if "batches" in res else {"error": res.get("error")})
+                lat = [x["latency_ms"] for x in slot["rounds"] if "latency_ms" in x]
+                slot["latency_ms"] = statistics.median(lat) if lat else None
+            got = {b: (res.get("batches", {}).get(str(b)) or {}).get("latency_ms") for b in need}
+            print(f"  {name} round {r + 1} {peer}: {got}" + (f" ERROR {res['error'][-300:]}" if "error" in res
+                                                            else ""), flush=True)
 
 
 def versions() -> dict[str, Any]:
@@ -240,54 +295,83 @@ def versions() -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results/latest.json")
-    ap.add_argument("--models", default="", help="comma-separated subset (default: all)")
+    ap.add_argument("--models", default="", help="comma-separated, in this order (default: all of zoo.py)")
+    ap.add_argument("--partition", default="", help="I/N: every N-th model of the list from the I-th (1-based)")
     ap.add_argument("--url", default=None, help="a running service; default: start `aotc serve` here")
     ap.add_argument("--port", type=int, default=8123)
     ap.add_argument("--state", default=".bench-state", help="service data and exported models (kept for resuming)")
-    ap.add_argument("--budget-s", type=float, default=1e9, help="stop before starting a model after this long")
-    ap.add_argument("--workers", type=int, default=1, help="GPU worker processes (compiles overlap when > 1)")
-    ap.add_argument("--prefetch", action="store_true", help="submit every model's compile before measuring any")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="start no model's measurement after this long")
+    ap.add_argument("--workers", type=int, default=3, help="GPU worker processes (compiles overlap)")
+    ap.add_argument("--rounds", type=int, default=1, help="alternating rounds of the peers")
+    ap.add_argument("--max-autotune", action="store_true", help="add torch.compile(mode='max-autotune')")
     ap.add_argument("--child", nargs="+", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
 
     if a.child:
-        kind, *rest = a.child
-        res = child_torch_compile(*rest) if kind == "torch-compile" else child_artifact(*rest)
-        print(json.dumps(res))
+        peer, name, batches, keys, url = a.child
+        print(json.dumps(child(peer, name, [int(b) for b in batches.split(",")], json.loads(keys), url)))
         return 0
 
     import torch
 
     from bench.zoo import MODELS
+    from client import Client
+    from compiler.check import device_info
 
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+    if results.get("schema", SCHEMA) != SCHEMA:
+        raise SystemExit(f"{out} is a schema {results.get('schema', 1)} result; write schema {SCHEMA} elsewhere")
+    results.update(schema=SCHEMA, device=torch.cuda.get_device_name(0), device_info=device_info("cuda:0"),
+                   date=time.strftime("%Y-%m-%d"), versions=versions())
     results.setdefault("models", {})
-    results.update(device=torch.cuda.get_device_name(0), date=time.strftime("%Y-%m-%d"), versions=versions())
+    results.setdefault("runs", []).append({"started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:]})
+    peers = [p for p in PEERS if p != "tc_max_autotune" or a.max_autotune]
+    names = a.models.split(",") if a.models else list(MODELS)
+    if a.partition:
+        i, n = (int(x) for x in a.partition.split("/"))
+        names = names[i - 1::n]
+
+    def done(name: str) -> bool:
+        row = results["models"].get(name)
+        return bool(row) and all(
+            len(b["peers"].get(p, {}).get("rounds", [])) >= a.rounds
+            or (p.startswith("aot") and not (b.get("artifact") or {}).get("ok"))
+            for b in row["batches"].values() for p in peers)
+
+    names = [n for n in names if n not in results["models"] or not done(n)]
     state = Path(a.state).resolve()
     (state / "aotc").mkdir(parents=True, exist_ok=True)
-    names = [n for n in (a.models.split(",") if a.models else MODELS) if n not in results["models"]]
     service = [] if a.url else start_service(a.port, state / "aotc", a.workers)
     url = a.url or f"http://127.0.0.1:{a.port}"
     try:
-        if a.prefetch:
-            prefetch(names, url, state, a.budget_s)
+        # Every model still to measure is (re)submitted: a service started by an earlier run is gone with its
+        # machine, and on a service that has the artifact the submit is a cache hit.
+        jobs = submit_all(names, url, state)
+        with Client(url, cache_dir=state / "client-cache", timeout=300) as c:
+            for name in names:
+                row = results["models"].setdefault(name, {"family": MODELS[name].family, "batches": {}})
+                for b in batches_of(name):
+                    slot = row["batches"].setdefault(str(b), {"peers": {}})
+                    slot["artifact"] = wait_artifact(c, jobs[name][str(b)])
+                    print(f"{name} b={b}: compiled ok={slot['artifact']['ok']} "
+                          f"{slot['artifact'].get('compile_s') or str(slot['artifact'].get('error', ''))[:300]}",
+                          flush=True)
+                out.write_text(json.dumps(results, indent=1, default=str))
         for name in names:
             if time.perf_counter() - T_START > a.budget_s:
-                print(f"budget reached; {len(names) - names.index(name)} models left", flush=True)
+                print(f"budget reached; not measured: {names[names.index(name):]}", flush=True)
                 break
             t0 = time.perf_counter()
+            row = results["models"][name]
             try:
-                row = bench_model(name, url, state, warm_timeout=900)
-            except Exception as e:  # a model we cannot even build or export is a result too
-                row = {"ok": False, "stage": "bench", "error": f"{type(e).__name__}: {e}"[:2000]}
-            row["bench_s"] = time.perf_counter() - t0
-            row["parallel_compiles"] = a.workers
-            results["models"][name] = row
+                measure_model(name, row, url, peers, a.rounds)
+            except Exception as e:  # one model's trouble must not lose the others' figures
+                row["error"] = f"{type(e).__name__}: {e}"[:2000]
+            row["bench_s"] = row.get("bench_s", 0.0) + time.perf_counter() - t0
             out.write_text(json.dumps(results, indent=1, default=str))
-            print(f"{name}: ok={row.get('ok')} eager={row.get('eager_ms')} aoti={row.get('aoti_ms')} "
-                  f"tc={row.get('torch_compile_ms')} ({row['bench_s']:.0f} s)", flush=True)
+            print(f"{name}: measured in {time.perf_counter() - t0:.0f} s", flush=True)
     finally:  # the API and workers first (a worker hands its job back through Redis), Redis (the last) after
         for p in service[:-1]:
             p.terminate()

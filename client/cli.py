@@ -267,7 +267,7 @@ def models(ctx: typer.Context) -> None:
 
 @app.command()
 def jobs(ctx: typer.Context,
-         limit: Annotated[int, typer.Option(min=1, help="How many, newest first.")] = 20) -> None:
+         limit: Annotated[int, typer.Option(min=1, max=1000, help="How many, newest first.")] = 20) -> None:
     """List recent jobs."""
     with _service(ctx) as c:
         render.show(render.jobs_table(c.jobs(limit)))

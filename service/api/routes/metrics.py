@@ -251,7 +251,8 @@ class _Families:
     **V1_ERRORS})
 def metrics(request: Request) -> Response:
     """The service's metrics for Prometheus: queues, jobs, workers, compile and check times, cache hits and misses,
-    bytes stored and served. Open like /healthz; every API process answers for the whole service."""
+    bytes stored and served. Needs an admin key (it counts every namespace); every API process answers for the
+    whole service."""
     scraper: Scraper = request.app.state.scraper
     return Response(scraper.render(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 

@@ -26,7 +26,7 @@ from httpx_sse import connect_sse
 
 from compiler.errors import Failure
 from modelzoo import MLP, export, seeded
-from procs import ROOT, api, start_api, stop
+from procs import AUTH, ROOT, api, start_api, stop
 from service.store import Store, keys
 from service.store.leases import Lease
 
@@ -82,7 +82,7 @@ class SSE:
         self.thread.start()
 
     def _run(self, url: str, headers: dict[str, str]) -> None:
-        with httpx.Client(timeout=30) as http, connect_sse(http, "GET", url, headers=headers) as events:
+        with httpx.Client(timeout=30, headers=AUTH) as http, connect_sse(http, "GET", url, headers=headers) as events:
             assert events.response.headers["content-type"].startswith("text/event-stream")
             for sse in events.iter_sse():
                 if sse.data:  # the `retry:` frame and keepalive comments carry no data
