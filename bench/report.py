@@ -1,9 +1,11 @@
 """Table, summary and chart for a bench/bench.py result file.
 
+    python bench/report.py bench/results/h100-2026-11-22.json --svg bench/results/h100-2026-11-22.svg
     python bench/report.py bench/results/h200-2026-11-22.json --png bench/results/h200-2026-11-22.png
 
-Prints one row per model and the targets' summary, writes the summary as JSON beside the input
-(<name>.summary.json), and draws a PNG (needs matplotlib: `pip install matplotlib`).
+Prints one row per model (per model and batch for schema 2: batch 1 and the serving batch, six peers) and the
+targets' summary, writes the summary as JSON beside the input (<name>.summary.json), and draws a chart: an SVG
+(no dependency) or a PNG (needs matplotlib; schema 1 only).
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import argparse
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -125,8 +130,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("result")
     ap.add_argument("--png", default=None)
+    ap.add_argument("--svg", default=None)
     a = ap.parse_args()
     result = json.loads(Path(a.result).read_text())
+    if result.get("schema") == 2:
+        from bench.report_serving import main as serving
+
+        serving(result, Path(a.result), Path(a.svg) if a.svg else None)
+        return
     rs = rows(result)
     print(f"{result.get('device')}  {result.get('date')}  {result.get('versions')}")
     print(table(rs))

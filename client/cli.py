@@ -3,6 +3,7 @@
     aotc compile model.pt2 --shape x=8x3x224x224 --target cpu   progress on stderr; the key is stdout's last line
     aotc pull KEY -o model.so.pt2                 fetch an artifact, verified against its signed manifest; the path
                                                   comes last
+    aotc run KEY [--cuda-graphs]                  pull, load and run it on example inputs: what ran, latency
     aotc signing-keys [--revoke KID]              the keys artifacts are signed with; revoke one (admin)
     aotc report KEY                               a table of the compiler's stages for one artifact
     aotc source KEY [PATH]                        its generated code and graphs
@@ -13,7 +14,7 @@
 
 Exit status: 0 done, 1 the job failed (or nothing fits, for lookup), 2 a request the service refused, a service that
 cannot be reached, or a command line that cannot be read, 3 an artifact refused because its signed manifest does not
-verify (client/verify.py). This module imports no server, no Redis and no torch.
+verify (client/verify.py). This module imports no server, no Redis and no torch (`run` imports it to load).
 """
 
 from __future__ import annotations
@@ -189,6 +190,38 @@ def pull(
             _fail(f"refused artifact {key}: {e.message}", 3)
     _say(f"pulled {key} ({path.stat().st_size} bytes, signature and sha256 verified)")
     typer.echo(str(path))
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    key: Annotated[str, typer.Argument(help="The artifact key.")],
+    shape: Annotated[list[str] | None, typer.Option(
+        "--shape", metavar="NAME=SHAPE", help="Input shapes (needed for a dynamic spec; default: the artifact's).")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="cpu or cuda:N (default: the artifact's kind).")] = None,
+    cuda_graphs: Annotated[bool, typer.Option(
+        "--cuda-graphs", help="Replay a CUDA graph per static shape; says why not where it cannot.")] = False,
+    repeat: Annotated[int, typer.Option(min=0, help="Timed calls after the first.")] = 20,
+) -> None:
+    """Pull an artifact, load it and run it on example inputs: what ran (a CUDA graph or the plain run, and why),
+    the output shapes, the first call and the median latency. A deployment's smoke test; imports torch."""
+    shapes = _shapes(shape) if shape else None
+    with _service(ctx) as c:
+        try:
+            art = c.artifact(key)
+            device = device or ("cuda:0" if str(art.meta.get("target", "")).startswith("cuda") else "cpu")
+            fn = c.load(art, device, cuda_graphs=cuda_graphs)
+        except BadSignature as e:
+            _fail(f"refused artifact {key}: {e.message}", 3)
+    from client.graphs import run_once_and_time  # imports torch: only to load and run
+
+    try:
+        lines = run_once_and_time(fn, art.meta["spec"], shapes, device, repeat)
+    except ValueError as e:
+        _fail(str(e))
+    for line in lines:
+        typer.echo(line)
 
 
 @app.command("signing-keys")

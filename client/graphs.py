@@ -96,3 +96,56 @@ class GraphedArtifact:
 def load_graphed(package_path: str, meta: dict[str, Any], device: str, **options: Any) -> Callable[..., Any]:
     """`Client.load`'s hook: the artifact at `package_path` (whose record is `meta`) loaded for CUDA graphs."""
     return GraphedArtifact(package_path, meta, device, **options)
+
+
+def run_once_and_time(fn: Callable[..., Any], spec: list[dict[str, Any]], shapes: dict[str, list[Any]] | None,
+                      device: str, repeat: int = 20) -> list[str]:
+    """`aotc run`: call a loaded artifact on example inputs (floats random, integers and booleans ones, fit for ids
+    and masks) at `shapes` (default: the spec's, which must then be static), then `repeat` more times; what ran, the
+    output shapes, the first call and the median of the others (wall clock, synchronised), as lines to print."""
+    import statistics
+    import time
+
+    from compiler.compat import pytree
+
+    args = []
+    for inp in spec:
+        dims = (shapes or {}).get(inp["name"], inp["shape"])
+        if not all(isinstance(d, int) for d in dims):
+            raise ValueError(f"input {inp['name']!r} has a dynamic shape {dims}: pass --shape {inp['name']}=...")
+        dtype = getattr(torch, str(inp.get("dtype", "float32")))
+        args.append(torch.randn(*dims, device=device).to(dtype) if dtype.is_floating_point
+                    else torch.ones(*dims, dtype=dtype, device=device))
+
+    def call() -> Any:
+        out = fn(*args)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        return out
+
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        out = call()
+        first_ms = (time.perf_counter() - t0) * 1e3
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - t0) * 1e3)
+    outs = [f"{'x'.join(map(str, t.shape))} {str(t.dtype).removeprefix('torch.')}"
+            for t in pytree.tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    how = getattr(fn, "last", None) or "plain"
+    why = getattr(fn, "reason", None)
+    lines = [f"ran on {device}: {how}" + (f" ({why})" if why else ""),
+             f"outputs: {', '.join(outs)}",
+             f"first call {first_ms:.2f} ms; median {statistics.median(times):.3f} ms of {repeat} calls"
+             if times else f"first call {first_ms:.2f} ms"]
+    for row in (fn.stats() if isinstance(fn, GraphedArtifact) else []):
+        if row["graph"]:
+            m = row["memory"]
+            lines.append(f"graph {row['shapes']}: {m['total_bytes'] / 2**20:.1f} MiB (inputs "
+                         f"{m['static_inputs_bytes'] / 2**20:.1f}, pool {m['pool_reserved_bytes'] / 2**20:.1f}), "
+                         f"captured in {row['capture_s']:.3f} s, {row['replays']} replays")
+        else:
+            lines.append(f"no graph for {row['shapes']}: {row['reason']}")
+    return lines

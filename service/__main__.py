@@ -256,7 +256,11 @@ def gpu_count() -> int:
 
 def _check_auth(settings: Settings, host: str, insecure: bool) -> None:
     """Keys are on with AOTC_ADMIN_KEY. Without it, serve loopback only, unless told --insecure."""
-    if settings.admin_key is not None:
+    try:
+        keyed = settings.bootstrap_admin_key() is not None
+    except ValueError as e:
+        _exit(str(e))
+    if keyed:
         print("aotc: API keys are on (AOTC_ADMIN_KEY): every /v1 request needs `Authorization: Bearer <key>`",
               file=sys.stderr)
         return

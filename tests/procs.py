@@ -40,7 +40,7 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) ->
         if proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode}")
         try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+            if api.get(url + "/healthz", timeout=1).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -94,7 +94,7 @@ def wait_job(api_url: str, job_id: str, timeout: float = 600, poll_s: float = 0.
     deadline = time.monotonic() + timeout
     job: dict = {}
     while time.monotonic() < deadline:
-        job = httpx.get(f"{api_url}/v1/jobs/{job_id}").json()
+        job = api.get(f"{api_url}/v1/jobs/{job_id}").json()
         if job["state"] in ("succeeded", "failed", "cancelled"):
             return job
         time.sleep(poll_s)
@@ -141,13 +141,13 @@ class Cluster:
         raise AssertionError("worker did not register")
 
     def upload(self, path: Path) -> str:
-        r = httpx.post(f"{self.url}/v1/models", content=path.read_bytes(), timeout=60)
+        r = api.post(f"{self.url}/v1/models", content=path.read_bytes(), timeout=60)
         assert r.status_code in (200, 201), r.text
         return str(r.json()["id"])
 
     def submit(self, model_id: str, shapes: dict[str, list[int]], url: str | None = None,
                **extra: Any) -> dict[str, Any]:
-        r = httpx.post(f"{url or self.url}/v1/compilations", json={"model_id": model_id, "shapes": shapes, **extra},
+        r = api.post(f"{url or self.url}/v1/compilations", json={"model_id": model_id, "shapes": shapes, **extra},
                        timeout=30)
         assert r.status_code == 202, r.text
         return dict(r.json()["job"])

@@ -89,16 +89,24 @@ def load_for_graphs(package_path: str, device: str) -> LoadedPackage:
                            f"to capture a package's run in a CUDA graph: {e}") from e
 
 
+# The last torch checked for CUDA-graph support of its own in AOTInductor packages (none through this one).
+CHECKED_NO_NATIVE_GRAPHS = (2, 13)
+
+
 def native_graph_support() -> str | None:
     """The name of torch's own CUDA-graph support for AOTInductor packages, where this torch has one; None otherwise.
 
     torch 2.11 to 2.13 have none: `torch._inductor.config.aot_inductor` has no CUDA-graph option, the package loader
     only offers `run_single_threaded` ("useful to avoid conflicts with CUDAGraphs"), and cudagraph trees work on
-    torch.compile's Python wrapper, not on a package. So aotc captures the single-threaded run itself."""
+    torch.compile's Python wrapper, not on a package. So aotc captures the single-threaded run itself. Up to the
+    version checked, this answers without importing Inductor (seconds in a fresh process: the loader's cold start);
+    a later torch is looked at."""
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    if (major, minor) <= CHECKED_NO_NATIVE_GRAPHS:
+        return None
     from torch._inductor import config
 
-    aoti_cfg = config.aot_inductor
-    for name in ("use_cuda_graphs", "cuda_graphs", "cudagraphs"):  # none of these exists in 2.11-2.13
-        if hasattr(aoti_cfg, name):
+    for name in ("use_cuda_graphs", "cuda_graphs", "cudagraphs"):
+        if hasattr(config.aot_inductor, name):
             return f"torch._inductor.config.aot_inductor.{name}"
     return None

@@ -22,11 +22,11 @@
 #include <torch/version.h>
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -34,8 +34,6 @@
 #include <vector>
 
 #include "verify.h"
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -173,26 +171,29 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// A private directory (mode 0700) for the verified copy of the package, removed on exit.
+// A private directory (mode 0700) for the verified copy of the package, removed with it on the way out. Plain POSIX,
+// not std::filesystem: libtorch_cpu.so exports its own build's std::filesystem (142 symbols in torch 2.13), and as it
+// comes before libstdc++ in the search order our calls bind to those. With torch 2.11+cu130 and Ubuntu's g++ 13 that
+// crashed (SIGSEGV in PrivateDir's std::filesystem::remove_all, on the GPU machine).
 struct PrivateDir {
-  fs::path path;
+  std::string path, file;
   PrivateDir() {
-    fs::path base = fs::temp_directory_path() / "aotc_run-XXXXXX";
-    std::string tmpl = base.string();
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error("cannot create a private directory under " +
-                                                        fs::temp_directory_path().string());
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/aotc_run-XXXXXX";
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("cannot create a private directory " + tmpl);
     path = tmpl;
+    file = path + "/package.pt2";
   }
   ~PrivateDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
+    ::unlink(file.c_str());
+    ::rmdir(path.c_str());
   }
 };
 
 int run(const Args& args) {
   const c10::Device device = pick_device(args.device);
   PrivateDir dir;
-  const std::string package = (dir.path / "package.pt2").string();
+  const std::string& package = dir.file;
 
   auto t0 = std::chrono::steady_clock::now();
   if (args.skip_verify) {

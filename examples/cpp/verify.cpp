@@ -9,6 +9,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <string_view>
 
 #include <openssl/evp.h>
 #include <openssl/opensslv.h>
@@ -87,10 +88,12 @@ std::string pae(const std::string& type, const std::string& body) {
   return "DSSEv1 " + std::to_string(type.size()) + " " + type + " " + std::to_string(body.size()) + " " + body;
 }
 
-const json::Value& member(const json::Value& obj, const char* key, json::Value::Type type, const std::string& where) {
+// `where` by value: a temporary std::string bound to a reference parameter makes g++ 13 warn that the returned
+// reference may dangle (-Wdangling-reference), though it points into `obj`.
+const json::Value& member(const json::Value& obj, const char* key, json::Value::Type type, std::string_view where) {
   const json::Value* v = obj.find(key);
-  if (!v) throw Refused(where + " has no \"" + key + "\"");
-  if (v->type != type) throw Refused(where + "'s \"" + key + "\" has the wrong type");
+  if (!v) throw Refused(std::string(where) + " has no \"" + key + "\"");
+  if (v->type != type) throw Refused(std::string(where) + "'s \"" + key + "\" has the wrong type");
   return *v;
 }
 

@@ -46,7 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.redis_url, max_connections=64, timeout=5, decode_responses=True, socket_connect_timeout=2.0,
             socket_timeout=10.0))
         app.state.reads = Reads(app.state.aredis)  # the hot read paths: lookup, meta, model get
-        admin_key = settings.admin_key.get_secret_value() if settings.admin_key else None
+        admin_key = settings.bootstrap_admin_key()
         app.state.keyring = Keyring(app.state.aredis, admin_key, settings.auth_cache_s, insecure=settings.insecure)
         if admin_key is None:
             log.warning("AOTC_ADMIN_KEY is unset: the API runs open, without keys, and answers only clients on "

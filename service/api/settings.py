@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     admin_key: SecretStr | None = Field(
         default=None, min_length=16, description="The bootstrap admin API key. Set: every /v1 route needs a key "
         "(Authorization: Bearer). Unset: the API runs open, and answers only clients on loopback.")
+    admin_key_file: Path | None = Field(
+        default=None, description="A file holding the bootstrap admin key (a docker secret), instead of "
+        "AOTC_ADMIN_KEY in the environment, which `docker inspect` shows.")
     insecure: bool = Field(default=False, description="Without AOTC_ADMIN_KEY, answer clients beyond loopback "
                            "too (`aotc-server --insecure`): whoever reaches the API is an admin.")
     auth_cache_s: float = Field(default=5.0, ge=0, le=60, description="How long an API process trusts a key it "
@@ -74,6 +77,21 @@ class Settings(BaseSettings):
                              "(429 past it). An admin sets another per namespace.")
     ns_max_stored_gb: float = Field(default=100.0, gt=0, description="Default quota: bytes a namespace's models "
                                     "and their artifacts hold (507 past it).")
+
+    def bootstrap_admin_key(self) -> str | None:
+        """AOTC_ADMIN_KEY, else the contents of AOTC_ADMIN_KEY_FILE; None: no keys (open mode)."""
+        if self.admin_key is not None:
+            return self.admin_key.get_secret_value()
+        if self.admin_key_file is None:
+            return None
+        try:
+            key = self.admin_key_file.read_text().strip()
+        except OSError as e:
+            raise ValueError(f"AOTC_ADMIN_KEY_FILE {self.admin_key_file}: {e.strerror}") from None
+        if len(key) < 16:
+            raise ValueError(f"AOTC_ADMIN_KEY_FILE {self.admin_key_file} holds {len(key)} characters; an admin key "
+                             "needs 16 or more")
+        return key
 
     def default_quota(self) -> Quota:
         return Quota(max_jobs=self.ns_max_jobs, max_stored_bytes=int(self.ns_max_stored_gb * GB))

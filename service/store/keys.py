@@ -55,9 +55,9 @@ All keys live under one prefix so a shared Redis can host aotc beside other tena
     signing:keys                  hash  kid -> the public record (JSON) of a key workers sign manifests with:
                                         kid, algorithm, public_key (base64 raw), created, revoked_at (or null)
 
-Inductor's own remote caches, when workers point them here (AOTC_INDUCTOR_REMOTE_CACHE), write `pt2:*` keys
-outside this prefix: Triton autotune results, small JSON values that torch keys by its own version, Triton's
-and the GPU's. Neither kind expires; deleting them only costs later compiles their warm start.
+Inductor's own remote caches write `pt2:*` keys outside this prefix (Triton autotune results) when a worker's
+torch is pointed here; aotc no longer does, but `GET/DELETE /v1/caches` still count and drop any a Redis holds.
+Neither kind expires; deleting them only costs later compiles their warm start.
 """
 
 from __future__ import annotations

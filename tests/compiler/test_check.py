@@ -105,3 +105,46 @@ def test_a_model_returning_nan_fails_the_check_unless_the_request_allows_it(log_
     assert any("accepted because allow_nonfinite is set" in n for n in check["notes"])
     report = rep.attach_check({"stages": {}}, check)
     assert report["stages"]["package"]["check"]["nonfinite"] == check["nonfinite"]
+
+
+def test_measure_on_a_cpu_takes_the_median_and_spread_of_wall_clock_calls():
+    import time
+
+    from compiler.check import measure
+
+    t = measure(lambda: time.sleep(0.002), "cpu", rep_ms=60.0)
+    assert t["method"] == "wall-clock" and t["reps"] >= 10 and t["warmup_reps"] >= 3
+    assert t["min_ms"] <= t["p25_ms"] <= t["median_ms"] <= t["p75_ms"] <= t["max_ms"]
+    assert 2.0 <= t["median_ms"] < 10.0 and t["iqr_ms"] == pytest.approx(t["p75_ms"] - t["p25_ms"], abs=1e-4)
+    slow = measure(lambda: time.sleep(0.05), "cpu", budget_s=0.2)  # a budget that holds few calls: at least 3
+    assert slow["reps"] == 3 and slow["median_ms"] >= 50.0
+
+
+@pytest.mark.slow
+def test_on_a_cpu_the_check_records_timings_with_their_spread_the_device_and_why_no_graph(log_model):
+    path, package = log_model
+    check = check_artifact(path, package, SPEC, "cpu", allow_nonfinite=True)
+    assert check["device_info"]["kind"] == "cpu" and check["device_info"]["name"]
+    lat = check["latency"]
+    assert lat["method"] == "wall-clock" and lat["compiled"]["median_ms"] == pytest.approx(check["compiled_ms"],
+                                                                                             abs=1e-4)
+    assert lat["eager"]["min_ms"] <= lat["eager"]["median_ms"] <= lat["eager"]["max_ms"] and "graph" not in lat
+    assert check["graph_ms"] is None
+    assert check["graphs"] == {"impl": None, "captured": False, "reason": "CUDA graphs need a CUDA device"}
+    pkg = rep.attach_check({"stages": {}}, check)["stages"]["package"]["check"]
+    assert pkg["latency"] == lat and pkg["graphs"] == check["graphs"] and pkg["device_info"] == check["device_info"]
+
+
+@pytest.mark.slow
+def test_loading_for_cuda_graphs_on_a_cpu_runs_the_package_plainly_and_says_why(log_model, caplog):
+    from client.graphs import GraphedArtifact
+
+    _, package = log_model
+    fn = GraphedArtifact(package, {"key": "k", "spec": SPEC}, "cpu")
+    assert fn.reason == "device cpu: CUDA graphs need a CUDA device" and fn.stats() == []
+    assert "artifact k runs without CUDA graphs: device cpu" in caplog.text
+    x = torch.randn(4, 8)
+    y, log_y = fn(x)
+    assert fn.last == "plain"
+    ref = seeded(LogOfLinear, 0)(x)
+    torch.testing.assert_close(y, ref[0], rtol=1e-4, atol=1e-5)

@@ -167,3 +167,27 @@ def test_compose_redis_requires_a_password_that_the_api_and_workers_read_from_a_
     example = (ROOT / ".env.example").read_text()
     assert re.search(rf"^{password_var}=", example, re.M)
     assert ".env" in (ROOT / ".gitignore").read_text().split()
+
+
+def test_compose_runs_the_api_with_keys_and_prometheus_scrapes_with_the_admin_key():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services, secrets = compose["services"], compose["secrets"]
+    api = services["api"]
+    key_file = Path(api["environment"]["AOTC_ADMIN_KEY_FILE"])  # auth on: the API refuses requests without a key
+    assert key_file.parent == Path("/run/secrets") and key_file.name in api["secrets"]
+    assert secrets[key_file.name] == {"environment": "AOTC_ADMIN_KEY"}
+    assert "AOTC_ADMIN_KEY" not in api["environment"]  # never in the environment `docker inspect` shows
+    assert re.search(r"^AOTC_ADMIN_KEY=", (ROOT / ".env.example").read_text(), re.M)
+    assert "--insecure" not in api["command"]
+
+    prometheus = services["prometheus"]
+    config = yaml.safe_load(compose["configs"]["prometheus"]["content"])
+    (job,) = config["scrape_configs"]
+    assert job["authorization"] == {"type": "Bearer", "credentials_file": str(key_file)}
+    assert key_file.name in prometheus["secrets"]
+
+    # Workers keep their signing key on a volume: a recreated container signs with the key clients pinned.
+    for name in ("worker-gpu", "worker-cpu"):
+        data = services[name]["environment"]["AOTC_DATA_DIR"]
+        assert any(v.split(":")[1] == data and v.split(":")[0] in compose["volumes"]
+                   for v in services[name]["volumes"]), name

@@ -6,6 +6,7 @@ refused before anything is loaded."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -172,3 +173,38 @@ def test_cpp_example_says_why_it_cannot_run_on_cuda_here(aotc_run: Path, pulled:
     assert done.returncode == 1
     assert "aotc_run: error: --device cuda: " in done.stderr
     assert "without CUDA" in done.stderr or "no CUDA device" in done.stderr, done.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (pytest -m gpu on the GPU machine)")
+def test_cpp_example_runs_a_cuda_package_on_the_gpu(aotc_run: Path, tmp_path: Path) -> None:
+    """A CUDA package, signed as a worker signs one, runs through the C++ loader on cuda:0 and gives Python's
+    outputs. (No service: tests/gpu's worker fixture lives beside its own tests.)"""
+    from compiler.compat.aoti import aoti_compile_and_package, aoti_load_package
+    from compiler.signing import b64, key_record, raw_public, statement
+
+    model = seeded(MLP, 17).cuda()
+    batch = torch.export.Dim("batch", min=1, max=64)
+    ep = torch.export.export(model, (torch.randn(4, 32, device="cuda"),), dynamic_shapes={"x": {0: batch}})
+    package = Path(aoti_compile_and_package(ep, str(tmp_path / "mlp-cuda.pt2"), {}))
+    signer, key = Signer.generate(), "c" * 32
+    data = package.read_bytes()
+    env = signer.sign(statement(artifact_key=key, package_sha256=hashlib.sha256(data).hexdigest(),
+                                package_size=len(data), model_sha256="0" * 64, factors={}, toolchain={},
+                                target="cuda", check=None, worker={}))
+    (tmp_path / "manifest.json").write_text(json.dumps(env))
+    (tmp_path / "keys.json").write_text(json.dumps({"keys": [key_record(signer.public)]}))
+    (tmp_path / "key.b64").write_text(b64(raw_public(signer.public)))
+    p = Pulled(key, package, tmp_path / "manifest.json", tmp_path / "keys.json", tmp_path / "key.b64", signer.kid,
+               model)
+
+    x = torch.randn(7, 32)
+    done = run_cpp(aotc_run, p, tmp_path, x, device="cuda")
+    assert done.returncode == 0, done.stderr
+    assert "(torch " in done.stdout and ", cuda:0) in " in done.stdout
+    (out,) = torch.load(tmp_path / "out.pt", weights_only=True)
+    with torch.no_grad():
+        torch.testing.assert_close(out, aoti_load_package(str(package), "cuda:0")(x.cuda()).cpu())
+        torch.testing.assert_close(out, model(x.cuda()).cpu(), rtol=1e-4, atol=1e-5)
+    wrong = run_cpp(aotc_run, p, tmp_path, x, device="cpu")
+    assert wrong.returncode == 1 and "the package is compiled for cuda; --device cpu cannot run it" in wrong.stderr

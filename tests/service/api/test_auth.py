@@ -287,3 +287,16 @@ def test_open_mode_answers_loopback_only_and_aotc_server_refuses_the_network_wit
     refused = subprocess.run([sys.executable, "-m", "service", "--host", "0.0.0.0", "--workers", "0"],
                              env=server_env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "AOTC_ADMIN_KEY" in refused.stderr and "--insecure" in refused.stderr
+
+
+def test_the_admin_key_can_come_from_a_file(service_env: dict[str, str], tmp_path: Path) -> None:
+    """AOTC_ADMIN_KEY_FILE (a docker secret) turns auth on as AOTC_ADMIN_KEY does."""
+    secret = tmp_path / "aotc_admin_key"
+    secret.write_text("from-a-file-" + uuid.uuid4().hex + "\n")
+    env = {k: v for k, v in service_env.items() if k != "AOTC_ADMIN_KEY"}
+    url, proc = start_api({**env, "AOTC_ADMIN_KEY_FILE": str(secret)}, tmp_path / "api.log")
+    try:
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+        assert httpx.get(f"{url}/v1/models", headers=_bearer(secret.read_text().strip())).status_code == 200
+    finally:
+        stop(proc)

@@ -11,7 +11,7 @@ from procs import api
 
 
 def _publish(store, tmp_path, model_id: str, spec: list, mode: str, ms: float | None = None,
-             device: str = "Test CPU") -> str:
+             device: str = "Test CPU", method: str | None = None) -> str:
     options = {"mode": mode}
     factors = cachekey.factors(model_id, spec, "cpu-x86_64-test", {"torch": "test"}, options)
     key = cachekey.cache_key(factors)
@@ -21,6 +21,9 @@ def _publish(store, tmp_path, model_id: str, spec: list, mode: str, ms: float | 
               "options": options, "worker": {"device_name": device}}
     if ms is not None:
         record["check"] = {"passed": True, "compiled_ms": ms}
+    if method is not None:  # a check that kept its spread: the median, how it was taken, and on what
+        record["check"] = {"passed": True, "compiled_ms": round(ms or 0, 1), "device_info": {"name": device},
+                           "latency": {"compiled": {"median_ms": ms, "p25_ms": ms, "p75_ms": ms, "method": method}}}
     store.artifacts.put(record, package)
     return key
 
@@ -75,3 +78,19 @@ def test_times_from_different_devices_are_not_compared_the_newest_is_served(api_
     _publish(store, tmp_path, model_id, static, "max-autotune", ms=0.5, device="NVIDIA H200")
     newest = _publish(store, tmp_path, model_id, static, "default", ms=1.0, device="NVIDIA H100 80GB HBM3")
     assert _lookup(api_url, model_id).json()["key"] == newest
+
+
+def test_only_medians_taken_the_same_way_are_compared_and_old_records_still_rank(api_url, store, tmp_path):
+    static = [{"name": "x", "dtype": "float32", "shape": [8, 4]}]
+    model_id = "a1" * 32
+    _model(store, model_id)
+    fast = _publish(store, tmp_path, model_id, static, "default", ms=1.01, method="cuda-events-l2flush")
+    _publish(store, tmp_path, model_id, static, "max-autotune", ms=1.04, method="cuda-events-l2flush")  # newer
+    # The median decides: compiled_ms, rounded to 1.0 for both, could not tell them apart (the newest would win).
+    assert _lookup(api_url, model_id).json()["key"] == fast
+
+    other = "a2" * 32
+    _model(store, other)
+    _publish(store, tmp_path, other, static, "max-autotune", ms=0.5)  # an old record: no method, no spread
+    newest = _publish(store, tmp_path, other, static, "default", ms=1.0, method="cuda-events-l2flush")
+    assert _lookup(api_url, other).json()["key"] == newest  # timed two ways: not compared, the newest is served
