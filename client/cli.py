@@ -360,8 +360,7 @@ def source(
 # -- keys and namespaces -------------------------------------------------------------------------------------------
 
 keys_app = typer.Typer(help="API keys (admin): create, list, revoke.", no_args_is_help=True)
-namespaces_app = typer.Typer(help="Namespaces and their quotas (admin).", no_args_is_help=True,
-                             invoke_without_command=True)
+namespaces_app = typer.Typer(help="Namespaces and their quotas (admin).", invoke_without_command=True)
 app.add_typer(keys_app, name="keys")
 app.add_typer(namespaces_app, name="namespaces")
 
