@@ -10,6 +10,7 @@ timing method: launch-bound, so the figure depends on how the CPU and the GPU ov
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -41,17 +42,17 @@ def main() -> int:
             model, inputs = build(name, batch=batch)
             ours: list[float] = []
             theirs: list[float] = []
+            call = functools.partial(model, *inputs)
             with torch.inference_mode():
                 for _ in range(a.rounds):
-                    ours.append(measure(lambda m=model, x=inputs: m(*x), "cuda:0")["median_ms"])
-                    theirs.append(float(do_bench(lambda m=model, x=inputs: m(*x), warmup=25, rep=200,
-                                                 return_mode="median")))
+                    ours.append(measure(call, "cuda:0")["median_ms"])
+                    theirs.append(float(do_bench(call, warmup=25, rep=200, return_mode="median")))
             o, t = statistics.median(ours), statistics.median(theirs)
             rows.append({"model": name, "batch": batch, "measure_ms": ours, "do_bench_ms": theirs,
                          "measure_median_ms": o, "do_bench_median_ms": t, "ratio": o / t})
             print(f"{name:28s} b={batch:<3d} measure {o:8.3f} ms  do_bench {t:8.3f} ms  ratio {o / t:5.2f}  "
                   f"(rounds {[round(x, 3) for x in ours]} / {[round(x, 3) for x in theirs]})", flush=True)
-            del model, inputs
+            del model, inputs, call
             torch.cuda.empty_cache()
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ would start after it. The JSON is schema 2 (schema 1 was the 2026-11-22 run: one
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -83,11 +84,12 @@ def child(peer: str, name: str, batches: list[int], keys: dict[str, str], url: s
             if n == 0:
                 rec["ttfi_s"] = time.perf_counter() - T_START  # from the process's start: import torch included
                 rec["ttfi_after_import_s"] = rec["ttfi_s"] - out["import_s"]
-            rec["latency_ms"] = _do_bench_ms(lambda f=fn, x=inputs: f(*x))
+            call = functools.partial(fn, *inputs)
+            rec["latency_ms"] = _do_bench_ms(call)
             if peer == "aot":
                 from compiler.check import measure
 
-                rec["measure"] = measure(lambda f=fn, x=inputs: f(*x), "cuda:0")
+                rec["measure"] = measure(call, "cuda:0")
         torch.cuda.synchronize()
         rec["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
         rec["device_mem_bytes"] = free0 - torch.cuda.mem_get_info()[0]
@@ -95,7 +97,7 @@ def child(peer: str, name: str, batches: list[int], keys: dict[str, str], url: s
             rec["graphs"] = {"impl": getattr(fn, "impl", None), "reason": getattr(fn, "reason", None),
                              "last": getattr(fn, "last", None), "stats": fn.stats() if hasattr(fn, "stats") else []}
         out["batches"][str(batch)] = rec
-        del fn, inputs
+        del fn, inputs, call
         torch._dynamo.reset()
         torch.cuda.empty_cache()
     return out

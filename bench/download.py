@@ -43,11 +43,13 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 import redis  # noqa: E402
 
+from compiler.signing import Signer, key_record, statement  # noqa: E402
 from service.store import StorageOptions, Store  # noqa: E402
 from service.store.embedded import EmbeddedRedis, free_port  # noqa: E402
 
 S3_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
 BUF = 1 << 20
+SIGNER = Signer.generate()
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
@@ -184,8 +186,13 @@ class Lane:
         factors = {"format": 1, "model": "b" * 64, "options": {}, "spec": [], "target": "cpu-bench",
                    "toolchain": {"torch": "bench"}}
         store = self.store()
+        # Signed as a worker signs what it publishes: the SDK's pull verifies the manifest before it writes.
+        manifest = SIGNER.sign(statement(
+            artifact_key=key, package_sha256=digest.hexdigest(), package_size=size, model_sha256="b" * 64,
+            factors=factors, toolchain=factors["toolchain"], target="cpu-bench", check={}, worker={"id": "bench"}))
+        store.signing.publish(key_record(SIGNER.public))
         store.artifacts.put({"key": key, "factors": factors, "model_id": "b" * 64, "target": "cpu-bench",
-                             "spec": [], "options": {}}, path)
+                             "spec": [], "options": {}, "manifest": manifest}, path)
         store.close()
         path.unlink()
         return key, digest.hexdigest()
