@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ import torch
 from compiler import inputs as inputs_mod
 from compiler.compat import pytree
 from compiler.compat.aoti import aoti_load_package, load_for_graphs, native_graph_support
+from compiler.device import cpu_name
 from compiler.errors import CheckFailed
 from compiler.loading import load_program
 
@@ -103,13 +103,7 @@ def measure(fn: Callable[[], Any], device: str, *, warmup_ms: float = 100.0, rep
 def device_info(device: str) -> dict[str, Any]:
     """The name, kind and clocks of the device the check timed on (torch's device properties; no nvidia-smi)."""
     if not device.startswith("cuda"):
-        name = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as f:
-                name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
-        except OSError:
-            pass
-        return {"kind": "cpu", "name": name, "threads": torch.get_num_threads()}
+        return {"kind": "cpu", "name": cpu_name(), "threads": torch.get_num_threads()}
     index = torch.device(device).index or 0
     p = torch.cuda.get_device_properties(index)
     info: dict[str, Any] = {"kind": "cuda", "name": p.name, "capability": f"sm{p.major}{p.minor}",

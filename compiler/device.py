@@ -53,20 +53,22 @@ def host_target(device: str) -> Target:
     raise RuntimeError(f"unsupported device {device!r}: use cpu or cuda[:N]")
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what `platform` says."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+    except OSError:
+        return name
+
+
 def detect(device: str) -> dict[str, Any]:
     """Describe the worker's device: concrete target, device name and toolchain."""
     device = resolve_device(device)
     kind = device.split(":")[0]
     target = str(host_target(device))
-    if kind == "cuda":
-        name = torch.cuda.get_device_name(torch.device(device).index or 0)
-    else:
-        name = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as f:
-                name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
-        except OSError:
-            pass
+    name = torch.cuda.get_device_name(torch.device(device).index or 0) if kind == "cuda" else cpu_name()
     return {
         "target": target,
         "device": device,

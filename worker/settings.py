@@ -6,12 +6,13 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from service.store.blobstore.settings import StorageSettings
 from service.store.redis_url import with_password_file
 
 
-class WorkerSettings(BaseSettings):
+class WorkerSettings(StorageSettings):
     model_config = SettingsConfigDict(env_prefix="AOTC_", extra="ignore")
 
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="The service's Redis.")
@@ -32,15 +33,6 @@ class WorkerSettings(BaseSettings):
         default=600.0, gt=0, description="A batch job queued longer than this is served before interactive ones."
     )
     poll_ms: int = Field(default=2000, gt=0, description="How long one queue read blocks.")
-    chunk_mb: int = Field(default=4, gt=0, le=512, description="Chunk size of blobs in Redis (AOTC_BLOB_STORE=redis).")
-    blob_store: str = Field(
-        default="", description="Where models and packages are stored: redis, file:///DIR or s3://bucket/prefix. "
-        "Empty: the store the API announced in Redis.")
-    store_max_gb: float = Field(
-        default=20.0, gt=0, description="Bytes artifacts (packages and sources) may hold in the blob store; beyond it "
-        "the least recently pulled ones that are not pinned are evicted.")
-    s3_endpoint_url: str = Field(default="", description="S3 endpoint (SeaweedFS, Garage, MinIO); empty: AWS.")
-    s3_region: str = Field(default="", description="S3 region; empty: AWS_REGION, else us-east-1.")
     child_ld_preload: str = Field(
         default="", description="LD_PRELOAD for compile/check children (some images need their system libstdc++)."
     )

@@ -6,14 +6,15 @@ from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from compiler.archive.limits import MB, Limits
+from service.store.blobstore.settings import StorageSettings
 from service.store.namespaces import GB, Quota
 from service.store.redis_url import with_password_file
 
 
-class Settings(BaseSettings):
+class Settings(StorageSettings):
     model_config = SettingsConfigDict(env_prefix="AOTC_", extra="ignore")
 
     redis_url: str | None = Field(
@@ -42,8 +43,6 @@ class Settings(BaseSettings):
                                       "x-aotc-filename header).")
     max_input_mb: int = Field(default=4096, gt=0, description="Largest size of one input at the largest shape a "
                               "compile request allows (elements x dtype size).")
-    chunk_mb: int = Field(default=4, gt=0, le=512,
-                          description="Chunk size of blobs in Redis (AOTC_BLOB_STORE=redis).")
     worker_ttl_s: float = Field(default=15.0, gt=0, description="A worker without a heartbeat this long is gone.")
     job_max_attempts: int = Field(default=3, ge=1, description="Claims before a job fails for good.")
     job_ttl_days: float = Field(default=30.0, gt=0, description="How long finished job records are kept.")
@@ -52,17 +51,6 @@ class Settings(BaseSettings):
         "the same AOTC_LEASE_S the workers use.")
     reap_interval_s: float = Field(default=5.0, gt=0, description="How often the API looks for expired leases.")
     reaper: bool = Field(default=True, description="Run a reaper in this API process (any number may run).")
-    blob_store: str = Field(
-        default="", description="Where models and packages are stored: redis, file:///DIR or s3://bucket/prefix. "
-        "Empty: file://AOTC_DATA_DIR/blobs.")
-    store_max_gb: float = Field(
-        default=20.0, gt=0, description="Bytes artifacts (packages and sources) may hold in the blob store; beyond it "
-        "the least recently pulled ones that are not pinned are evicted.")
-    s3_endpoint_url: str = Field(default="", description="S3 endpoint (SeaweedFS, Garage, MinIO); empty: AWS.")
-    s3_public_url: str = Field(
-        default="", description="S3 endpoint in the presigned URLs clients are sent to; empty: AOTC_S3_ENDPOINT_URL.")
-    s3_region: str = Field(default="", description="S3 region; empty: AWS_REGION, else us-east-1.")
-    s3_presign_s: int = Field(default=900, gt=0, description="How long a presigned download URL works.")
     admin_key: SecretStr | None = Field(
         default=None, min_length=16, description="The bootstrap admin API key. Set: every /v1 route needs a key "
         "(Authorization: Bearer). Unset: the API runs open, and answers only clients on loopback.")

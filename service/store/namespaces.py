@@ -81,6 +81,19 @@ class Namespaces:
         """This namespace's models, latest upload first."""
         return cast(list[str], self.r.zrevrange(keys.ns(ns, "models"), 0, limit - 1))
 
+    def models(self, ns: str, limit: int) -> list[dict[str, Any]]:
+        """This namespace's model records as it sees them (`view`), latest upload first, in two round trips."""
+        held = cast(list[tuple[str, float]], self.r.zrevrange(keys.ns(ns, "models"), 0, limit - 1, withscores=True))
+        if not held:
+            return []
+        ids = [i for i, _ in held]
+        pipe = self.r.pipeline(transaction=False)
+        pipe.mget([keys.model(i) for i in ids])
+        pipe.hmget(keys.ns(ns, "names"), ids)
+        raws, names = pipe.execute()
+        return [{**json.loads(raw), **({"name": name} if name else {}), "created": created}
+                for (_, created), raw, name in zip(held, raws, names, strict=True) if raw]
+
     # -- jobs ----------------------------------------------------------------------------------------------------
 
     def add_job(self, ns: str, job_id: str) -> bool:

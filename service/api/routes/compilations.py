@@ -19,14 +19,22 @@ router = APIRouter(prefix="/v1/compilations", tags=["compilations"], responses=V
                    dependencies=needs("compile"))
 
 
+Found = tuple[dict[str, Any], str, dict[str, Any] | None]  # (cache-key factors, key, the artifact if cached)
+
+
+def _find(store: Store, model: dict[str, Any], spec: list[dict[str, Any]], worker: dict[str, Any],
+          options: dict[str, Any]) -> Found:
+    factors = cachekey.factors(model["id"], spec, worker["target"], worker["toolchain"], options)
+    key = cachekey.cache_key(factors)
+    return factors, key, store.artifacts.get(key)
+
+
 def _answer(store: Store, settings: Settings, who: Principal, model: dict[str, Any], spec: list[dict[str, Any]],
-            worker: dict[str, Any], options: dict[str, Any], priority: str) -> dict[str, Any]:
+            found: Found, worker: dict[str, Any], options: dict[str, Any], priority: str) -> dict[str, Any]:
     """The answer for one spec: {"status": "cached", "key", "artifact"} or
     {"status": "queued"|"joined", "key", "job"}. "joined" only when the caller's namespace already asked for
     that job: a job another namespace asked for first answers "queued", as a new one would."""
-    factors = cachekey.factors(model["id"], spec, worker["target"], worker["toolchain"], options)
-    key = cachekey.cache_key(factors)
-    artifact = store.artifacts.get(key)
+    factors, key, artifact = found
     if artifact:
         return {"status": "cached", "key": key, "artifact": artifact}
     job_id, created = store.jobs.submit(
@@ -44,12 +52,6 @@ def _answer(store: Store, settings: Settings, who: Principal, model: dict[str, A
     )
     new_here = store.namespaces.add_job(who.namespace, job_id)
     return {"status": "queued" if created or new_here else "joined", "key": key, "job": store.jobs.get(job_id)}
-
-
-def _cached(store: Store, model: dict[str, Any], spec: list[dict[str, Any]], worker: dict[str, Any],
-            options: dict[str, Any]) -> bool:
-    key = cachekey.cache_key(cachekey.factors(model["id"], spec, worker["target"], worker["toolchain"], options))
-    return store.artifacts.get(key) is not None
 
 
 def _check_jobs_quota(store: Store, settings: Settings, ns: str, wanted: int) -> None:
@@ -116,11 +118,13 @@ def request_compilation(req: CompilationRequest, response: Response, store: Stor
                 )
             answers.append({"status": "cached", "key": cached["key"], "artifact": cached})
     else:
-        uncached = [s for s in [spec, *bucket_specs] if not _cached(store, model, s, worker, options)]
+        wanted = [spec, *bucket_specs]
+        found = [_find(store, model, s, worker, options) for s in wanted]
+        uncached = sum(1 for _, _, artifact in found if artifact is None)
         if uncached and who.ns is not None:  # admins (operators, and open mode) have no quota
-            _check_jobs_quota(store, settings, who.ns, len(uncached))
-        answers = [_answer(store, settings, who, model, s, worker, options, req.priority)
-                   for s in [spec, *bucket_specs]]
+            _check_jobs_quota(store, settings, who.ns, uncached)
+        answers = [_answer(store, settings, who, model, s, f, worker, options, req.priority)
+                   for s, f in zip(wanted, found, strict=True)]
 
     body = dict(answers[0])
     if req.buckets:

@@ -135,8 +135,7 @@ def list_models(store: StoreDep, who: Pull, limit: Limit = 100) -> dict[str, Any
     """Uploaded models, newest first: the caller's namespace's (an admin's: all)."""
     if who.ns is None:
         return {"models": store.models.recent(limit)}
-    models = [m for m in (store.models.get(i) for i in store.namespaces.model_ids(who.ns, limit)) if m]
-    return {"models": [store.namespaces.view(who.ns, m) for m in models]}
+    return {"models": store.namespaces.models(who.ns, limit)}
 
 
 @router.get("/{model_id}", response_model=ModelRecord, response_model_exclude_unset=True,

@@ -25,6 +25,7 @@ from service.store import keys
 from service.store.blobs import BlobError, BlobStore, Manifest, Reads
 from service.store.blobstore.files import FileBlobs
 from service.store.blobstore.redis_chunks import RedisBlobs
+from service.store.blobstore.settings import StorageSettings
 
 log = logging.getLogger("aotc.store")
 
@@ -45,17 +46,16 @@ class StorageOptions:
     s3_presign_s: int = 900
 
     @classmethod
-    def from_settings(cls, s: Any) -> StorageOptions:
-        """From an API's or a worker's settings (the fields either has)."""
-        max_gb = getattr(s, "store_max_gb", None)
+    def from_settings(cls, s: StorageSettings) -> StorageOptions:
+        """From an API's or a worker's settings (both are StorageSettings)."""
         return cls(
-            blob_store=getattr(s, "blob_store", None) or None,
-            chunk_bytes=int(getattr(s, "chunk_mb", 4)) * 2**20,
-            max_artifact_bytes=int(max_gb * 2**30) if max_gb else None,
-            s3_endpoint_url=getattr(s, "s3_endpoint_url", None) or None,
-            s3_public_url=getattr(s, "s3_public_url", None) or None,
-            s3_region=getattr(s, "s3_region", None) or None,
-            s3_presign_s=int(getattr(s, "s3_presign_s", 900)),
+            blob_store=s.blob_store or None,
+            chunk_bytes=s.chunk_mb * 2**20,
+            max_artifact_bytes=int(s.store_max_gb * 2**30),
+            s3_endpoint_url=s.s3_endpoint_url or None,
+            s3_public_url=s.s3_public_url or None,
+            s3_region=s.s3_region or None,
+            s3_presign_s=s.s3_presign_s,
         )
 
 
