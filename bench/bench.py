@@ -31,15 +31,19 @@ would start after it. The JSON is schema 2 (schema 1 was the 2026-11-22 run: one
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
 import platform
+import queue
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -141,8 +145,28 @@ def _load_artifact(peer: str, name: str, batch: int, key: str, url: str,
     return fn, inputs
 
 
-def _fresh(args: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
+def cpu_set(spec: str | None) -> set[int] | None:
+    """'0-7,12' -> {0..7, 12}; None or '' -> None (no pinning)."""
+    if not spec:
+        return None
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _pinned(cpus: set[int] | None) -> Any:
+    """A preexec_fn that pins the child (and everything it starts) to `cpus` (only before any thread starts)."""
+    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+
+
+def _fresh(args: list[str], env: dict[str, str], timeout: float, cpus: set[int] | None = None) -> dict[str, Any]:
+    """Run a peer in a fresh process (pinned to `cpus`: the child pins itself, as preexec_fn is unsafe beside the
+    driver's threads)."""
     t0 = time.perf_counter()
+    if cpus:
+        env = {**env, "BENCH_CPUS": ",".join(map(str, sorted(cpus)))}
     try:
         p = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True,
                            timeout=timeout)
@@ -159,9 +183,11 @@ def _fresh(args: list[str], env: dict[str, str], timeout: float) -> dict[str, An
 # -- the driver ----------------------------------------------------------------------------------------------
 
 
-def start_service(port: int, data_dir: Path, workers: int) -> list[subprocess.Popen[bytes]]:
-    """Embedded Redis (AOF, so artifacts survive a restart), the API, and `workers` worker processes on cuda:0.
-    Several workers share the GPU to overlap compiles, which are mostly CPU work."""
+def start_service(port: int, data_dir: Path, workers: int, gpu: str | None = None,
+                  cpus: set[int] | None = None) -> list[subprocess.Popen[bytes]]:
+    """Embedded Redis (AOF, so artifacts survive a restart), the API, and `workers` worker processes on cuda:0
+    (the visible device `gpu` when given), pinned to `cpus` when given. Several workers share the GPU to overlap
+    compiles, which are mostly CPU work."""
     from service.store.embedded import EmbeddedRedis
 
     redis_srv = EmbeddedRedis(data_dir / "redis", port=port + 1).start()
@@ -173,8 +199,9 @@ def start_service(port: int, data_dir: Path, workers: int) -> list[subprocess.Po
     procs = [subprocess.Popen([sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--port",
                                str(port), "--log-level", "warning"],
                               env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)]
-    procs += [subprocess.Popen([sys.executable, "-m", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                               cwd=ROOT) for _ in range(workers)]
+    wenv = {**env, "CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else env
+    procs += [subprocess.Popen([sys.executable, "-m", "worker"], env=wenv, stdout=log, stderr=subprocess.STDOUT,
+                               cwd=ROOT, preexec_fn=_pinned(cpus)) for _ in range(workers)]
     import httpx
 
     headers = {"authorization": f"Bearer {os.environ['AOTC_API_KEY']}"} if os.environ.get("AOTC_API_KEY") else {}
@@ -199,9 +226,11 @@ def batches_of(name: str) -> list[int]:
     return sorted({1, MODELS[name].batch})
 
 
-def submit_all(names: list[str], url: str, state: Path) -> dict[str, dict[str, Any]]:
+def submit_all(names: list[str], url: str, state: Path,
+               submitted: queue.Queue[tuple[str, dict[str, Any]]] | None = None) -> dict[str, dict[str, Any]]:
     """Export each model at each batch and submit its compile; the workers compile while the next one exports.
-    {model: {batch: {'job': id} | {'key': key} | {'error': ...}}}."""
+    {model: {batch: {'job': id} | {'key': key} | {'error': ...}}}; each model's entry also goes to `submitted`
+    as soon as it is in."""
     import torch
 
     from bench.zoo import build
@@ -230,6 +259,8 @@ def submit_all(names: list[str], url: str, state: Path) -> dict[str, dict[str, A
                 except Exception as e:  # a model we cannot build, export or upload is a result too
                     jobs[name][str(batch)] = {"error": f"{type(e).__name__}: {e}"[:1500], "stage": "export"}
                     print(f"{name} b={batch}: {jobs[name][str(batch)]['error'][:300]}", flush=True)
+            if submitted is not None:
+                submitted.put((name, jobs[name]))
     return jobs
 
 
@@ -253,8 +284,29 @@ def wait_artifact(c: Any, entry: dict[str, Any]) -> dict[str, Any]:
                                                 "graphs", "device_info")}}
 
 
-def measure_model(name: str, row: dict[str, Any], url: str, peers: list[str], rounds: int) -> None:
-    """Every peer of every batch of one model, in alternating rounds, each a fresh process; fills `row`."""
+@dataclass
+class Lane:
+    """Where peers are measured: a visible GPU and the cores its processes are pinned to. A lane on the GPU the
+    workers compile on opens only when every compile is over, so no timing shares a GPU with a compile."""
+    gpu: str | None = None
+    cpus: set[int] | None = None
+    after_compiles: bool = False
+
+    @classmethod
+    def parse(cls, spec: str, compile_gpu: str | None) -> Lane:
+        gpu, _, cpus = spec.partition(":")
+        return cls(gpu or None, cpu_set(cpus), compile_gpu is None or gpu == compile_gpu)
+
+    def __str__(self) -> str:
+        return f"gpu {self.gpu or 'default'}" + (f", {len(self.cpus)} cores" if self.cpus else "")
+
+
+def measure_model(name: str, row: dict[str, Any], url: str, peers: list[str], rounds: int,
+                  lane: Lane | None = None, lock: Any = None) -> None:
+    """Every peer of every batch of one model, in alternating rounds, each a fresh process; fills `row` (under
+    `lock`, when lanes measure other models beside it)."""
+    lane = lane or Lane()
+    lock = lock or contextlib.nullcontext()
     batches = batches_of(name)
     keys = {b: row["batches"][b]["artifact"].get("key") for b in map(str, batches)}
     for r in range(rounds):
@@ -268,15 +320,19 @@ def measure_model(name: str, row: dict[str, Any], url: str, peers: list[str], ro
             with tempfile.TemporaryDirectory() as cold:
                 env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cold}/inductor",
                        "TRITON_CACHE_DIR": f"{cold}/triton"}
+                if lane.gpu is not None:
+                    env["CUDA_VISIBLE_DEVICES"] = lane.gpu
                 res = _fresh(["--child", peer, name, ",".join(map(str, need)),
-                              json.dumps({k: v for k, v in keys.items() if v}), url], env, 900)
-            for b in need:
-                slot = row["batches"][str(b)]["peers"].setdefault(peer, {"rounds": []})
-                slot["rounds"].append(res["batches"][str(b)] if "batches" in res else {"error": res.get("error")})
-                lat = [x["latency_ms"] for x in slot["rounds"] if "latency_ms" in x]
-                slot["latency_ms"] = statistics.median(lat) if lat else None
+                              json.dumps({k: v for k, v in keys.items() if v}), url], env, 900, lane.cpus)
+            with lock:
+                for b in need:
+                    slot = row["batches"][str(b)]["peers"].setdefault(peer, {"rounds": []})
+                    got_b = res["batches"][str(b)] if "batches" in res else {"error": res.get("error")}
+                    slot["rounds"].append({**got_b, "lane": str(lane)})
+                    lat = [x["latency_ms"] for x in slot["rounds"] if "latency_ms" in x]
+                    slot["latency_ms"] = statistics.median(lat) if lat else None
             got = {b: (res.get("batches", {}).get(str(b)) or {}).get("latency_ms") for b in need}
-            print(f"  {name} round {r + 1} {peer}: {got}" + (f" ERROR {res['error'][-300:]}" if "error" in res
+            print(f"  {name} round {r + 1} {peer} ({lane}): {got}" + (f" ERROR {res['error'][-300:]}" if "error" in res
                                                             else ""), flush=True)
 
 
@@ -306,10 +362,16 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=3, help="GPU worker processes (compiles overlap)")
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds of the peers")
     ap.add_argument("--max-autotune", action="store_true", help="add torch.compile(mode='max-autotune')")
+    ap.add_argument("--compile-gpu", default=None, help="the GPU (CUDA_VISIBLE_DEVICES) the workers compile on")
+    ap.add_argument("--worker-cpus", default=None, help="cores the workers are pinned to, e.g. 8-31")
+    ap.add_argument("--lanes", default="", help="where peers are measured, GPU:cores each, e.g. 1:0-7,0:8-15; a "
+                    "lane on --compile-gpu opens when the compiles are over, and the others measure meanwhile")
     ap.add_argument("--child", nargs="+", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
 
     if a.child:
+        if os.environ.get("BENCH_CPUS"):  # before torch, so its threads and compile workers inherit it
+            os.sched_setaffinity(0, cpu_set(os.environ["BENCH_CPUS"]) or set())
         peer, name, batches, keys, url = a.child
         print(json.dumps(child(peer, name, [int(b) for b in batches.split(",")], json.loads(keys), url)))
         return 0
@@ -345,35 +407,74 @@ def main() -> int:
     names = [n for n in names if n not in results["models"] or not done(n)]
     state = Path(a.state).resolve()
     (state / "aotc").mkdir(parents=True, exist_ok=True)
-    service = [] if a.url else start_service(a.port, state / "aotc", a.workers)
+    lanes = [Lane.parse(x, a.compile_gpu) for x in a.lanes.split(",")] if a.lanes else [Lane()]
+    if a.worker_cpus:  # the driver exports beside the workers, away from the lanes' cores (before any thread)
+        os.sched_setaffinity(0, cpu_set(a.worker_cpus) or set())
+    service = [] if a.url else start_service(a.port, state / "aotc", a.workers, a.compile_gpu,
+                                             cpu_set(a.worker_cpus))
     url = a.url or f"http://127.0.0.1:{a.port}"
-    try:
-        # Every model still to measure is (re)submitted: a service started by an earlier run is gone with its
-        # machine, and on a service that has the artifact the submit is a cache hit.
-        jobs = submit_all(names, url, state)
+    lock = threading.Lock()
+
+    def save() -> None:
+        with lock:
+            text = json.dumps(results, indent=1, default=str)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(out)
+
+    submitted: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+    ready: queue.Queue[str | None] = queue.Queue()
+    compiled = threading.Event()
+
+    def collect() -> None:
+        """Each model's compiles, in order; a model whose batches are all settled goes to the lanes at once."""
         with Client(url, cache_dir=state / "client-cache", timeout=300) as c:
-            for name in names:
-                row = results["models"].setdefault(name, {"family": MODELS[name].family, "batches": {}})
+            for _ in names:
+                name, entries = submitted.get()
+                with lock:
+                    row = results["models"].setdefault(name, {"family": MODELS[name].family, "batches": {}})
                 for b in batches_of(name):
-                    slot = row["batches"].setdefault(str(b), {"peers": {}})
-                    slot["artifact"] = wait_artifact(c, jobs[name][str(b)])
-                    print(f"{name} b={b}: compiled ok={slot['artifact']['ok']} "
-                          f"{slot['artifact'].get('compile_s') or str(slot['artifact'].get('error', ''))[:300]}",
-                          flush=True)
-                out.write_text(json.dumps(results, indent=1, default=str))
-        for name in names:
+                    got = wait_artifact(c, entries[str(b)])
+                    with lock:
+                        row["batches"].setdefault(str(b), {"peers": {}})["artifact"] = got
+                    print(f"{name} b={b}: compiled ok={got['ok']} "
+                          f"{got.get('compile_s') or str(got.get('error', ''))[:300]}", flush=True)
+                save()
+                ready.put(name)
+        compiled.set()
+        for _ in lanes:
+            ready.put(None)
+
+    def measure(lane: Lane) -> None:
+        if lane.after_compiles and len(lanes) > 1:
+            compiled.wait()
+            print(f"compiles over: lane {lane} opens", flush=True)
+        while (name := ready.get()) is not None:
             if time.perf_counter() - T_START > a.budget_s:
-                print(f"budget reached; not measured: {names[names.index(name):]}", flush=True)
-                break
+                print(f"budget reached; not measured: {name}", flush=True)
+                continue
             t0 = time.perf_counter()
             row = results["models"][name]
             try:
-                measure_model(name, row, url, peers, a.rounds)
+                measure_model(name, row, url, peers, a.rounds, lane, lock)
             except Exception as e:  # one model's trouble must not lose the others' figures
-                row["error"] = f"{type(e).__name__}: {e}"[:2000]
-            row["bench_s"] = row.get("bench_s", 0.0) + time.perf_counter() - t0
-            out.write_text(json.dumps(results, indent=1, default=str))
-            print(f"{name}: measured in {time.perf_counter() - t0:.0f} s", flush=True)
+                with lock:
+                    row["error"] = f"{type(e).__name__}: {e}"[:2000]
+            with lock:
+                row["bench_s"] = row.get("bench_s", 0.0) + time.perf_counter() - t0
+            save()
+            print(f"{name}: measured in {time.perf_counter() - t0:.0f} s on lane {lane}", flush=True)
+
+    try:
+        # Every model still to measure is (re)submitted: a service started by an earlier run is gone with its
+        # machine, and on a service that has the artifact the submit is a cache hit.
+        threads = [threading.Thread(target=submit_all, args=(names, url, state, submitted), daemon=True),
+                   threading.Thread(target=collect, daemon=True)]
+        threads += [threading.Thread(target=measure, args=(lane,), daemon=True) for lane in lanes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     finally:  # the API and workers first (a worker hands its job back through Redis), Redis (the last) after
         for p in service[:-1]:
             p.terminate()
