@@ -1,5 +1,5 @@
 """Small models shaped like the real ones users upload (HF-style attention with masks, rotary embeddings, string
-keyword arguments, norms, embeddings, data-dependent shapes), for the tests that show the upload checks refuse
+keyword arguments, norms, embeddings, data-dependent shapes, grad-mode regions, torchvision's dashed block names), for the tests that show the upload checks refuse
 none of them. `python tests/realistic.py DIR LAYERS` exports bigger ones to measure model.json."""
 
 from __future__ import annotations
@@ -109,6 +109,38 @@ class Assert(torch.nn.Module):
         return x * 2
 
 
+class Rotary(torch.nn.Module):
+    """HF Llama's and Qwen2's rotary embedding: a `torch.no_grad()` region with autocast turned off, which export
+    keeps as higher-order ops (wrap_with_set_grad_enabled, wrap_with_autocast) whose positional arguments have the
+    name ''."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim)), persistent=False)
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(x.shape[1], device=x.device).float()
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            freqs = torch.outer(pos, self.inv_freq.float())
+            emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype)
+
+
+class Regions(torch.nn.Module):
+    """Grad-mode regions and module paths with '-': torchvision's RegNet names its blocks 'block1-0'."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.rotary = Rotary(d)
+        self.trunk = torch.nn.Sequential()
+        for i in range(2):
+            self.trunk.add_module(f"block1-{i}", torch.nn.Linear(d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.trunk(x) * self.rotary(x)
+
+
 def export_realistic(d: Path, layers: int = 2, d_model: int = 32) -> dict[str, Path]:
     torch.manual_seed(0)
     b, t = Dim("batch", min=1, max=16), Dim("seq", min=2, max=128)
@@ -119,6 +151,7 @@ def export_realistic(d: Path, layers: int = 2, d_model: int = 32) -> dict[str, P
         ("kwargs", Kwargs(), (torch.randn(2, 4, 8), torch.tensor([1, 5, 2, 7])), None),
         ("data_dependent", DataDependent(), (torch.randn(4), torch.tensor([3])), None),
         ("assert", Assert(), (torch.randn(3),), None),
+        ("regions", Regions(), (torch.randn(2, 8, 16),), None),
     ]:
         ep: Any = torch.export.export(model.eval(), args, dynamic_shapes=dyn)
         path = d / f"{name}.pt2"

@@ -113,7 +113,10 @@ def walk_program(doc: Any, where: str, limits: Limits = DEFAULT_LIMITS) -> None:
         elif isinstance(value, str):
             if key == "target" and node is not None:
                 continue  # checked against the operator list above
-            grammar = ("text" if key in _TEXT_KEYS else "ident" if key in _IDENT_KEYS
+            # '' fits no identifier but can close nothing: a higher-order op's positional arguments (the grad-mode
+            # and autocast regions export makes of `with torch.no_grad()`) have the name ''. A node's own name is
+            # checked as an identifier above.
+            grammar = ("text" if key in _TEXT_KEYS else "ident" if key in _IDENT_KEYS and value != ""
                        else "fqn" if key in _FQN_KEYS and value != "" else "token")
             if (grammar, value) in passed:
                 continue

@@ -13,7 +13,8 @@ which it cannot: none holds a quote, backslash, backtick or control character, a
     ASSERT   the one message torch itself writes for `_assert_scalar`, which quotes a node name:
              Runtime assertion failed for expression <TEXT> on node '<IDENT>'
     IDENT    node and value names, argument names, forward argument names, symbols: [A-Za-z_][A-Za-z0-9_]*
-    FQN      parameter, buffer and constant names, module paths: [A-Za-z0-9_] parts joined by '.'
+    FQN      parameter, buffer and constant names, module paths: [A-Za-z0-9_-] parts joined by '.' (torchvision
+             names blocks 'block1-0'; a '-' cannot close a literal)
     TOKEN    everything else (versions, device types, tree spec types and keys): [A-Za-z0-9_.+-]*
 
 Each is an allow-list: what it does not describe is refused. Node metadata (stack traces, module stacks) is free
@@ -33,13 +34,13 @@ _TEXT_CHARS = r"\x20\x21\x23-\x26\x28-\x5b\x5d-\x5f\x61-\x7e"  # printable ASCII
 TEXT = re.compile(rf"^[{_TEXT_CHARS}]*\Z")
 ASSERT = re.compile(rf"^Runtime assertion failed for expression [{_TEXT_CHARS}]+ on node '[A-Za-z_][A-Za-z0-9_]*'\Z")
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
-FQN = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*\Z")
+FQN = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\Z")
 TOKEN = re.compile(r"^[A-Za-z0-9_.+-]*\Z")
 
 GRAMMARS: dict[str, tuple[re.Pattern[str], str]] = {
     "text": (TEXT, "printable ASCII without quotes, backslash or backtick"),
     "ident": (IDENT, "an identifier: letters, digits and '_'"),
-    "fqn": (FQN, "letters, digits and '_', in parts joined by '.'"),
+    "fqn": (FQN, "letters, digits, '_' and '-', in parts joined by '.'"),
     "token": (TOKEN, "letters, digits, '_', '.', '+' and '-'"),
 }
 

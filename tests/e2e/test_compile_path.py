@@ -11,6 +11,7 @@ import torch
 
 from modelzoo import MLP, ConvNet, export, seeded
 from procs import api, wait_job
+from realistic import Regions
 
 pytestmark = pytest.mark.slow
 
@@ -77,6 +78,21 @@ def test_mlp_dynamic_batch_one_artifact_serves_the_range(api_url, worker, client
     assert client.lookup(rec["id"], {"x": [65, 32]}, target="cpu") is None
     r = api.get(f"{client.url}/v1/artifacts/lookup", params={"model_id": rec["id"], "shape": "x=65x32"})
     assert r.status_code == 404 and "x=65x32" in r.json()["error"]["message"]
+
+
+def test_grad_mode_regions_and_dashed_module_names_compile(api_url, worker, client, tmp_path):
+    """What HF Llama/Qwen2 (a no_grad, autocast-off rotary embedding) and torchvision's RegNet ('block1-0') hold, once
+    refused at upload by the graph-string grammars, goes through upload, compile, check and load."""
+    torch.manual_seed(0)
+    model = Regions().eval()
+    x = torch.randn(2, 8, 16)
+    path = export(model, (x,), tmp_path / "regions.pt2")
+    art = client.compile(path, {"x": [2, 8, 16]}, target="cpu")
+    assert art.meta["check"]["passed"] is True
+    fn = client.load(art)
+    xs = torch.randn(2, 8, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(xs), model(xs), rtol=1e-4, atol=1e-5)
 
 
 def test_identical_requests_hit_the_cache_and_share_one_job(api_url, worker, store, tmp_path):

@@ -7,6 +7,7 @@ is for that one string; real programs with string arguments, asserts and data-de
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,11 @@ BREAKOUT = '"); system("touch /tmp/pwned"); //'
 def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("real")
     return {**export_realistic(d), "mlp": export(TinyMLP(), (torch.randn(2, 16),), d / "mlp.pt2")}
+
+
+def _members(path: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as z:
+        return {n: z.read(n) for n in z.namelist()}
 
 
 def refused(path: Path, *needles: str, limits: Limits | None = None) -> UnsafeArchive:
@@ -65,7 +71,7 @@ def test_length_limit_is_a_named_setting() -> None:
 # -- real programs pass ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["lm", "kwargs", "data_dependent", "assert", "mlp"])
+@pytest.mark.parametrize("name", ["lm", "kwargs", "data_dependent", "assert", "regions", "mlp"])
 def test_real_programs_pass(real: dict[str, Path], name: str) -> None:
     assert inspect_archive(str(real[name]))["inputs"]
 
@@ -112,6 +118,30 @@ def test_hostile_strings_in_a_list_argument(real: dict[str, Path], tmp_path: Pat
         return doc
 
     refused(edit_json(real["kwargs"], tmp_path / "evil.pt2", "models/model.json", edit), "argument 'extra'")
+
+
+def test_grad_mode_regions_and_dashed_module_paths_pass(real: dict[str, Path]) -> None:
+    """HF Llama and Qwen2 (a no_grad rotary embedding) and torchvision's RegNet ('block1-0') were refused once: the
+    grammars must take what they hold, and only that."""
+    doc = json.loads(next(v for k, v in _members(real["regions"]).items() if k.endswith("models/model.json")))
+    hops = [n for n in nodes(doc) if n["target"].startswith("torch.ops.higher_order.wrap_with")]
+    assert [n["target"] for n in hops] == ["torch.ops.higher_order.wrap_with_set_grad_enabled"]
+    assert "torch.ops.higher_order.wrap_with_autocast" in json.dumps(hops)  # nested in the grad-mode region
+    assert all(a["name"] == "" for a in hops[0]["inputs"])
+    assert "trunk.block1-0.weight" in json.dumps(doc)
+    check("trunk_output.block4.block4-1.activation", "fqn", "fqn")
+    check("", "token", "positional argument")
+    for bad in ('block1-0"; x', "block1 0", "a..b", "-\n"):
+        with pytest.raises(UnsafeArchive):
+            check(bad, "fqn", "fqn")
+
+
+def test_an_empty_node_name_is_still_refused(real: dict[str, Path], tmp_path: Path) -> None:
+    def blank(doc: Any) -> Any:
+        nodes(doc)[0]["name"] = ""
+        return doc
+
+    refused(edit_json(real["regions"], tmp_path / "blank.pt2", "models/model.json", blank), "node ''")
 
 
 def test_hostile_parameter_fqn(real: dict[str, Path], tmp_path: Path) -> None:
