@@ -1,7 +1,7 @@
 """Small models shaped like the real ones users upload (HF-style attention with masks, rotary embeddings, string
-keyword arguments, norms, embeddings, data-dependent shapes, grad-mode regions, torchvision's dashed block
-names), for the tests that show the upload checks refuse
-none of them. `python tests/realistic.py DIR LAYERS` exports bigger ones to measure model.json."""
+keyword arguments, norms, embeddings, data-dependent shapes, grad-mode regions, torchvision's dashed block names),
+for the tests that show the upload checks refuse none of them. `python tests/realistic.py DIR LAYERS` exports
+bigger ones to measure model.json."""
 
 from __future__ import annotations
 
