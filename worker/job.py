@@ -31,6 +31,7 @@ from compiler.report import attach_check  # torch-free
 from compiler.signing import Signer, key_record, statement
 from service.store import Lease, Store
 from worker.backoff import retry_delay, until_redis
+from worker.devlock import exclusive, lock_path
 from worker.headers import Headers, header_dir
 from worker.health import Health
 from worker.isolation import Sandbox, headers_dir
@@ -297,14 +298,17 @@ class JobRunner:
         check: dict[str, Any] | None = None
         timings = {**compiled.result["timings"], "compile_total": round(compiled.seconds, 3)}
         if outputs["package"] is not None:  # mode=training produces a report and graphs only: nothing to check
-            checked = run(
-                {"kind": "check", "model_path": str(model_path), "package_path": str(outputs["package"]),
-                 "spec": job["spec"], "device": device, "options": job["options"]},
-                workdir, timeout_s=self.settings.check_timeout_s,
-            )
+            lock = lock_path(self.settings.data_dir, device) if self.settings.check_exclusive else None
+            with exclusive(lock, self.settings.check_timeout_s, cancelled) as held:
+                checked = run(
+                    {"kind": "check", "model_path": str(model_path), "package_path": str(outputs["package"]),
+                     "spec": job["spec"], "device": device, "options": job["options"]},
+                    workdir, timeout_s=self.settings.check_timeout_s,
+                )
             if not checked.ok:
                 return checked, {}
-            check, timings["check"] = checked.result, round(checked.seconds, 3)
+            check, timings["check"] = {**checked.result, "host": held}, round(checked.seconds, 3)
+            timings["check_wait"] = held["waited_s"]
         on_stage("publish")
         # The stage report and the generated sources go in before the record, which is written last.
         report_path = outputs["report"]

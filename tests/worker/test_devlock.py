@@ -1,0 +1,92 @@
+"""One check at a time per device: the lock the worker holds around each check child (worker/devlock.py), against
+another real process holding it, and in a real compile's artifact record."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from worker.devlock import exclusive, lock_path
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from worker.devlock import exclusive
+with exclusive(Path(sys.argv[1]), 5) as held:
+    assert held["exclusive"]
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def _holder(path: Path, seconds: float) -> subprocess.Popen[str]:
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(path), str(seconds)], stdout=subprocess.PIPE, text=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert p.stdout is not None and p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_lock_file_per_device_under_the_data_dir(tmp_path: Path) -> None:
+    assert lock_path(tmp_path, "cuda:0") == tmp_path / "locks" / "check-cuda0.lock"
+    assert lock_path(tmp_path, "cuda:1") != lock_path(tmp_path, "cuda:0")
+    assert lock_path(tmp_path, "../../x").parent == tmp_path / "locks"
+
+
+def test_a_second_check_waits_for_the_first(tmp_path: Path) -> None:
+    path = lock_path(tmp_path, "cuda:0")
+    holder = _holder(path, 1.5)
+    t0 = time.monotonic()
+    with exclusive(path, 30) as held:
+        waited = time.monotonic() - t0
+    holder.wait()
+    assert held["exclusive"] is True and 1.0 < held["waited_s"] <= waited + 0.01  # the holder kept it 1.5 s
+    assert held["cpus"] >= 1 and "load_avg_1m" in held
+
+
+def test_another_device_does_not_wait(tmp_path: Path) -> None:
+    holder = _holder(lock_path(tmp_path, "cuda:0"), 3)
+    try:
+        with exclusive(lock_path(tmp_path, "cuda:1"), 30) as held:
+            assert held["exclusive"] is True and held["waited_s"] < 0.5
+    finally:
+        holder.kill()
+
+
+def test_a_stuck_holder_costs_at_most_the_wait_then_the_check_runs_unlocked(tmp_path: Path) -> None:
+    path = lock_path(tmp_path, "cpu")
+    holder = _holder(path, 30)
+    try:
+        t0 = time.monotonic()
+        with exclusive(path, 0.5) as held:
+            assert time.monotonic() - t0 < 3
+        assert held["exclusive"] is False and "over 0 s" in held["reason"]
+        stop = time.monotonic() + 0.3
+        with exclusive(path, 30, should_stop=lambda: time.monotonic() > stop) as held:
+            assert held["exclusive"] is False and held["waited_s"] < 2
+    finally:
+        holder.kill()
+        holder.wait()
+    with exclusive(path, 1) as held:  # the kernel dropped the dead holder's lock
+        assert held["exclusive"] is True
+
+
+def test_off_says_so(tmp_path: Path) -> None:
+    with exclusive(None, 1) as held:
+        assert held["exclusive"] is False and "AOTC_CHECK_EXCLUSIVE" in held["reason"]
+
+
+@pytest.mark.slow
+def test_a_real_check_records_the_lock(api_url, worker, client, tmp_path) -> None:
+    import torch
+
+    from modelzoo import MLP, export, seeded
+
+    path = export(seeded(MLP, 5), (torch.randn(3, 32),), tmp_path / "mlp.pt2")
+    art = client.compile(path, {"x": [3, 32]}, target="cpu")
+    host = art.meta["check"]["host"]
+    assert host["exclusive"] is True and host["waited_s"] >= 0 and host["cpus"] >= 1
+    assert art.meta["timings"]["check_wait"] == host["waited_s"]
