@@ -70,12 +70,33 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _agreeing(rs: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Models whose `key` ratio is within AGREE at every batch it was measured at."""
+    by_model: dict[str, list[float]] = {}
+    for r in rs:
+        if r.get(key):
+            by_model.setdefault(r["model"], []).append(r[key])
+    ok = sorted(m for m, xs in by_model.items() if all(abs(x - 1) <= AGREE for x in xs))
+    return {"models": ok, "count": len(ok), "of": len(by_model)}
+
+
 def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
     batches: dict[str, list[dict[str, Any]]] = {"1": [r for r in rs if r["batch"] == 1],
                                                 "serving": [r for r in rs if r["batch"] != 1]}
+    measured = [r for r in rs if r["ms"]]
+    compile_s = sorted(r["aotc_compile_s"] for r in rs if r["compiled"] and r.get("aotc_compile_s"))
     s: dict[str, Any] = {"models": len({r["model"] for r in rs}), "rows": len(rs),
-                         "compiled": sum(r["compiled"] for r in rs)}
+                         "compiled": sum(r["compiled"] for r in rs),
+                         "models_compiled": len({r["model"] for r in rs if r["compiled"]}),
+                         "models_measured": len({r["model"] for r in measured}),
+                         "not_measured": sorted({r["model"] for r in rs if r["compiled"] and not r["ms"]}),
+                         "refused_or_failed": sorted({f"{r['model']}: {r.get('error', '')[:160]}" for r in rs
+                                                      if not r["compiled"]}),
+                         "aotc_compile_s": {"median": statistics.median(compile_s) if compile_s else None,
+                                            "min": compile_s[0] if compile_s else None,
+                                            "max": compile_s[-1] if compile_s else None}}
     for label, group in batches.items():
+        group = [r for r in group if r["ms"]]
         g: dict[str, Any] = {"rows": len(group)}
         for k in ("aot_x_eager", "graphs_x_eager", "graphs_x_aot", "graphs_x_reduce_overhead"):
             g[f"geomean_{k}"] = _geomean([r[k] for r in group if r.get(k)])
@@ -111,6 +132,9 @@ def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
         "worker_check_graph_vs_do_bench_within_10_percent": {
             "within": sum(1 for x in agree_graph if abs(x - 1) <= AGREE), "of": len(agree_graph),
             "ratios": [round(x, 3) for x in agree_graph]},
+        "models_whose_every_row_agrees": {k: _agreeing(rs, k) for k in ("check_vs_do_bench",
+                                                                       "check_graph_vs_do_bench",
+                                                                       "measure_vs_do_bench")},
     }
     return s
 
@@ -119,10 +143,12 @@ def table(rs: list[dict[str, Any]]) -> str:
     head = ["model", "b", *[LABEL[p] for p in PEERS], "x eager", "graphs x aotc", "graphs x r-o", "TTFI aotc s",
             "check/do_bench", "graph MiB"]
     lines = [head]
+    failed: list[str] = []
     for r in rs:
+        if r["compiled"] and not r["ms"]:
+            continue  # compiled, not measured: summary()["not_measured"]
         if not r["compiled"] and not r["ms"]:
-            lines.append([r["model"], str(r["batch"]), f"FAILED at {r.get('stage')}: {r.get('error', '')[:70]}"]
-                         + [""] * (len(head) - 3))
+            failed.append(f"{r['model']} b={r['batch']}: failed at {r.get('stage')}: {r.get('error', '')[:150]}")
             continue
 
         def f(x: Any, d: int = 3) -> str:
@@ -133,8 +159,9 @@ def table(rs: list[dict[str, Any]]) -> str:
                       f(r.get("graphs_x_reduce_overhead"), 2), f(r["ttfi_after_import_s"].get("aot"), 2),
                       f(r.get("check_vs_do_bench"), 2), f(r.get("graph_mem_mb"), 0)])
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
-    return "\n".join("  ".join(str(v).rjust(w) if i > 1 else str(v).ljust(w)
-                               for i, (v, w) in enumerate(zip(line, widths))).rstrip() for line in lines)
+    return "\n".join(["  ".join(str(v).rjust(w) if i > 1 else str(v).ljust(w)
+                                for i, (v, w) in enumerate(zip(line, widths))).rstrip() for line in lines]
+                     + failed)
 
 
 def svg(rs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
