@@ -269,11 +269,13 @@ def lookup(
     model_id: Annotated[str, typer.Argument(help="The model's id, or a unique prefix as `aotc models` shows.")],
     shape: ShapeOption,
     target: TargetOption = "cpu",
+    cuda_graphs: Annotated[bool, typer.Option(
+        "--cuda-graphs", help="You will replay CUDA graphs: rank by the check's graph-replay figures.")] = False,
 ) -> None:
     """Find the artifact that serves a model, shapes and target; exit 1 if none does."""
     shapes, target = _shapes(shape), _target(target)
     with _service(ctx) as c:
-        art = c.lookup(model_id, shapes, target)
+        art = c.lookup(model_id, shapes, target, graphs=cuda_graphs)
     if art is None:
         _say("no artifact fits")
         raise typer.Exit(1)

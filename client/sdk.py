@@ -282,10 +282,15 @@ class Client:
     def artifact(self, key: str) -> Artifact:
         return Artifact(key, self._json("GET", f"/v1/artifacts/{key}/meta"))
 
-    def lookup(self, model_id: str, shapes: Mapping[str, Any], target: str = "cpu") -> Artifact | None:
-        """The artifact serving (model, shapes, target), or None. For inference servers at deploy time."""
+    def lookup(self, model_id: str, shapes: Mapping[str, Any], target: str = "cpu", *,
+               graphs: bool = False) -> Artifact | None:
+        """The artifact serving (model, shapes, target), or None. For inference servers at deploy time. `graphs`:
+        you will load it with cuda_graphs=True, so of equally specialised artifacts the one whose CUDA-graph replay
+        the check timed fastest."""
         # The value type httpx asks for (a list is invariant, so list[tuple[str, str]] would not do).
         params: list[tuple[str, str | int | float | bool | None]] = [("model_id", model_id), ("target", target)]
+        if graphs:
+            params.append(("graphs", "true"))
         for name, shape in shapes.items():
             params.append(("shape", f"{name}={format_shape(_shape_of(shape))}"))
         resp = self.http.get("/v1/artifacts/lookup", params=params)

@@ -26,12 +26,14 @@ def _width(spec: list[dict[str, Any]]) -> int:
 
 def rank(
     artifacts: list[dict[str, Any]], target: Target, spec: list[dict[str, Any]],
-    options: dict[str, Any] | None = None, *, mode: str | None = None,
+    options: dict[str, Any] | None = None, *, mode: str | None = None, graphs: bool = False,
 ) -> dict[str, Any] | None:
     """The best of a model's `artifacts` for `target` whose spec covers `spec`: static before dynamic, then the
     narrowest range, then the fastest (median) where the checks timed them all the same way on one kind of device,
     else the newest. `options`, when given, must match exactly; without them, report-only records (mode=training, no
-    package) are never picked. `mode`, when given, must be the artifact's compile mode."""
+    package) are never picked. `mode`, when given, must be the artifact's compile mode. `graphs`: the caller will
+    replay CUDA graphs (Client.load(cuda_graphs=True)), so the check's graph-replay medians rank, where every
+    candidate has one that passed; otherwise the plain medians do."""
     fits = [
         a
         for a in artifacts
@@ -44,7 +46,9 @@ def rank(
         return None
     widths = [_width(a["factors"]["spec"]) for a in fits]
     best = [a for a, w in zip(fits, widths, strict=True) if w == min(widths)]
-    timed = [(t, a) for a in best if (t := _measured(a)) is not None]
+    timed = [(t, a) for a in best if (t := _measured(a, graphs)) is not None]
+    if graphs and len(timed) < len(best):
+        timed = [(t, a) for a in best if (t := _measured(a)) is not None]
     if len(best) > 1 and len(timed) == len(best) and len({t[0] for t, _ in timed}) == 1:
         # Equally specialised artifacts (say default and max-autotune of the same shapes) whose checks ran on the
         # same kind of device, timed the same way: serve the one whose median was fastest there. max-autotune wins
@@ -61,13 +65,22 @@ def find_artifact(
     return rank(store.artifacts.for_model(model_id), target, spec, options, mode=mode)
 
 
-def _measured(a: dict[str, Any]) -> tuple[tuple[str, str], float] | None:
+def _measured(a: dict[str, Any], graphs: bool = False) -> tuple[tuple[str, str], float] | None:
     """((device kind, timing method), the check's median latency in ms at the spec's first point), if the check
     timed it. Figures are comparable only with the same key: the same kind of device (its name, e.g. 'NVIDIA H100
     80GB HBM3') timed the same way (CUDA events with L2 flushed, wall clock; records from before the check kept
-    its spread have no method and compare only with each other, by their median `compiled_ms`)."""
+    its spread have no method and compare only with each other, by their median `compiled_ms`). With `graphs`, the
+    CUDA-graph replay's median, if one was captured and agreed with eager (a replay does no CPU work, so this figure
+    moves far less with the worker's load than a launch-bound plain run's: bench/README.md)."""
     check = a.get("check") or {}
-    plain = (check.get("latency") or {}).get("compiled") or {}
+    if graphs:
+        if not (check.get("graphs") or {}).get("ok"):
+            return None
+        plain = (check.get("latency") or {}).get("graph") or {}
+        if not isinstance(plain.get("median_ms"), (int, float)):
+            return None
+    else:
+        plain = (check.get("latency") or {}).get("compiled") or {}
     ms = plain.get("median_ms", check.get("compiled_ms"))
     device = (check.get("device_info") or {}).get("name") or (a.get("worker") or {}).get("device_name")
     if not isinstance(ms, (int, float)) or ms <= 0 or not device:
@@ -75,14 +88,15 @@ def _measured(a: dict[str, Any]) -> tuple[tuple[str, str], float] | None:
     return (str(device), str(plain.get("method") or "legacy")), float(ms)
 
 
-async def lookup_answer(reads: Reads, model_id: str, target: str, shape: list[str], mode: str | None) -> bytes:
+async def lookup_answer(reads: Reads, model_id: str, target: str, shape: list[str], mode: str | None,
+                        graphs: bool = False) -> bytes:
     """GET /v1/artifacts/lookup's JSON body: the artifact record `rank` picks; NotFound when none fits.
 
     One round trip reads the model and its artifact records as they are now. The rendered answer is kept per
-    (model, target, shapes, mode) together with the artifact records it was ranked from, and served again only
+    (model, target, shapes, mode, graphs) together with the artifact records it was ranked from, and served again only
     while Redis returns exactly those records: a published, deleted or rewritten artifact ranks afresh."""
     found = await find_model(reads, model_id, with_artifacts=True, trust_id=True)
-    query = (found.model_id, target, tuple(shape), mode)
+    query = (found.model_id, target, tuple(shape), mode, graphs)
     fingerprint = found.fingerprint
     body = reads.answers.get(query, fingerprint)
     if body is not None:
@@ -90,7 +104,7 @@ async def lookup_answer(reads: Reads, model_id: str, target: str, shape: list[st
     spec = specs.canonical_spec(found.model["inputs"], specs.parse_shape_args(shape))
     wanted = Target.parse(target)
     records = {key: json.loads(raw) for key, raw in found.artifacts}
-    art = rank(list(records.values()), wanted, spec, mode=mode)
+    art = rank(list(records.values()), wanted, spec, mode=mode, graphs=graphs)
     if art is None:
         raise NotFound(f"no artifact of model {found.model_id[:12]} for {specs.format_spec(spec)} on "
                        f"{str(wanted)!r}; request one with POST /v1/compilations")

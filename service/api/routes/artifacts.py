@@ -63,14 +63,17 @@ async def lookup(
         default_factory=list, max_length=MAX_SHAPE_ARGS, description="NAME=SHAPE, once per input, e.g. "
         "x=8x3x224x224; each dim fits in int64 (at most 19 digits)")],
     mode: Annotated[Mode | None, Query(description="Only artifacts compiled in this mode.")] = None,
+    graphs: Annotated[bool, Query(description="The caller replays CUDA graphs: rank equally specialised artifacts "
+                                  "by the check's graph-replay median where all have one.")] = False,
 ) -> Response:
     """Find the artifact for (model, shapes, target) without knowing its key; 404 when none fits.
 
-    Static artifacts win over dynamic ones that cover the shapes; among dynamic ones, the narrowest range.
+    Static artifacts win over dynamic ones that cover the shapes; among dynamic ones, the narrowest range; among
+    equally specialised ones, the fastest median of checks taken the same way on the same kind of device.
     """
     # The async hot path (service/api/lookup.py): one Redis round trip, the answer rendered once per process.
     model_id = await own_model_id(request, who, model_id)
-    body = await lookup_answer(request.app.state.reads, model_id, target, shape, mode)
+    body = await lookup_answer(request.app.state.reads, model_id, target, shape, mode, graphs)
     return Response(body, media_type="application/json")
 
 

@@ -11,7 +11,8 @@ from procs import api
 
 
 def _publish(store, tmp_path, model_id: str, spec: list, mode: str, ms: float | None = None,
-             device: str = "Test CPU", method: str | None = None) -> str:
+             device: str = "Test CPU", method: str | None = None, graph_ms: float | None = None,
+             graph_ok: bool = True) -> str:
     options = {"mode": mode}
     factors = cachekey.factors(model_id, spec, "cpu-x86_64-test", {"torch": "test"}, options)
     key = cachekey.cache_key(factors)
@@ -24,6 +25,10 @@ def _publish(store, tmp_path, model_id: str, spec: list, mode: str, ms: float | 
     if method is not None:  # a check that kept its spread: the median, how it was taken, and on what
         record["check"] = {"passed": True, "compiled_ms": round(ms or 0, 1), "device_info": {"name": device},
                            "latency": {"compiled": {"median_ms": ms, "p25_ms": ms, "p75_ms": ms, "method": method}}}
+    if graph_ms is not None:  # a CUDA check that also captured and timed a graph replay
+        record["check"]["graphs"] = {"captured": True, "ok": graph_ok, "pays": graph_ok}
+        record["check"]["latency"]["graph"] = {"median_ms": graph_ms, "p25_ms": graph_ms, "p75_ms": graph_ms,
+                                               "method": method}
     store.artifacts.put(record, package)
     return key
 
@@ -94,3 +99,27 @@ def test_only_medians_taken_the_same_way_are_compared_and_old_records_still_rank
     _publish(store, tmp_path, other, static, "max-autotune", ms=0.5)  # an old record: no method, no spread
     newest = _publish(store, tmp_path, other, static, "default", ms=1.0, method="cuda-events-l2flush")
     assert _lookup(api_url, other).json()["key"] == newest  # timed two ways: not compared, the newest is served
+
+
+def test_graphs_rank_by_the_graph_replay_where_every_candidate_has_one(api_url, store, tmp_path, client):
+    """A launch-bound plain run is timed by the CPU; what a graph-replaying server gets is the replay's figure."""
+    static = [{"name": "x", "dtype": "float32", "shape": [8, 4]}]
+    m = "b1" * 32
+    _model(store, m)
+    plain_fast = _publish(store, tmp_path, m, static, "default", ms=1.0, method="cuda-events-l2flush",
+                          device="NVIDIA H200", graph_ms=0.50)
+    graph_fast = _publish(store, tmp_path, m, static, "max-autotune", ms=1.2, method="cuda-events-l2flush",
+                          device="NVIDIA H200", graph_ms=0.40)
+    assert _lookup(api_url, m).json()["key"] == plain_fast
+    assert _lookup(api_url, m, graphs="true").json()["key"] == graph_fast
+    assert client.lookup(m, {"x": [8, 4]}, graphs=True).key == graph_fast  # the SDK says so too
+    assert client.lookup(m, {"x": [8, 4]}).key == plain_fast
+
+    # A candidate without a replay that agreed with eager: graph figures are not compared, the plain ones are.
+    other = "b2" * 32
+    _model(store, other)
+    plain_fast = _publish(store, tmp_path, other, static, "default", ms=1.0, method="cuda-events-l2flush",
+                          device="NVIDIA H200", graph_ms=0.3, graph_ok=False)
+    _publish(store, tmp_path, other, static, "max-autotune", ms=1.2, method="cuda-events-l2flush",
+             device="NVIDIA H200", graph_ms=0.40)
+    assert _lookup(api_url, other, graphs="true").json()["key"] == plain_fast
