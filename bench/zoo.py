@@ -24,13 +24,13 @@ class FirstOutput(torch.nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
 
 
-def _images(batch: int, size: int = 224) -> tuple[torch.Tensor, ...]:
-    return (torch.randn(batch, 3, size, size, dtype=DTYPE, device="cuda"),)
+def _images(batch: int, size: int = 224, device: str = "cuda") -> tuple[torch.Tensor, ...]:
+    return (torch.randn(batch, 3, size, size, dtype=DTYPE, device=device),)
 
 
-def _tokens(batch: int, seq: int, vocab: int) -> tuple[torch.Tensor, ...]:
-    ids = torch.randint(0, vocab, (batch, seq), device="cuda")
-    return ids, torch.ones(batch, seq, dtype=torch.int64, device="cuda")
+def _tokens(batch: int, seq: int, vocab: int, device: str = "cuda") -> tuple[torch.Tensor, ...]:
+    ids = torch.randint(0, vocab, (batch, seq), device=device)
+    return ids, torch.ones(batch, seq, dtype=torch.int64, device=device)
 
 
 def _tv(name: str) -> Callable[[], torch.nn.Module]:
@@ -87,17 +87,17 @@ def _hf(kind: str) -> Callable[[], torch.nn.Module]:
 @dataclass(frozen=True)
 class Entry:
     builder: Callable[[], torch.nn.Module]
-    inputs: Callable[[int], tuple[Any, ...]]  # the example inputs at a batch size
+    inputs: Callable[[int, str], tuple[Any, ...]]  # the example inputs at a batch size, on a device
     family: str
     batch: int  # the serving batch: what a server batches requests up to for this kind of model
 
 
 def _vision(builder: Callable[[], torch.nn.Module], family: str, batch: int = 32, size: int = 224) -> Entry:
-    return Entry(builder, lambda b: _images(b, size), family, batch)
+    return Entry(builder, lambda b, device: _images(b, size, device), family, batch)
 
 
 def _text(kind: str, seq: int, vocab: int, batch: int = 16) -> Entry:
-    return Entry(_hf(kind), lambda b: _tokens(b, seq, vocab), "transformers", batch)
+    return Entry(_hf(kind), lambda b, device: _tokens(b, seq, vocab, device), "transformers", batch)
 
 
 # The first 17 are the 2026-11-22 benchmark's (same architectures, inputs and batch); the rest came with issue 13.
@@ -147,7 +147,7 @@ MODELS: dict[str, Entry] = {
 def inputs(name: str, batch: int | None = None, device: str = "cuda") -> tuple[Any, ...]:
     """The model's example inputs at `batch` (default: its serving batch)."""
     entry = MODELS[name]
-    return tuple(t.to(device) for t in entry.inputs(entry.batch if batch is None else batch))
+    return tuple(entry.inputs(entry.batch if batch is None else batch, device))
 
 
 def build(name: str, seed: int = 0, batch_mult: int = 1, device: str = "cuda",

@@ -1,0 +1,75 @@
+"""Do the upload checks take every real model? Export each model of zoo.py on the CPU (bf16, random weights, batch 1)
+and run only what the API runs on an upload (compiler.archive.inspect_archive): no GPU, no service, no compile.
+
+The first wider GPU run found three real models refused at upload as hostile (HF Llama and Qwen2: the positional
+arguments of the grad-mode regions export keeps are named ''; torchvision's RegNet: 'block4-1'). This finds that
+kind of false refusal on any machine with torchvision, timm and transformers, in minutes.
+
+    python bench/upload_sweep.py [--models resnet50,hf_gpt2] --out bench/results/upload-sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="", help="comma-separated (default: all of zoo.py)")
+    ap.add_argument("--out", default="bench/results/upload-sweep.json")
+    a = ap.parse_args()
+
+    import torch
+
+    from bench.zoo import MODELS, build
+    from compiler.archive.inspect import inspect_archive
+    from compiler.errors import AotcError
+
+    names = a.models.split(",") if a.models else list(MODELS)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as d:
+        for name in names:
+            row: dict[str, Any] = {"model": name, "family": MODELS[name].family}
+            try:
+                t0 = time.perf_counter()
+                model, inputs = build(name, device="cpu", batch=1)
+                ep = torch.export.export(model, inputs)
+                path = Path(d) / f"{name}.pt2"
+                torch.export.save(ep, str(path))
+                row.update(export_s=round(time.perf_counter() - t0, 2), archive_mb=round(path.stat().st_size / 1e6, 1))
+                hops = sorted({str(n.target) for n in ep.graph.nodes if "higher_order" in str(n.target)})
+                row["higher_order_ops"] = hops
+                t1 = time.perf_counter()
+                inspected = inspect_archive(str(path))
+                row.update(accepted=True, inspect_s=round(time.perf_counter() - t1, 3),
+                           inputs=[i["name"] for i in inspected["inputs"]])
+                path.unlink()
+            except AotcError as e:  # the upload's answer: a refusal
+                row.update(accepted=False, status=e.status, refusal=e.message[:500])
+            except Exception as e:  # noqa: BLE001 - a model this machine cannot build or export is a result too
+                row.update(accepted=None, error=f"{type(e).__name__}: {e}"[:500])
+            rows.append(row)
+            verdict = {True: "accepted", False: f"REFUSED {row.get('status')}", None: "not exported"}[row["accepted"]]
+            print(f"{name:28s} {verdict:14s} export {row.get('export_s', '-')} s, inspect {row.get('inspect_s', '-')} s"
+                  + (f"  {row.get('refusal') or row.get('error')}"[:300] if not row["accepted"] else ""), flush=True)
+    summary = {"models": len(rows), "accepted": sum(r["accepted"] is True for r in rows),
+               "refused": [r["model"] for r in rows if r["accepted"] is False],
+               "not_exported": [r["model"] for r in rows if r["accepted"] is None]}
+    print(json.dumps(summary))
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"torch": torch.__version__, "summary": summary, "rows": rows}, indent=1))
+    return 1 if summary["refused"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
