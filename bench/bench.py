@@ -226,20 +226,17 @@ def batches_of(name: str) -> list[int]:
     return sorted({1, MODELS[name].batch})
 
 
-def submit_all(names: list[str], url: str, state: Path,
-               submitted: queue.Queue[tuple[str, dict[str, Any]]] | None = None) -> dict[str, dict[str, Any]]:
+def submit_all(names: list[str], url: str, state: Path, submitted: queue.Queue[tuple[str, dict[str, Any]]]) -> None:
     """Export each model at each batch and submit its compile; the workers compile while the next one exports.
-    {model: {batch: {'job': id} | {'key': key} | {'error': ...}}}; each model's entry also goes to `submitted`
-    as soon as it is in."""
+    Each model goes to `submitted` as soon as it is in: (name, {batch: {'job': id} | {'key': key} | {'error': ...}})."""
     import torch
 
     from bench.zoo import build
     from client import Client
 
-    jobs: dict[str, dict[str, Any]] = {}
     with Client(url, cache_dir=state / "client-cache", timeout=300) as c:
         for name in names:
-            jobs[name] = {}
+            entries: dict[str, Any] = {}
             for batch in batches_of(name):
                 path = state / f"{name}-b{batch}.pt2"
                 try:
@@ -252,16 +249,14 @@ def submit_all(names: list[str], url: str, state: Path,
                     rec = c.upload(path)
                     shapes = {i["name"]: i["shape"] for i in rec["inputs"]}
                     ans = c.submit(rec["id"], shapes, "cuda", priority="batch")
-                    jobs[name][str(batch)] = ({"key": ans["key"]} if ans["status"] == "cached"
-                                              else {"job": ans["job"]["id"]})
-                    jobs[name][str(batch)]["export_s"] = time.perf_counter() - t0
+                    entries[str(batch)] = ({"key": ans["key"]} if ans["status"] == "cached"
+                                           else {"job": ans["job"]["id"]})
+                    entries[str(batch)]["export_s"] = time.perf_counter() - t0
                     print(f"submitted {name} b={batch}: {ans['status']}", flush=True)
                 except Exception as e:  # a model we cannot build, export or upload is a result too
-                    jobs[name][str(batch)] = {"error": f"{type(e).__name__}: {e}"[:1500], "stage": "export"}
-                    print(f"{name} b={batch}: {jobs[name][str(batch)]['error'][:300]}", flush=True)
-            if submitted is not None:
-                submitted.put((name, jobs[name]))
-    return jobs
+                    entries[str(batch)] = {"error": f"{type(e).__name__}: {e}"[:1500], "stage": "export"}
+                    print(f"{name} b={batch}: {entries[str(batch)]['error'][:300]}", flush=True)
+            submitted.put((name, entries))
 
 
 def wait_artifact(c: Any, entry: dict[str, Any]) -> dict[str, Any]:

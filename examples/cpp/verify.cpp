@@ -97,6 +97,18 @@ const json::Value& member(const json::Value& obj, const char* key, json::Value::
   return *v;
 }
 
+// `text` as a JSON object: Refused with `bad_json` and the parser's message, or with `not_object`.
+json::Value parse_object(const std::string& text, const std::string& bad_json, const std::string& not_object) {
+  json::Value v;
+  try {
+    v = json::parse(text);
+  } catch (const json::Error& e) {
+    throw Refused(bad_json + e.what());
+  }
+  if (!v.is_object()) throw Refused(not_object);
+  return v;
+}
+
 bool is_sha256_hex(const std::string& s) {
   return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
@@ -134,13 +146,8 @@ Expected verify_manifest(const std::string& envelope_json, const std::vector<Tru
                          const std::vector<std::string>& revoked, const std::string& artifact_key) {
   using T = json::Value::Type;
   if (envelope_json.size() > kMaxManifestBytes) throw Refused("manifest is larger than 1 MiB");
-  json::Value env;
-  try {
-    env = json::parse(envelope_json);
-  } catch (const json::Error& e) {
-    throw Refused(std::string("manifest is not a DSSE envelope: ") + e.what());
-  }
-  if (!env.is_object()) throw Refused("manifest is not a DSSE envelope: not a JSON object");
+  const json::Value env = parse_object(envelope_json, "manifest is not a DSSE envelope: ",
+                                       "manifest is not a DSSE envelope: not a JSON object");
   const std::string& type = member(env, "payloadType", T::String, "envelope").text;
   if (type != kPayloadType) throw Refused("envelope payloadType is \"" + type + "\", expected " + kPayloadType);
   const std::string payload = b64decode(member(env, "payload", T::String, "envelope").text, "envelope payload");
@@ -185,13 +192,8 @@ Expected verify_manifest(const std::string& envelope_json, const std::vector<Tru
     throw Refused("unknown key: the manifest is signed by key " + join(unknown) + "; trusted: " + join(trusted));
   }
 
-  json::Value st;
-  try {
-    st = json::parse(payload);
-  } catch (const json::Error& e) {
-    throw Refused(std::string("signed statement is not valid JSON: ") + e.what());
-  }
-  if (!st.is_object()) throw Refused("signed statement is not a JSON object");
+  const json::Value st = parse_object(payload, "signed statement is not valid JSON: ",
+                                      "signed statement is not a JSON object");
   const std::string& st_type = member(st, "_type", T::String, "statement").text;
   if (st_type != kStatementType) throw Refused("statement _type is \"" + st_type + "\", expected " + kStatementType);
 
@@ -264,13 +266,8 @@ Digest copy_and_hash(const std::string& src, const std::string& dst) {
 
 std::vector<std::string> read_revoked(const std::string& path) {
   using T = json::Value::Type;
-  json::Value doc;
-  try {
-    doc = json::parse(read_file(path, kMaxManifestBytes));
-  } catch (const json::Error& e) {
-    throw Refused("signing keys " + path + ": " + e.what());
-  }
-  if (!doc.is_object()) throw Refused("signing keys " + path + " is not GET /v1/signing-keys's JSON object");
+  const json::Value doc = parse_object(read_file(path, kMaxManifestBytes), "signing keys " + path + ": ",
+                                       "signing keys " + path + " is not GET /v1/signing-keys's JSON object");
   std::vector<std::string> out;
   for (const auto& rec : member(doc, "keys", T::Array, "signing keys " + path).items) {
     if (!rec.is_object()) throw Refused("signing keys " + path + ": a key record is not an object");

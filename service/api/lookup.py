@@ -73,19 +73,17 @@ def _measured(a: dict[str, Any], graphs: bool = False) -> tuple[tuple[str, str],
     CUDA-graph replay's median, if one was captured and agreed with eager (a replay does no CPU work, so this figure
     moves far less with the worker's load than a launch-bound plain run's: bench/README.md)."""
     check = a.get("check") or {}
-    if graphs:
-        if not (check.get("graphs") or {}).get("ok"):
-            return None
-        plain = (check.get("latency") or {}).get("graph") or {}
-        if not isinstance(plain.get("median_ms"), (int, float)):
-            return None
+    latency = check.get("latency") or {}
+    if graphs:  # no fallback to compiled_ms: that is the plain run's
+        figure = (latency.get("graph") or {}) if (check.get("graphs") or {}).get("ok") else {}
+        ms = figure.get("median_ms")
     else:
-        plain = (check.get("latency") or {}).get("compiled") or {}
-    ms = plain.get("median_ms", check.get("compiled_ms"))
+        figure = latency.get("compiled") or {}
+        ms = figure.get("median_ms", check.get("compiled_ms"))
     device = (check.get("device_info") or {}).get("name") or (a.get("worker") or {}).get("device_name")
     if not isinstance(ms, (int, float)) or ms <= 0 or not device:
         return None
-    return (str(device), str(plain.get("method") or "legacy")), float(ms)
+    return (str(device), str(figure.get("method") or "legacy")), float(ms)
 
 
 async def lookup_answer(reads: Reads, model_id: str, target: str, shape: list[str], mode: str | None,

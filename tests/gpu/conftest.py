@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from modelzoo import InplaceReduce, export, seeded
 from procs import start_worker, stop
 from service.store import Store
 
@@ -39,3 +40,14 @@ def gpu_worker(service_env: dict[str, str], store: Store, tmp_path_factory: pyte
         time.sleep(0.2)
     yield gpu[0]
     stop(proc)
+
+
+@pytest.fixture
+def inplace_bundle(gpu_worker: dict, client, tmp_path):  # type: ignore[no-untyped-def]
+    """The stage report's model (an in-place op, a reduction, a matmul) on cuda, and its bundle compiled by the GPU
+    worker: dynamic batch 1..64 with a bucket at 32. (model, bundle); every test after the first is a cache hit."""
+    model = seeded(InplaceReduce, 31).cuda()
+    batch = torch.export.Dim("batch", min=1, max=256)
+    path = export(model, (torch.randn(8, 16, device="cuda"),), tmp_path / "ir.pt2", dynamic_shapes={"x": {0: batch}})
+    return model, client.compile(path, {"x": [{"min": 1, "max": 64}, 16]}, target=gpu_worker["target"],
+                                 buckets=[{"x": [32, 16]}])

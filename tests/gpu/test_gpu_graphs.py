@@ -12,7 +12,7 @@ from client.graphs import GraphedArtifact
 from compiler.check import check_artifact, measure
 from compiler.compat.aoti import aoti_compile_and_package, aoti_load_package, load_for_graphs
 from compiler.cudagraphs import GraphRunner
-from modelzoo import MLP, InplaceReduce, export, seeded
+from modelzoo import MLP, export, seeded
 
 DYN = [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 64}, 32]}]
 
@@ -149,13 +149,8 @@ def test_measure_agrees_with_do_bench_on_a_launch_bound_package(dynamic_mlp):
     assert abs(o - t) <= 0.1 * t, (ours, theirs)
 
 
-def test_a_pulled_bundle_replays_graphs_for_its_buckets(gpu_worker, client, tmp_path):
-    # The model and shapes of test_gpu_report's bundle: a cache hit when that test ran first.
-    model = seeded(InplaceReduce, 31).cuda()
-    batch = torch.export.Dim("batch", min=1, max=256)
-    path = export(model, (torch.randn(8, 16, device="cuda"),), tmp_path / "ir.pt2", dynamic_shapes={"x": {0: batch}})
-    bundle = client.compile(path, {"x": [{"min": 1, "max": 64}, 16]}, target=gpu_worker["target"],
-                            buckets=[{"x": [32, 16]}])
+def test_a_pulled_bundle_replays_graphs_for_its_buckets(gpu_worker, client, inplace_bundle):
+    model, bundle = inplace_bundle  # test_gpu_report's bundle: a cache hit when that test ran first
     bucket = bundle.buckets[0]
     check = bucket.meta["check"]
     assert check["graphs"]["impl"] == "aotc" and check["graphs"]["captured"] and check["graphs"]["ok"]

@@ -5,15 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from modelzoo import InplaceReduce, export, seeded
 
-
-def test_report_shows_triton_kernels_and_buckets_run_on_gpu(gpu_worker, client, tmp_path):
-    model = seeded(InplaceReduce, 31).cuda()
-    batch = torch.export.Dim("batch", min=1, max=256)
-    path = export(model, (torch.randn(8, 16, device="cuda"),), tmp_path / "ir.pt2", dynamic_shapes={"x": {0: batch}})
-    bundle = client.compile(path, {"x": [{"min": 1, "max": 64}, 16]}, target=gpu_worker["target"],
-                            buckets=[{"x": [32, 16]}])
+def test_report_shows_triton_kernels_and_buckets_run_on_gpu(gpu_worker, client, inplace_bundle):
+    model, bundle = inplace_bundle
     key = bundle.main.key
     rep = client.report(key)
     assert rep["device"].startswith("cuda") and rep["torch"] == gpu_worker["toolchain"]["torch"]
