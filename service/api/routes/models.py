@@ -15,6 +15,7 @@ from service.api.auth import Compile, Principal, Pull, needs
 from service.api.deps import ModelDep, SettingsDep, StoreDep
 from service.api.schemas import V1_ERRORS, Limit, ModelList, ModelRecord, errors
 from service.api.settings import Settings
+from service.api.slots import UploadSlot
 from service.store import Store
 from service.store.namespaces import GB
 
@@ -37,13 +38,14 @@ def _model_name(name: str | None, max_chars: int) -> str | None:
 
 @router.post("", status_code=201, response_model=ModelRecord, response_model_exclude_unset=True, responses={
     200: {"model": ModelRecord, "description": "Already uploaded"},
-    **errors(400, 413, 415, 422, 429, why={400: "The body is empty",
-                                           422: "Not an exported program, or an unsafe one, or a bad name"}),
+    **errors(400, 408, 413, 415, 422, 429, why={400: "The body is empty",
+                                                422: "Not an exported program, or an unsafe one, or a bad name",
+                                                429: "The key has AOTC_MAX_UPLOADS_PER_KEY uploads in progress"}),
 }, openapi_extra={"requestBody": {"required": True, "description": "The archive `torch.export.save` wrote, as "
                   "the raw body (at most AOTC_MAX_UPLOAD_MB)", "content": {
                       "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
 async def upload_model(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
-                       who: Compile, name: Annotated[str | None, Query(
+                       who: Compile, _slot: UploadSlot, name: Annotated[str | None, Query(
                            description="The model's name: printable text of at most AOTC_MAX_MODEL_NAME_CHARS "
                            "characters (default 200)")] = None) -> dict[str, Any]:
     """Upload a `torch.export.save` archive as the raw request body.
@@ -52,6 +54,7 @@ async def upload_model(request: Request, response: Response, store: StoreDep, se
     the answer lists the inputs the program declares (names, shapes with dynamic ranges, dtypes).
     The model id is the sha256 of the content, so uploading the same file twice is harmless.
     The name (`?name=`, else the `x-aotc-filename` header) is printable text of at most AOTC_MAX_MODEL_NAME_CHARS.
+    A key may have at most AOTC_MAX_UPLOADS_PER_KEY uploads in progress at once (429 past it).
     """
     model_name = _model_name(name or request.headers.get("x-aotc-filename"),
                              settings.max_model_name_chars)
