@@ -42,7 +42,7 @@ class RequestTimeout(HTTPException):
 
 def _raw_408(message: str) -> bytes:
     """A whole 408 answer, written on the socket itself: no request exists yet for uvicorn to answer."""
-    body = json.dumps({"error": {"code": "request_timeout", "message": message}}).encode()
+    body = json.dumps({"error": {"code": "request_timeout", "message": message}}, separators=(",", ":")).encode()
     return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
