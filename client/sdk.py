@@ -229,8 +229,9 @@ class Client:
         `progress` gets {'id', 'state', 'stage', 'attempts', 'reason', 'not_before'} at each change, then the final
         job record.
         A dropped stream, an API restart, a 503 (Redis down) or a 429 (the key holds AOTC_MAX_STREAMS_PER_KEY
-        streams already) is retried with backoff (from `poll_s` up to 5 s), resuming after the last event seen. Returns the artifact; raises JobFailed if the job failed or was
-        cancelled, TimeoutError after `timeout` seconds."""
+        streams already) is retried with backoff (from `poll_s` up to 5 s), resuming after the last event seen.
+        Returns the artifact; raises JobFailed if the job failed or was cancelled, TimeoutError after `timeout`
+        seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         view: dict[str, Any] = {"id": job_id, "state": "queued", "stage": "queued", "attempts": 0}
         last_id: str | None = None

@@ -208,7 +208,9 @@ class EventHub:
                 if stream == self._wake_key:
                     self._wake_last = entries[-1][0]
                     continue
-                if stream not in self._pos:  # its last watcher left during the read
+                if self._pos.get(stream) != streams.get(stream):
+                    # Its last watcher left during the read, or one that came meanwhile moved the start back:
+                    # the next read goes from there, and hands everything over in order (repeats are skipped).
                     continue
                 self._pos[stream] = entries[-1][0]
                 for sub in list(self._subs.get(stream, ())):
