@@ -514,3 +514,34 @@ def test_aotc_server_keeps_its_data_dir_private_and_a_sandboxed_compile_still_ru
     assert not loose, loose
     assert modes["work"] & 0o077 == 0 and modes["redis"] == 0o700
     stop(server.proc)
+
+
+def test_the_sdk_waits_through_a_429_on_its_event_stream(limited, fake_target, model_bytes, tmp_path):
+    from client import Client
+    from client.sdk import JobFailed
+
+    (url, _), _ = limited
+    key = _key(url, "compile", f"sdk-{uuid.uuid4().hex[:6]}")
+    job_id = _queued_job(url, key, model_bytes, batch=5)
+    held = Streams(url, job_id, key, 3)  # every stream slot of the key
+    outcome: dict[str, BaseException] = {}
+
+    def wait() -> None:
+        try:
+            with Client(url, api_key=key, cache_dir=tmp_path / "cache") as c:
+                c.wait(job_id, poll_s=0.2, timeout=60)
+        except BaseException as e:  # noqa: BLE001 - the test looks at what ended the wait
+            outcome["e"] = e
+
+    try:
+        held.wait_ready(3)
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(1.5)  # it is refused (429) and keeps trying
+        assert waiter.is_alive(), outcome
+    finally:
+        held.close()  # a slot frees: the SDK's stream gets in
+    time.sleep(1.0)
+    assert httpx.delete(f"{url}/v1/jobs/{job_id}", headers=_bearer(key)).status_code == 200
+    waiter.join(30)
+    assert isinstance(outcome.get("e"), JobFailed) and outcome["e"].job["state"] == "cancelled", outcome
