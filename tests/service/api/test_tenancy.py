@@ -97,7 +97,9 @@ def _upload(url: str, key: str, body: bytes) -> str:
     return str(r.json()["id"])
 
 
-def _queued_job(url: str, key: str, model: bytes, batch: int = 2) -> str:
+def _queued_job(url: str, key: str, model: bytes, batch: int) -> str:
+    """A queued job of its own: each test uses its own batch size (the quota test takes 1..48), since the same
+    model, shape and target from another namespace would join that namespace's job."""
     model_id = _upload(url, key, model)
     r = httpx.post(f"{url}/v1/compilations", headers=_bearer(key), timeout=30,
                    json={"model_id": model_id, "shapes": {"x": [batch, 4]}, "target": TARGET})
@@ -203,7 +205,7 @@ def test_eighty_streams_on_one_key_leave_other_tenants_lookups_fast(service_env,
     try:
         tag = uuid.uuid4().hex[:6]
         streamer = _key(url, "compile", f"streamer-{tag}")
-        job_id = _queued_job(url, streamer, model_bytes)
+        job_id = _queued_job(url, streamer, model_bytes, batch=50)
         other = _key(url, "compile", f"other-{tag}")
         model_id = _upload(url, other, model_bytes)
         _publish(store, tmp_path, model_id)
@@ -272,7 +274,7 @@ def test_stream_cap_per_key_is_429_naming_the_setting_across_processes_and_a_dea
     (url_a, _), (url_b, _) = limited
     tag = uuid.uuid4().hex[:6]
     key, neighbour = _key(url_a, "compile", f"cap-{tag}"), _key(url_a, "compile", f"cap-{tag}")
-    job_id = _queued_job(url_a, key, model_bytes, batch=3)
+    job_id = _queued_job(url_a, key, model_bytes, batch=51)
     events = f"/v1/jobs/{job_id}/events"
 
     held = Streams(url_a, job_id, key, 3)
@@ -454,7 +456,7 @@ def test_aotc_server_closes_half_sent_requests_with_408(tmp_path, servers, monke
         try:
             store.workers.heartbeat({"id": "fake", "target": TARGET, "toolchain": {"torch": "fake"},
                                      "device_name": "none", "started": time.time()}, ttl_s=600)
-            job_id = _queued_job(server.url, ADMIN_KEY, model_bytes)
+            job_id = _queued_job(server.url, ADMIN_KEY, model_bytes, batch=2)
             with httpx.stream("GET", f"{server.url}/v1/jobs/{job_id}/events", headers=_bearer(ADMIN_KEY),
                               timeout=10) as r:
                 lines = r.iter_lines()
@@ -524,7 +526,7 @@ def test_the_sdk_waits_through_a_429_on_its_event_stream(limited, fake_target, m
 
     (url, _), _ = limited
     key = _key(url, "compile", f"sdk-{uuid.uuid4().hex[:6]}")
-    job_id = _queued_job(url, key, model_bytes, batch=5)
+    job_id = _queued_job(url, key, model_bytes, batch=52)
     held = Streams(url, job_id, key, 3)  # every stream slot of the key
     outcome: dict[str, BaseException] = {}
 
