@@ -164,7 +164,10 @@ print("HOSTILE " + json.dumps({"started": n, "error": error}), flush=True)
 """
 
 
-def test_a_fork_bomb_stops_at_its_sandboxs_bound_and_the_next_sandbox_still_starts(sandbox, tmp_path):
+def _fork_bomb_beside_a_second_sandbox(sandbox: Sandbox, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any],
+                                                                                Outcome]:
+    """A fork bomb in one sandbox, holding all it got while a second sandbox starts 20 processes: what each said,
+    and the bomb's outcome."""
     limits = Limits(procs=40)
     bomb_dir = tmp_path / "bomb"
     bomb: dict[str, Outcome] = {}
@@ -176,15 +179,31 @@ def test_a_fork_bomb_stops_at_its_sandboxs_bound_and_the_next_sandbox_still_star
             assert time.monotonic() < deadline, "the fork bomb never said how far it got"
             time.sleep(0.2)
         [held] = said
-        outcome, [second] = _run(sandbox, tmp_path / "second", START, limits, {"procs": 20})
+        _, [second] = _run(sandbox, tmp_path / "second", START, limits, {"procs": 20})
     finally:
         (bomb_dir / "release").touch()
         t.join(180)
     print(f"\nprocesses: a fork bomb under a bound of {limits.procs} forked {held['forked']} ({held['error']}); "
           f"a second sandbox meanwhile started {second['started']} of 20 ({second['error']})")
     assert held["forked"] < limits.procs and "Resource temporarily unavailable" in str(held["error"]), held
+    return held, second, bomb["out"]
+
+
+def test_a_fork_bomb_stops_at_its_sandboxs_bound_and_the_next_sandbox_still_starts(sandbox, tmp_path):
+    _, second, bomb = _fork_bomb_beside_a_second_sandbox(sandbox, tmp_path)
     assert second == {"started": 20, "error": None}, second
-    assert bomb["out"].failure is not None and bomb["out"].failure.extra["limit"] == "AOTC_CHILD_MAX_PROCS", bomb["out"]
+    assert bomb.failure is not None and bomb.failure.extra["limit"] == "AOTC_CHILD_MAX_PROCS", bomb
+
+
+def test_without_cgroups_each_child_has_a_uid_of_its_own_so_a_fork_bomb_leaves_the_next_sandbox_its_processes(
+        sandbox, tmp_path):
+    base = tmp_path / "worker"
+    sb = setup(WorkerSettings(work_dir=base / "work", data_dir=base / "data", sandbox_bounds="uid",
+                              sandbox_uid_lock_dir=base / "uids"), "cpu")
+    assert "uid of its own per sandbox" in sb.describe()["sandbox_bounds"]["processes"], sb.describe()
+    _, second, bomb = _fork_bomb_beside_a_second_sandbox(replace(sb, pythonpath=sandbox.pythonpath), tmp_path)
+    assert second == {"started": 20, "error": None}, second
+    assert bomb.failure is not None
 
 
 NAMESPACES = """
