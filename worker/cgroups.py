@@ -4,7 +4,7 @@ together, rather than per process (RLIMIT_AS) or per uid across the host (RLIMIT
     v2  a delegated subtree: a cgroup the worker may write whose cgroup.subtree_control holds memory and pids
         (AOTC_SANDBOX_CGROUP, default the worker's own); each child's group is made in it
     v1  root on a host with the memory and pids hierarchies mounted (this project's VMs and CI): one group per
-        child under /sys/fs/cgroup/memory/aotc/ and /sys/fs/cgroup/pids/aotc/
+        child under aotc/ in the worker's own memory and pids groups (/sys/fs/cgroup/memory/<its group>/aotc/...)
 
 A group is named `w<worker pid>-<n>`. The launcher (worker/shim.py, before it execs bwrap) writes its own pid into
 the group's cgroup.procs files, so bwrap and everything it starts are in it from their first instruction: no
@@ -149,8 +149,9 @@ class V1:
     version = "v1"
 
     def __init__(self, root: Path = V1_ROOT) -> None:
-        self.memory = root / "memory" / V1_PARENT
-        self.pids = root / "pids" / V1_PARENT
+        # Inside the worker's own groups, so that a limit on the worker's container holds its children too.
+        self.memory = root / "memory" / own_v1_path("memory") / V1_PARENT
+        self.pids = root / "pids" / own_v1_path("pids") / V1_PARENT
 
     def setup(self) -> None:
         """Make the parent groups (OSError where this process may not) and remove groups of workers gone."""
@@ -256,6 +257,19 @@ def sweep(parents: list[Path]) -> None:
         if names:
             log.info("removing %d cgroup(s) that workers now gone left in %s", len(names), parent)
             _kill_and_rmdir([parent / n for n in names])
+
+
+def own_v1_path(controller: str) -> str:
+    """This process's group in a cgroup v1 hierarchy, relative to its root ("" at the root)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return ""
+    for ln in lines:
+        _, controllers, path = ln.split(":", 2)
+        if controller in controllers.split(","):
+            return path.lstrip("/")
+    return ""
 
 
 def own_v2_cgroup() -> Path | None:
