@@ -198,16 +198,16 @@ class JobRunner:
     # -- the sandbox's inputs ---------------------------------------------------------------------------------
 
     def limits(self) -> Limits:
-        """The children's rlimits, from the settings (0 turns one off). No address-space limit for CUDA children:
-        CUDA reserves far more address space than it uses."""
+        """The children's limits, from the settings (0 turns one off); the sandbox picks what holds each
+        (worker.isolation: a cgroup, a tmpfs, rlimits)."""
         s = self.settings
-        cuda = self.info["device"].startswith("cuda")
         return Limits(
-            memory_bytes=int(s.compile_max_memory_gb * GIB) if s.compile_max_memory_gb and not cuda else None,
+            memory_bytes=int(s.compile_max_memory_gb * GIB) if s.compile_max_memory_gb else None,
             cpu_s=s.child_max_cpu_s or None,
             file_bytes=s.child_max_file_mb * MIB if s.child_max_file_mb else None,
             procs=s.child_max_procs or None,
             open_files=s.child_max_open_files or None,
+            disk_bytes=s.child_max_disk_mb * MIB if s.child_max_disk_mb else None,
         )
 
     def _hide(self) -> list[Path]:
@@ -233,6 +233,7 @@ class JobRunner:
                 outcome = self.health.run_child({"kind": "warmup", "device": self.info["device"]}, jobdir,
                                                 sandbox=self.sandbox, timeout_s=self.settings.compile_timeout_s,
                                                 device=self.info["device"], hide=self._hide(),
+                                                keep=lambda: [f"{header_dir(Path('tmp'))}/"],
                                                 should_cancel=self.stopping.is_set)
                 if not outcome.ok:
                     assert outcome.failure is not None
@@ -286,6 +287,7 @@ class JobRunner:
             {"kind": "compile", "model_path": str(model_path), "spec": job["spec"], "options": job["options"],
              "program_inputs": model["inputs"], "device": device, "out_path": str(compile_dir / "artifact.pt2")},
             workdir, timeout_s=self.settings.compile_timeout_s, prepare=prepare,
+            keep=lambda: [*OUTPUTS.values(), *(share.files() if share is not None else [])],
         )
         if share is not None:
             share.collect(compile_dir)

@@ -243,7 +243,7 @@ def signing_key(settings: WorkerSettings, sandbox: Sandbox) -> Signer:
     read it (a sandboxed child sees every path the sandbox does not hide)."""
     given = settings.signing_key_file
     path = Path(os.path.realpath(given or settings.data_dir / "signing" / "worker-ed25519.pem"))
-    if sandbox.on and not any(path.is_relative_to(h) for h in sandbox.hidden):
+    if sandbox.on and sandbox.visible(path):
         raise ValueError(f"the signing key {path} is where compile and check children could read it: put it under "
                          "AOTC_DATA_DIR or /run (e.g. /run/secrets), or add its dir to AOTC_SANDBOX_HIDE")
     if given is not None and not path.is_file():
