@@ -48,6 +48,7 @@ from service.store.memory import is_out_of_memory, oom_message, out_of_memory
 log = logging.getLogger("aotc.api")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _ID_MISMATCH = {"string_pattern_mismatch", "string_too_long", "string_too_short"}
+_MISCONF = re.compile(r"^MISCONF |of pipeline caused error: MISCONF ")  # alone, or inside a pipeline's error
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
 
@@ -63,7 +64,7 @@ def insufficient_storage(message: str) -> JSONResponse:
 
 def cannot_persist(exc: BaseException) -> bool:
     """Redis refuses writes because it cannot write its AOF or RDB file (a full disk, most often): MISCONF."""
-    return isinstance(exc, redis.ResponseError) and str(exc).startswith("MISCONF")
+    return isinstance(exc, redis.ResponseError) and _MISCONF.search(str(exc)) is not None
 
 
 def request_id(request: Request) -> str:
@@ -137,7 +138,8 @@ def install(app: FastAPI) -> None:
             store: Store = request.app.state.store
             return insufficient_storage(await run_in_threadpool(oom_message, store.r))
         if cannot_persist(exc):
-            return insufficient_storage(f"Redis refuses writes: it cannot write to its disk ({str(exc)[:300]}). "
+            said = str(exc)[str(exc).find("MISCONF"):][:300]
+            return insufficient_storage(f"Redis refuses writes: it cannot write to its disk ({said}). "
                                         "Free space where Redis keeps its data (the embedded Redis: "
                                         "AOTC_DATA_DIR/redis); it takes writes again once a write of its file works")
         answer = _logged(request, 503, "redis_error", f"Redis refused a command this request needed "

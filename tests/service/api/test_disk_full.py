@@ -159,3 +159,32 @@ def test_a_full_s3_store_is_a_507_naming_the_store(s3_endpoint: str, tmp_path: P
             c.close()
     finally:
         stop(proxy)
+
+
+def test_a_redis_that_cannot_write_its_aof_is_a_507(tmp_path: Path) -> None:
+    """The whole data dir on the small disk, as `make serve` keeps it (the embedded Redis's AOF too): once the AOF
+    cannot be written, Redis refuses writes (MISCONF), which is a 507 that says so, not a 503 to retry in 2 s."""
+    small = SmallDisk(tmp_path / "data", 64)
+    cluster = Cluster(small.path, env={"AOTC_DISK_LOW_WATER_MB": "0"})
+    try:
+        assert api.post(f"{cluster.url}/v1/keys", json={"scope": "pull", "namespace": "a"}).status_code == 201
+        small.fill()
+        deadline = time.monotonic() + 30
+        while True:  # Redis learns that its AOF cannot be written at its next write of it (each second)
+            r = api.post(f"{cluster.url}/v1/keys", json={"scope": "pull", "namespace": "a"})
+            if r.status_code != 201 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert r.status_code == 507, r.text
+        err = r.json()["error"]
+        assert err["code"] == "insufficient_storage" and r.headers["retry-after"] == "30"
+        assert err["message"].startswith("Redis refuses writes: it cannot write to its disk (MISCONF ")
+        assert "No space left on device" in err["message"]
+        small.empty()
+        deadline = time.monotonic() + 30
+        while (r := api.post(f"{cluster.url}/v1/keys", json={"scope": "pull", "namespace": "a"})).status_code != 201:
+            assert time.monotonic() < deadline, r.text
+            time.sleep(0.5)
+    finally:
+        cluster.close()
+        small.close()
