@@ -185,8 +185,8 @@ class JobRunner:
         try:
             try:
                 outcome, result = self._compile_and_check(job, workdir)
-            except OSError as e:  # the worker's own write: the model, a child's task, the outputs, publishing
-                if not is_disk_full(e):
+            except Exception as e:  # the worker's own write: the model, a child's task, the outputs, publishing
+                if not is_disk_full(e):  # ENOSPC anywhere in the cause chain; else process() reports it
                     raise
                 outcome, result = Outcome(False, failure=self.health.disk_failure(self.stage, e)), {}
             if self.lease_lost:  # a reaper requeued the job: it is someone else's now
