@@ -41,7 +41,7 @@ class ValidationIssue(BaseModel):
 class ErrorDetail(Record):
     code: str = Field(description="bad_request, unauthorized, forbidden, not_found, conflict, too_large, not_a_zip, "
                       "invalid, unsafe_archive, range_not_satisfiable, quota_jobs, internal, unavailable, "
-                      "redis_unavailable, redis_error, insufficient_storage, quota_storage (docs/api.md)")
+                      "redis_unavailable, redis_error, insufficient_storage, quota_storage, disk_full (docs/api.md)")
     message: str = Field(description="What was wrong and, where it can say, what would be right.")
     request_id: str | None = Field(default=None, description="internal and redis_error: the id the server logged "
                                    "the failure under (also the X-Request-ID header).")
@@ -68,7 +68,8 @@ _WHY = {
     422: "The request does not validate: `error.message` names each parameter and its bound",
     429: "The namespace has as many queued and running jobs as its quota allows (retry after Retry-After seconds)",
     503: "The service cannot reach its Redis, or Redis refused the command (retry after Retry-After seconds)",
-    507: "Redis is out of memory, or the namespace's stored bytes would pass its quota",
+    507: "Redis is out of memory or cannot write its disk, a disk or the blob store is full, or the namespace's "
+         "stored bytes would pass its quota",
 }
 _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again", "schema": {"type": "integer"}}}
 _HEADERS: dict[int, dict[str, Any]] = {
