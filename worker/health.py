@@ -170,7 +170,10 @@ class Health:
             self.early_crashes, self.reason, self.since = 0, None, None
         if outcome.ok or outcome.cancelled or outcome.failure is None:
             return outcome
-        if (full := self._child_full(kind, outcome.failure, log_path, childdir)) is not None:
+        # A child that filled its own sandbox's tmpfs went past AOTC_CHILD_MAX_DISK_MB: the job's fault, final, even
+        # though its output says "No space left on device" as a full host disk would.
+        if outcome.failure.type != "LimitExceeded" and \
+                (full := self._child_full(kind, outcome.failure, log_path, childdir)) is not None:
             return Outcome(False, failure=full, seconds=outcome.seconds)
         if started:
             return outcome

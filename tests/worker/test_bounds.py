@@ -132,6 +132,23 @@ def test_files_together_stay_within_the_sandboxs_disk_bound(sandbox, tmp_path):
     assert not (tmp_path / "job" / "probe" / "tmp").exists()  # the tmpfs went with the child
 
 
+def test_a_child_that_fills_its_own_tmpfs_is_the_jobs_fault_not_a_full_host_disk(sandbox, tmp_path):
+    """What the worker makes of it (worker.health judges every child that got through its handshake): the child's
+    output says "No space left on device", as a full host disk would, but the host's disks have room: the job went
+    past its own bound, final, not refunded as DiskFull."""
+    from worker.disk import DiskWatch
+    from worker.health import Health
+
+    outcome, said = _run(sandbox, tmp_path / "job", DISK, Limits(file_bytes=32 * MIB, disk_bytes=32 * MIB),
+                         {"files": 3, "mb": 24})
+    assert "No space left on device" in str(said[0]["error"])
+    health = Health(3, DiskWatch(lambda: [tmp_path], 1))
+    judged = health.judge("probe", outcome, True, tmp_path / "job" / "probe.log", tmp_path / "job" / "probe")
+    assert judged.failure is not None and judged.failure.type == "LimitExceeded", judged
+    assert judged.failure.extra.get("limit") == "AOTC_CHILD_MAX_DISK_MB"
+    assert health.describe()["healthy"] is True
+
+
 FORK_BOMB = """
 import json, os, time
 n, error = 0, None
