@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from fastapi import Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag, with_config
+from typing_extensions import TypedDict
 
 from compiler.options import CompileOptions
 
@@ -102,6 +103,37 @@ MAX_TARGET = 64
 MAX_SHAPE_ARG = 256  # one ?shape=NAME=SHAPE
 MAX_SHAPE_ARGS = 64  # ?shape= given at most this often (one per input)
 STREAM_ID = r"^[0-9]{1,19}(-[0-9]{1,19})?$"  # a Redis stream entry id (Last-Event-ID), each part below 2**64
+INT64_MAX = 2**63 - 1  # compiler.shapes.INT64_MAX: every size fits in int64
+# Grammars that pydantic enforces on the parameters and fields that carry them (Rust's regex engine, as the
+# validators that read the published schema do), so the schema says exactly what is accepted. Each is no wider
+# than the parser behind it (compiler.shapes, compiler.targets), which then never refuses a value that got this far.
+IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"  # an input name: inputs are FX placeholders, named by identifiers
+# Printable text that is not blank, or nothing: no control, format, private-use, unassigned or separator characters
+# but the space (so no terminal escapes, bidi overrides or line breaks). Python's str.isprintable() reads the same
+# categories from an older Unicode than the validators do, so it is not used: the two would disagree.
+NAME_TEXT = r"^(?: *[^\p{C}\p{Z}](?:[^\p{C}\p{Z}]| )*)?$"
+TARGET = r"^(?:[Cc][Pp][Uu]|[Cc][Uu][Dd][Aa])(?:-[A-Za-z0-9_]+)*$"  # compiler.targets, in ASCII letters of any case
+_DIM = r"[0-9]{1,19}(?:\.\.[0-9]{1,19})?"  # a size or a range; 19 digits at most, as compiler.shapes reads them
+ONE_DIM = rf"^{_DIM}$"
+_SHAPE = rf"(?:|scalar|\(\)|{_DIM}(?:[xX]{_DIM})*)"
+SHAPE = rf"^{_SHAPE}$"  # '8x3x224x224', '1..32x3', '' or 'scalar' for a 0-d input
+SHAPE_ARG = rf"^[A-Za-z_][A-Za-z0-9_]*={_SHAPE}$"  # ?shape=NAME=SHAPE
+# What a value outside each grammar is told (service/api/errors.py), `{value}` standing for the value.
+PATTERN_RULES = {
+    NAME_TEXT: "{value} is not printable text: a name may hold letters, digits, punctuation and spaces, but no "
+               "control or formatting characters, and is not blank",
+    TARGET: "unknown target {value}: use 'cpu', 'cuda', or a concrete target such as 'cuda-sm90' or "
+            "'cpu-x86_64-avx512'",
+    ONE_DIM: "cannot read dim {value}: a dim is a size (8) or a range (1..32) of at most 19 digits (sizes fit in "
+             "int64)",
+    SHAPE: "cannot read shape {value}: each dim is a size (8) or a range (1..32) of at most 19 digits (sizes fit "
+           "in int64), joined by 'x'",
+    SHAPE_ARG: "cannot read {value}: write NAME=SHAPE, e.g. x=8x3x224x224 or x=1..32x3x224x224; NAME is an "
+               "identifier, each dim at most 19 digits (sizes fit in int64)",
+    IDENT: "{value} is not an input name: inputs are named by identifiers (letters, digits and '_')",
+    STREAM_ID: "{value} is not an event id: send back the `id:` of an event this stream sent (digits, or "
+               "digits-digits)",
+}
 # Parameters that name a record, and the rule each must meet: a value outside it names none, so the answer is the
 # 404 an unknown id gets (service/api/errors.py), never a Redis read of some other key.
 ID_PARAMS = {
@@ -312,18 +344,58 @@ class JobList(BaseModel):
 # -- compilations ------------------------------------------------------------------------------------------------
 
 
-class CompilationRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+# What a compile request's `shapes` may hold, enforced by pydantic so the schema says it: per input (by its name),
+# a list of dims or one string for the whole shape; each dim a size, a {min, max} range or a string. Whether they fit
+# the program (the names, ranks, ranges, min <= max) only compiler.shapes can tell, against the stored model: a 422.
+# Each union picks its branch by the value's JSON type (`Discriminator`), so a refusal names that branch's problem
+# alone; the branch tags (UNION_TAGS) are left out of the error's location.
+Size = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
-    model_id: str = Field(pattern=MODEL_ID, description="The id POST /v1/models returned (the sha256 of the "
-                          "archive), or a unique prefix of it (8+ hex digits).")
-    shapes: dict[str, Any] = Field(
+
+@with_config(ConfigDict(extra="forbid"))
+class DimRange(TypedDict):
+    """A dynamic dim: every size from min to max. Validated into a plain dict, the form compiler.shapes reads."""
+
+    min: Size
+    max: Size
+
+
+def _json_kind(value: Any) -> str | None:
+    if isinstance(value, bool):  # JSON's true is no size, though Python's bool is an int
+        return None
+    return {int: "<size>", dict: "<range>", str: "<text>", list: "<list>"}.get(type(value))
+
+
+UNION_TAGS = frozenset({"<size>", "<range>", "<text>", "<list>"})  # no input name: those are identifiers
+Dim = Annotated[
+    Annotated[Size, Tag("<size>")] | Annotated[DimRange, Tag("<range>")]
+    | Annotated[str, StringConstraints(pattern=ONE_DIM), Tag("<text>")],
+    Discriminator(_json_kind, custom_error_type="invalid_dim",
+                  custom_error_message="a dim is a size (8), a range ({'min': 1, 'max': 32}) or a string ('1..32')"),
+]
+Dims = Annotated[
+    Annotated[list[Dim], Tag("<list>")] | Annotated[str, StringConstraints(pattern=SHAPE), Tag("<text>")],
+    Discriminator(_json_kind, custom_error_type="invalid_dims",
+                  custom_error_message="an input's dims are a list or a string such as '8x3x224x224'"),
+]
+InputName = Annotated[str, StringConstraints(pattern=IDENT)]
+# pydantic writes the key pattern as `patternProperties`, which leaves other keys free: say they are not.
+Shapes = Annotated[dict[InputName, Dims], Field(min_length=1, json_schema_extra={"additionalProperties": False})]
+
+
+class CompilationRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: no "8" for 8, no true for 1
+
+    model_id: str = Field(pattern=MODEL_ID, max_length=64, description="The id POST /v1/models returned (the sha256 "
+                          "of the archive), or a unique prefix of it (8+ hex digits).")
+    shapes: Shapes = Field(
         description="Per input, its dims: a size (8), a range ({'min': 1, 'max': 32}), or a string '1..32x3x224x224'.",
         examples=[{"x": [8, 3, 224, 224]}, {"x": [{"min": 1, "max": 32}, 3, 224, 224]}],
     )
-    target: str = Field(default="cpu", description="'cpu', 'cuda', or a concrete target such as 'cuda-sm90'.")
+    target: str = Field(default="cpu", pattern=TARGET, max_length=MAX_TARGET,
+                        description="'cpu', 'cuda', or a concrete target such as 'cuda-sm90'.")
     options: CompileOptions = Field(default_factory=CompileOptions)
-    buckets: list[dict[str, Any]] = Field(
+    buckets: list[Shapes] = Field(
         default_factory=list,
         max_length=16,
         description="Extra static shape buckets, each {input: dims} like `shapes` (e.g. batch 1, 8, 32). Each gets "
