@@ -7,12 +7,23 @@ small allow-list in `InductorSettings`: a user never passes config strings throu
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
+from pydantic_core import PydanticCustomError
 
 Mode = Literal["default", "max-autotune", "training"]
 Precision = Literal["keep", "bf16", "fp16"]
+
+
+def _json_integer(value: Any) -> Any:
+    """An integer as JSON Schema has it: 8 or 8.0, never true or "8" (which pydantic's lax ints take)."""
+    if isinstance(value, (bool, str, bytes)):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
 GemmBackends = Literal["ATEN", "TRITON", "ATEN,TRITON", "CPP", "ATEN,CPP", "ATEN,TRITON,CPP"]
 
 
@@ -23,7 +34,7 @@ class InductorSettings(BaseModel):
     values are typed and bounded, so no request can reach code execution, file paths or debug dumps through here.
     """
 
-    # Strict bools and ints (StrictBool, StrictInt): a request's 1 or "true" is not a bool, as the schema says.
+    # JSON's own bools and ints (StrictBool, JsonInt): a request's 1 or "true" is no bool, as the schema says.
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     coordinate_descent_tuning: StrictBool | None = Field(
@@ -32,7 +43,7 @@ class InductorSettings(BaseModel):
     epilogue_fusion: StrictBool | None = Field(default=None, description="Fuse pointwise ops into matmul epilogues.")
     shape_padding: StrictBool | None = Field(default=None, description="Pad matmul shapes to aligned sizes.")
     aggressive_fusion: StrictBool | None = Field(default=None, description="Fuse even without shared memory reads.")
-    max_fusion_size: StrictInt | None = Field(default=None, ge=1, le=256,
+    max_fusion_size: JsonInt | None = Field(default=None, ge=1, le=256,
                                               description="Most nodes in one fused kernel.")
     split_reductions: StrictBool | None = Field(default=None, description="Split large reductions across kernels.")
     max_autotune_gemm_backends: GemmBackends | None = Field(

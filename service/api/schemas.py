@@ -19,10 +19,11 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from fastapi import Query
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag, with_config
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag, with_config
+from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
-from compiler.options import CompileOptions
+from compiler.options import CompileOptions, JsonInt
 
 
 class Record(BaseModel):
@@ -108,10 +109,31 @@ INT64_MAX = 2**63 - 1  # compiler.shapes.INT64_MAX: every size fits in int64
 # validators that read the published schema do), so the schema says exactly what is accepted. Each is no wider
 # than the parser behind it (compiler.shapes, compiler.targets), which then never refuses a value that got this far.
 IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"  # an input name: inputs are FX placeholders, named by identifiers
-# Printable text that is not blank, or nothing: no control, format, private-use, unassigned or separator characters
-# but the space (so no terminal escapes, bidi overrides or line breaks). Python's str.isprintable() reads the same
-# categories from an older Unicode than the validators do, so it is not used: the two would disagree.
-NAME_TEXT = r"^(?: *[^\p{C}\p{Z}](?:[^\p{C}\p{Z}]| )*)?$"
+# Characters no name may hold: controls (Cc), format characters (Cf: bidi overrides, zero-width ones), private use
+# (Co) and separators but the space (Zs, Zl, Zp), as Unicode 16 lists them: no terminal escapes, no text that reads
+# backwards, no line breaks. Spelled out rather than as \p{C}: Python's str.isprintable() and the engines that read
+# \p{...} know different Unicode versions (a letter of Unicode 15 was "unprintable" to Python 3.11), and schemathesis
+# reads \p{C} as the controls alone; explicit ranges mean the same to all of them. Unassigned code points pass.
+_NOT_IN_NAMES = (
+    (0x0, 0x1F), (0x7F, 0xA0), (0xAD, 0xAD), (0x600, 0x605), (0x61C, 0x61C), (0x6DD, 0x6DD), (0x70F, 0x70F),
+    (0x890, 0x891), (0x8E2, 0x8E2), (0x1680, 0x1680), (0x180E, 0x180E), (0x2000, 0x200F), (0x2028, 0x202F),
+    (0x205F, 0x2064), (0x2066, 0x206F), (0x3000, 0x3000), (0xE000, 0xF8FF), (0xFEFF, 0xFEFF), (0xFFF9, 0xFFFB),
+    (0x110BD, 0x110BD), (0x110CD, 0x110CD), (0x13430, 0x1343F), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
+    (0xE0001, 0xE0001), (0xE0020, 0xE007F), (0xF0000, 0xFFFFD), (0x100000, 0x10FFFD),
+)
+
+
+def _char_class(ranges: tuple[tuple[int, int], ...]) -> str:
+    # \uXXXX reads the same in ECMA, Rust and Python; past the BMP only the character itself does.
+    def one(c: int) -> str:
+        return f"\\u{c:04X}" if c <= 0xFFFF else chr(c)
+
+    return "".join(one(a) if a == b else f"{one(a)}-{one(b)}" for a, b in ranges)
+
+
+_NAME_CHAR = f"[^{_char_class(_NOT_IN_NAMES)}]"
+# Printable text that is not blank (it starts, after any spaces, with a visible character), or nothing.
+NAME_TEXT = f"^(?: *[^ {_char_class(_NOT_IN_NAMES)}]{_NAME_CHAR}*)?$"
 TARGET = r"^(?:[Cc][Pp][Uu]|[Cc][Uu][Dd][Aa])(?:-[A-Za-z0-9_]+)*$"  # compiler.targets, in ASCII letters of any case
 _DIM = r"[0-9]{1,19}(?:\.\.[0-9]{1,19})?"  # a size or a range; 19 digits at most, as compiler.shapes reads them
 ONE_DIM = rf"^{_DIM}$"
@@ -349,7 +371,16 @@ class JobList(BaseModel):
 # the program (the names, ranks, ranges, min <= max) only compiler.shapes can tell, against the stored model: a 422.
 # Each union picks its branch by the value's JSON type (`Discriminator`), so a refusal names that branch's problem
 # alone; the branch tags (UNION_TAGS) are left out of the error's location.
-Size = Annotated[int, Field(ge=0, le=INT64_MAX)]
+Size = Annotated[JsonInt, Field(ge=0, le=INT64_MAX)]
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, (bool, str, bytes)):  # pydantic's lax floats take true and "1.5"; JSON Schema does not
+        raise PydanticCustomError("float_type", "Input should be a valid number")
+    return value
+
+
+JsonNumber = Annotated[float, BeforeValidator(_json_number)]
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -363,6 +394,8 @@ class DimRange(TypedDict):
 def _json_kind(value: Any) -> str | None:
     if isinstance(value, bool):  # JSON's true is no size, though Python's bool is an int
         return None
+    if isinstance(value, float) and value.is_integer():  # 8.0 is an integer to JSON Schema
+        return "<size>"
     return {int: "<size>", dict: "<range>", str: "<text>", list: "<list>"}.get(type(value))
 
 

@@ -8,9 +8,10 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from compiler.errors import NotFound
+from compiler.options import JsonInt
 from service.api.auth import Admin, Caller
 from service.api.deps import SettingsDep, StoreDep
-from service.api.schemas import NAME_TEXT, V1_ERRORS, errors
+from service.api.schemas import NAME_TEXT, V1_ERRORS, JsonNumber, errors
 from service.store.apikeys import DEFAULT_NAMESPACE, NAMESPACE
 
 router = APIRouter(prefix="/v1", tags=["keys"], responses=V1_ERRORS)
@@ -52,10 +53,10 @@ class Quota(BaseModel):
 
 
 class QuotaRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)  # strict: no true for 1, no "5" for 5
+    model_config = ConfigDict(extra="forbid")
 
-    max_jobs: int | None = Field(default=None, ge=1, le=1_000_000)
-    max_stored_gb: float | None = Field(default=None, gt=0, le=1_000_000)
+    max_jobs: JsonInt | None = Field(default=None, ge=1, le=1_000_000)
+    max_stored_gb: JsonNumber | None = Field(default=None, gt=0, le=1_000_000)
 
 
 class Usage(BaseModel):

@@ -319,6 +319,7 @@ def test_compile_requests_are_valid_exactly_when_the_schema_says(cluster: Cluste
         {"shapes": {"x": ["2", {"min": 32, "max": 32}]}},
         {"shapes": {"x": [True, 32]}},
         {"shapes": {"x": [2.5, 32]}},
+        {"shapes": {"x": [2.0, 32]}},  # an integer to JSON Schema
         {"shapes": {"x": "2 by 32"}},
         {"shapes": {"x-y": [2, 32]}},
         {"shapes": {"x": [2, 32]}, "buckets": [{}]},
@@ -350,6 +351,7 @@ def test_uploads_are_valid_exactly_when_the_schema_says(cluster: Cluster, doc: d
         {"content": data, "query": {"name": "evil\x1b[2J"}},
         {"content": data, "query": {"name": "bidi\u202egnp.exe"}},
         {"content": data, "query": {"name": "   "}},
+        {"content": data, "query": {"name": "private \U00102e8d use"}},  # schemathesis read \\p{C} as controls
         {"content": data, "headers": {"x-aotc-filename": "model.pt2"}},
         {"content": data, "headers": {"x-aotc-filename": b"bad\x85name"}},  # a C1 control, as latin-1
     ]
@@ -398,7 +400,8 @@ def test_key_and_quota_bodies_are_valid_exactly_when_the_schema_says(cluster: Cl
                  {"scope": "pull", "name": ""}, {"scope": "pull", "namespace": "team-a", "nmae": "typo"}):
         r = api.post(f"{cluster.url}/v1/keys", json=body)
         wrong.append(_agree(doc, "POST", "/v1/keys", r, json=body))
-    for body in ({"max_jobs": True}, {"max_jobs": "5"}, {"max_jobs": 5}, {"max_stored_gb": 2},
+    for body in ({"max_jobs": True}, {"max_jobs": "5"}, {"max_jobs": 5}, {"max_jobs": 5.0}, {"max_stored_gb": 2},
+                 {"max_stored_gb": "2"}, {"max_stored_gb": False},
                  {"max_stored_gb": 1.5, "max_jobs": None}, {"max_job": 5}):
         r = api.put(f"{cluster.url}/v1/namespaces/contract/quota", json=body)
         wrong.append(_agree(doc, "PUT", "/v1/namespaces/{namespace}/quota", r, json=body))
