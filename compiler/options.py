@@ -23,7 +23,9 @@ def _json_integer(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+# Annotated[int, Field(bounds...), JSON_INT]: after the bounds, which pydantic then still publishes as JSON Schema's
+# minimum and maximum (before them, it cannot, and writes "ge" and "le").
+JSON_INT = BeforeValidator(_json_integer)
 GemmBackends = Literal["ATEN", "TRITON", "ATEN,TRITON", "CPP", "ATEN,CPP", "ATEN,TRITON,CPP"]
 
 
@@ -34,7 +36,7 @@ class InductorSettings(BaseModel):
     values are typed and bounded, so no request can reach code execution, file paths or debug dumps through here.
     """
 
-    # JSON's own bools and ints (StrictBool, JsonInt): a request's 1 or "true" is no bool, as the schema says.
+    # JSON's own bools and ints (StrictBool, JSON_INT): a request's 1 or "true" is no bool, as the schema says.
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     coordinate_descent_tuning: StrictBool | None = Field(
@@ -43,8 +45,8 @@ class InductorSettings(BaseModel):
     epilogue_fusion: StrictBool | None = Field(default=None, description="Fuse pointwise ops into matmul epilogues.")
     shape_padding: StrictBool | None = Field(default=None, description="Pad matmul shapes to aligned sizes.")
     aggressive_fusion: StrictBool | None = Field(default=None, description="Fuse even without shared memory reads.")
-    max_fusion_size: JsonInt | None = Field(default=None, ge=1, le=256,
-                                              description="Most nodes in one fused kernel.")
+    max_fusion_size: Annotated[int, Field(ge=1, le=256), JSON_INT] | None = Field(
+        default=None, description="Most nodes in one fused kernel.")
     split_reductions: StrictBool | None = Field(default=None, description="Split large reductions across kernels.")
     max_autotune_gemm_backends: GemmBackends | None = Field(
         default=None, description="Matmul backends max-autotune chooses among."

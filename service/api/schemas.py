@@ -23,7 +23,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Fiel
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
-from compiler.options import CompileOptions, JsonInt
+from compiler.options import JSON_INT, CompileOptions
 
 
 class Record(BaseModel):
@@ -371,7 +371,7 @@ class JobList(BaseModel):
 # the program (the names, ranks, ranges, min <= max) only compiler.shapes can tell, against the stored model: a 422.
 # Each union picks its branch by the value's JSON type (`Discriminator`), so a refusal names that branch's problem
 # alone; the branch tags (UNION_TAGS) are left out of the error's location.
-Size = Annotated[JsonInt, Field(ge=0, le=INT64_MAX)]
+Size = Annotated[int, Field(ge=0, le=INT64_MAX), JSON_INT]
 
 
 def _json_number(value: Any) -> Any:
@@ -380,7 +380,7 @@ def _json_number(value: Any) -> Any:
     return value
 
 
-JsonNumber = Annotated[float, BeforeValidator(_json_number)]
+JSON_NUMBER = BeforeValidator(_json_number)  # after the bounds, as compiler.options.JSON_INT
 
 
 @with_config(ConfigDict(extra="forbid"))

@@ -8,10 +8,10 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from compiler.errors import NotFound
-from compiler.options import JsonInt
+from compiler.options import JSON_INT
 from service.api.auth import Admin, Caller
 from service.api.deps import SettingsDep, StoreDep
-from service.api.schemas import NAME_TEXT, V1_ERRORS, JsonNumber, errors
+from service.api.schemas import JSON_NUMBER, NAME_TEXT, V1_ERRORS, errors
 from service.store.apikeys import DEFAULT_NAMESPACE, NAMESPACE
 
 router = APIRouter(prefix="/v1", tags=["keys"], responses=V1_ERRORS)
@@ -55,8 +55,10 @@ class Quota(BaseModel):
 class QuotaRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_jobs: JsonInt | None = Field(default=None, ge=1, le=1_000_000)
-    max_stored_gb: JsonNumber | None = Field(default=None, gt=0, le=1_000_000)
+    # The bounds go on the number, inside the Optional: on the union pydantic would publish them as "ge" and "gt",
+    # which JSON Schema does not know.
+    max_jobs: Annotated[int, Field(ge=1, le=1_000_000), JSON_INT] | None = None
+    max_stored_gb: Annotated[float, Field(gt=0, le=1_000_000), JSON_NUMBER] | None = None
 
 
 class Usage(BaseModel):

@@ -421,3 +421,10 @@ def test_refusals_name_the_rule(cluster: Cluster, mlp: tuple[str, bytes]) -> Non
     r = api.get(f"{cluster.url}/v1/artifacts/lookup", params={"model_id": model_id, "shape": "x=2x32",
                                                               "target": "tpu"})
     assert "query.target: unknown target 'tpu'" in _error(r, 422, "invalid")["message"]
+
+
+def test_bounds_are_published_as_json_schema_keywords(doc: dict[str, Any]) -> None:
+    # A bound on an Optional number behind a validator came out as pydantic's own "ge"/"le", which no validator
+    # reads: the quota's 0 GB passed the schema and was a 422.
+    text = json.dumps(doc)
+    assert not {'"ge":', '"gt":', '"le":', '"lt":'} & {k for k in ('"ge":', '"gt":', '"le":', '"lt":') if k in text}

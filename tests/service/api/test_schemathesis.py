@@ -93,6 +93,7 @@ def test_every_answer_keeps_the_contract(contract_cluster: tuple[Cluster, dict[s
         "--suppress-health-check", "all", "--workers", "1",
         "--request-timeout", "10",
         "--report", "har", "--report-har-path", str(har), "--no-color",
+        "--output-sanitize", "false",  # the HAR keeps which key each request sent (a test key, no secret)
     ]
     run = subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
                          text=True, timeout=600 + SECONDS)
@@ -102,10 +103,15 @@ def test_every_answer_keeps_the_contract(contract_cluster: tuple[Cluster, dict[s
 
     # The run reached the service as the admin (no 401 or 403), and past validation: most operations answered
     # something other than an error at least once, so the success schemas were checked, not only the errors'.
-    statuses = Counter(entry["response"]["status"] for entry in json.loads(har.read_text())["log"]["entries"])
+    entries = json.loads(har.read_text())["log"]["entries"]
+    statuses = Counter(entry["response"]["status"] for entry in entries)
     print(f"schemathesis: {sum(statuses.values())} requests, by status {dict(sorted(statuses.items()))}")
     assert sum(statuses.values()) > 500, statuses
-    assert not statuses.keys() & {401, 403, 500, 502, 503, 504}, statuses
+    assert not statuses.keys() & {403, 500, 502, 503, 504}, statuses
+    # 401s only for the requests the ignored_auth check sends without the key or with another one.
+    refused = [e["request"]["url"] for e in entries if e["response"]["status"] == 401 and
+               f"Bearer {ADMIN_KEY}" in {h["value"] for h in e["request"]["headers"]}]
+    assert not refused, refused[:10]
     assert sum(n for status, n in statuses.items() if status < 400) > 50, statuses
 
 
