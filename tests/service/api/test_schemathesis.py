@@ -38,7 +38,9 @@ from modelzoo import MLP, export, seeded
 from procs import ADMIN_KEY, ROOT, Cluster, api
 
 SEED = 1105  # issue 11, item 5
-EXAMPLES = int(os.environ.get("AOTC_FUZZ_EXAMPLES", "10"))
+EXAMPLES = int(os.environ.get("AOTC_FUZZ_EXAMPLES", "10"))  # per operation, in the fuzzing phase
+# Stateful scenarios: chains of a few requests, ~0.1 s each on two busy cores (a fuzzed operation takes ~1 s).
+SCENARIOS = int(os.environ.get("AOTC_FUZZ_SCENARIOS", "50"))
 SECONDS = int(os.environ.get("AOTC_FUZZ_SECONDS", "0"))  # > 0: a longer run, bounded by time
 # A schema-valid request that the stored data can still refuse, with the 4xx the operation declares for it.
 SEMANTIC = {
@@ -117,8 +119,8 @@ def test_every_answer_keeps_the_contract(contract_cluster: tuple[Cluster, dict[s
 
 def _config(ids: dict[str, str]) -> str:
     """schemathesis.toml: the stored model and artifact fill every `model_id` and `key` (valid cases), so the
-    operations on them reach the records, not only a 404 (job ids stay random, but the stateful phase finds the
-    queued job through GET /v1/jobs); the 4xx each operation in SEMANTIC may answer a schema-valid request; and an
+    operations on them reach the records, not only a 404 (job ids stay random; the stateful phase can take the
+    queued job's from a listing); the 4xx each operation in SEMANTIC may answer a schema-valid request; and an
     event stream read to its first event, since a queued job's never ends by itself."""
     lines = ["[parameters]"]
     lines += [f'"{where}.{name}" = "{value}"' for name, value in ids.items() for where in ("path", "query")]
@@ -126,4 +128,6 @@ def _config(ids: dict[str, str]) -> str:
         lines += ["", "[[operations]]", f'include-name = "{name}"',
                   f"checks.positive_data_acceptance.expected-statuses = {json.dumps(ACCEPTED + statuses)}"]
     lines += ["", "[[operations]]", 'include-name = "GET /v1/jobs/{job_id}/events"', "max-stream-events = 1"]
+    if not SECONDS:
+        lines += ["", "[phases.stateful.generation]", f"max-examples = {SCENARIOS}"]
     return "\n".join(lines) + "\n"
