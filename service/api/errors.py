@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from compiler.errors import AotcError, Unavailable
 from service.api.disk import full_disk
-from service.api.schemas import ID_PARAMS
+from service.api.schemas import ID_PARAMS, INT64_MAX, PATTERN_RULES, UNION_TAGS
 from service.api.settings import Settings
 from service.store import Store
 from service.store.disk import is_disk_full
@@ -90,16 +90,27 @@ def _unknown_id(problems: Sequence[Any]) -> str | None:
     return "; ".join(found) if found else None
 
 
+def _explained(e: Any) -> str:
+    """Pydantic's message, or for a value outside one of the API's grammars or past int64, what the rule is."""
+    ctx = e.get("ctx") or {}
+    if e.get("type") == "string_pattern_mismatch" and ctx.get("pattern") in PATTERN_RULES:
+        return PATTERN_RULES[ctx["pattern"]].format(value=_shown(e.get("input")))
+    if e.get("type") == "less_than_equal" and ctx.get("le") == INT64_MAX:
+        return f"{_shown(e.get('input'))} does not fit in int64 (at most {INT64_MAX})"
+    return str(e.get("msg"))
+
+
 def _validation_answer(exc: RequestValidationError) -> JSONResponse:
     problems = exc.errors()
     if (missing := _unknown_id(problems)) is not None:
         return JSONResponse({"error": {"code": "not_found", "message": missing}}, status_code=404)
-    parts = []
+    parts, issues = [], []
     for e in problems:
-        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
-        parts.append(f"{where}: {e.get('msg')}" if where else str(e.get("msg")))
-    body = {"error": {"code": "invalid", "message": "; ".join(parts), "errors": [
-        {"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in problems]}}
+        loc = [p for p in e.get("loc", ()) if p not in UNION_TAGS]
+        where, msg = ".".join(str(p) for p in loc if p != "body"), _explained(e)
+        parts.append(f"{where}: {msg}" if where else msg)
+        issues.append({"loc": loc, "msg": msg})
+    body = {"error": {"code": "invalid", "message": "; ".join(parts), "errors": issues}}
     return JSONResponse(body, status_code=422)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from compiler.archive.inspect import inspect_archive
@@ -11,7 +11,7 @@ from compiler.errors import BadRequest, OverQuota, PayloadTooLarge, Unprocessabl
 from service.api.auth import Compile, Principal, Pull, needs
 from service.api.deps import ModelDep, SettingsDep, StoreDep
 from service.api.disk import DiskFull, Spool, writing
-from service.api.schemas import V1_ERRORS, Limit, ModelList, ModelRecord, errors
+from service.api.schemas import NAME_TEXT, V1_ERRORS, Limit, ModelList, ModelRecord, errors
 from service.api.settings import Settings
 from service.store import Store
 from service.store.blobstore import local_root
@@ -21,16 +21,13 @@ router = APIRouter(prefix="/v1/models", tags=["models"], responses=V1_ERRORS, de
 
 
 def _model_name(name: str | None, max_chars: int) -> str | None:
-    """A model name others will see in listings and terminals: printable text (no control, format or line
-    separator characters: no terminal escapes, no bidi overrides), not blank, at most `max_chars` characters."""
+    """A model name others will see in listings and terminals, at most `max_chars` characters. That it is printable
+    text (no terminal escapes, no bidi overrides) the parameters' pattern (NAME_TEXT) has checked."""
     if name is None or name == "":
         return None
     if len(name) > max_chars:
         raise Unprocessable(f"the model name is {len(name)} characters; the limit is {max_chars} "
                             "(AOTC_MAX_MODEL_NAME_CHARS)", setting="AOTC_MAX_MODEL_NAME_CHARS")
-    if not name.isprintable() or not name.strip():
-        raise Unprocessable(f"the model name {ascii(name)[:80]} is not printable text: a name may hold letters, "
-                            "digits, punctuation and spaces, but no control or formatting characters")
     return name
 
 
@@ -45,8 +42,12 @@ def _model_name(name: str | None, max_chars: int) -> str | None:
                       "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
 async def upload_model(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
                        who: Compile, name: Annotated[str | None, Query(
-                           description="The model's name: printable text of at most AOTC_MAX_MODEL_NAME_CHARS "
-                           "characters (default 200)")] = None) -> dict[str, Any]:
+                           pattern=NAME_TEXT, description="The model's name: printable text of at most "
+                           "AOTC_MAX_MODEL_NAME_CHARS characters")] = None,
+                       filename: Annotated[str | None, Header(
+                           alias="x-aotc-filename", pattern=NAME_TEXT,
+                           description="The name when `name` is not given (the CLI sends the file's)")] = None,
+                       ) -> dict[str, Any]:
     """Upload a `torch.export.save` archive as the raw request body.
 
     The body is streamed to disk under the size limit, hashed, and inspected without unpickling anything:
@@ -55,8 +56,7 @@ async def upload_model(request: Request, response: Response, store: StoreDep, se
     A new model that would leave less than AOTC_DISK_LOW_WATER_MB free is refused with a 507.
     The name (`?name=`, else the `x-aotc-filename` header) is printable text of at most AOTC_MAX_MODEL_NAME_CHARS.
     """
-    model_name = _model_name(name or request.headers.get("x-aotc-filename"),
-                             settings.max_model_name_chars)
+    model_name = _model_name(name or filename, settings.max_model_name_chars)
     limit = settings.max_upload_mb * 2**20
     declared = request.headers.get("content-length")
     size_said = int(declared) if declared and declared.isdigit() else None
