@@ -22,8 +22,15 @@ import re
 from typing import Any, NamedTuple
 
 from compiler.archive.container import require
-from compiler.archive.exprs import Bounds, check_guard, check_sym_expr, check_treespec, expr_bounds, parse_expr, \
-    sym_to_text
+from compiler.archive.exprs import (
+    Bounds,
+    check_guard,
+    check_sym_expr,
+    check_treespec,
+    expr_bounds,
+    parse_expr,
+    sym_to_text,
+)
 from compiler.archive.limits import DEFAULT_LIMITS, Limits
 from compiler.archive.ops import HOP_PREFIX, HOPS, Hop, is_operator_target
 from compiler.archive.schema import ENUMS, REFUSED, UNIONS, Field, Type, fields
@@ -222,9 +229,14 @@ class _Walk:
             here = (path, i)
             self._fields(inp, "NamedArgument", here, at)
             arg_name = inp.get("name")
-            # torch's deserializer passes a higher-order op's input positionally when its kind is POSITIONAL (1)
-            # or its name is '': count positions the same way
+            # torch 2.13's deserializer passes a higher-order op's input positionally when its kind is POSITIONAL
+            # (1) or its name is '', torch 2.11's when its name is '': count positions the same way, and refuse
+            # an input the two would place differently
             positional = inp.get("kind") == 1 or arg_name == ""
+            if hop is not None and positional != (arg_name == ""):
+                raise self._refuse(here, at, f"is named {shown(arg_name)} but marked positional; a higher-order "
+                                             "op's positional inputs are named '' (torch 2.11 reads this one as a "
+                                             "keyword, torch 2.13 as positional)")
             slot = _At(at.node, arg_name if arg_name != "" else f"#{position}")
             if hop is not None and positional and position in hop.graphs:
                 slot = slot._replace(hop=hop.signature, position=position)
@@ -240,7 +252,8 @@ class _Walk:
     def argument(self, member: str, x: Any, t: Type, path: _Path, at: _At) -> None:
         if at.hop is not None:  # a position the higher-order op calls
             if member != "as_graph":
-                raise self._refuse(path, at, f"is {member}, but {at.hop} calls its argument {at.position}: it must "
+                what = f"an operator-valued argument naming {shown(x, 120)}" if member == "as_operator" else member
+                raise self._refuse(path, at, f"is {what}, but {at.hop} calls its argument {at.position}: it must "
                                              "be a subgraph (as_graph), checked like the program")
             self.value(x, t, path, _NOWHERE)  # a graph of its own: its nodes are checked as nodes
             return
@@ -258,7 +271,7 @@ class _Walk:
 
     # -- strings ----------------------------------------------------------------------------------------------
 
-    def string(self, s: str, grammar: str, path: _Path, at: _At, key: bool = False) -> None:
+    def string(self, s: str, grammar: str, path: _Path | None, at: _At, key: bool = False) -> None:
         if grammar in _CHEAP or grammar in ("ident0", "fqn0"):
             if grammar in ("ident0", "fqn0"):
                 if s == "":
