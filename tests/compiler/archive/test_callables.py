@@ -32,13 +32,18 @@ from compiler.archive.ops import known_targets
 from compiler.errors import UnsafeArchive
 from compiler.loading import load_program
 from modelzoo import export
-from procs import api
 
 
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
     return export(Mixed(), (torch.randn(4, 8),), tmp_path_factory.mktemp("mixed") / "mixed.pt2")
+
+
+def upload(api_url: str, path: Path) -> Any:
+    from procs import api  # the HTTP tests only: the others run without the service's dependencies
+
+    return api.post(f"{api_url}/v1/models", content=path.read_bytes(), timeout=60)
 
 
 def refused(path: Path, *needles: str) -> UnsafeArchive:
@@ -96,7 +101,7 @@ def test_callables_passed_through_a_grad_region_are_refused_over_http(api_url: s
                                                                       variant: str) -> None:
     name, args = hostile_callables(tmp_path / "PWNED")[variant]
     path = call_in_grad_region(mixed, tmp_path / f"{variant}.pt2", name, args)
-    r = api.post(f"{api_url}/v1/models", content=path.read_bytes(), timeout=60)
+    r = upload(api_url, path)
     assert r.status_code == 422, r.text
     error = r.json()["error"]
     assert error["code"] == "unsafe_archive", error
@@ -239,10 +244,8 @@ def test_custom_objects_are_refused_wherever_they_stand(mixed: Path, tmp_path: P
 # -- every field checked or refused ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["program", "node", "argument member", "tensor meta", "subgraph node",
-                                   "signature", "weights config"])
-def test_a_field_the_schema_does_not_know_is_refused_naming_its_path(mixed: Path, tmp_path: Path, where: str,
-                                                                     api_url: str) -> None:
+def unknown_field(src: Path, dst: Path, where: str) -> tuple[Path, str]:
+    """A copy of `src` with a key the export schema does not have, at `where`; and the path a refusal must name."""
     entry, expected = "models/model.json", ""
 
     def edit(doc: Any) -> Any:
@@ -269,10 +272,23 @@ def test_a_field_the_schema_does_not_know_is_refused_naming_its_path(mixed: Path
 
     if where == "weights config":
         entry = "data/weights/model_weights_config.json"
-    path = edit_json(mixed, tmp_path / "key.pt2", entry, edit)
+    return edit_json(src, dst, entry, edit), expected
+
+
+@pytest.mark.parametrize("where", ["program", "node", "argument member", "tensor meta", "subgraph node",
+                                   "signature", "weights config"])
+def test_a_field_the_schema_does_not_know_is_refused_naming_its_path(mixed: Path, tmp_path: Path,
+                                                                     where: str) -> None:
+    path, expected = unknown_field(mixed, tmp_path / "key.pt2", where)
     err = refused(path, expected, "compiler/archive/schema.py")
     assert err.detail["path"].endswith(expected.rsplit(".", 1)[-1])
-    r = api.post(f"{api_url}/v1/models", content=path.read_bytes(), timeout=60)
+
+
+@pytest.mark.parametrize("where", ["node", "subgraph node", "weights config"])
+def test_a_field_the_schema_does_not_know_is_refused_over_http(api_url: str, mixed: Path, tmp_path: Path,
+                                                               where: str) -> None:
+    path, expected = unknown_field(mixed, tmp_path / "key.pt2", where)
+    r = upload(api_url, path)
     assert r.status_code == 422 and r.json()["error"]["code"] == "unsafe_archive", r.text
     assert expected in r.json()["error"]["message"]
 
