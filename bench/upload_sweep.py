@@ -59,7 +59,9 @@ def main() -> int:
                 path = Path(d) / f"{name}.pt2"
                 torch.export.save(ep, str(path))
                 row.update(export_s=round(time.perf_counter() - t0, 2), archive_mb=round(path.stat().st_size / 1e6, 1))
-                hops = sorted({str(n.target) for n in ep.graph.nodes if "higher_order" in str(n.target)})
+                hops = sorted({f"{n.target.__module__}.{n.target.__name__}" for gm in ep.graph_module.modules()
+                               if isinstance(gm, torch.fx.GraphModule) for n in gm.graph.nodes
+                               if n.op == "call_function" and "higher_order" in getattr(n.target, "__module__", "")})
                 row["higher_order_ops"] = hops
                 t1 = time.perf_counter()
                 inspected = inspect_archive(str(path))
