@@ -99,6 +99,8 @@ class _Walk:
     def __init__(self, where: str, limits: Limits) -> None:
         self.where, self.limits = where, limits
         self.fields = fields()
+        self.required = {name: frozenset(k for k, f in table.items() if f.required)
+                         for name, table in self.fields.items()}
         self.passed: set[tuple[str, str]] = set()  # (grammar, string) already checked: programs repeat names
 
     # -- refusals ---------------------------------------------------------------------------------------------
@@ -132,7 +134,10 @@ class _Walk:
                 raise self._refuse(path, at, f"is a {_json_type(v)}; the export schema has {t.text} there")
             item = t.item
             assert item is not None
+            plain_int = item.kind == "int"
             for i, x in enumerate(v):
+                if plain_int and type(x) is int and INT64[0] <= x <= INT64[1]:
+                    continue  # the common case, without a call
                 self.value(x, item, (path, i), at)
         elif kind == "dict":
             if not isinstance(v, dict):
@@ -165,13 +170,13 @@ class _Walk:
         table = self.fields[name]
         if not isinstance(v, dict):
             raise self._refuse(path, at, f"is a {_json_type(v)}; the export schema has a {name} there")
-        for k in v:
-            if k not in table:
-                raise self._refuse((path, k), at, f"is not a field of {name} in the export schema this service "
-                                                  "knows (compiler/archive/schema.py); it is refused unread")
-        for k, f in table.items():
-            if f.required and k not in v:
-                raise self._refuse(path, at, f"has no {k!r}, which a {name} must have")
+        if not v.keys() <= table.keys():
+            k = next(k for k in v if k not in table)
+            raise self._refuse((path, k), at, f"is not a field of {name} in the export schema this service "
+                                              "knows (compiler/archive/schema.py); it is refused unread")
+        if not self.required[name] <= v.keys():
+            k = min(self.required[name] - v.keys())
+            raise self._refuse(path, at, f"has no {k!r}, which a {name} must have")
         return table
 
     def struct(self, v: Any, name: str, path: _Path | None, at: _At) -> None:
@@ -192,10 +197,11 @@ class _Walk:
         if member not in table:
             raise self._refuse(here, at, f"is not a member of {name} in the export schema this service knows "
                                          "(compiler/archive/schema.py); it is refused unread")
+        t = table[member].type
         if name == "Argument":
-            self.argument(member, x, table[member].type, here, at)
-        else:
-            self.value(x, table[member].type, here, at)
+            self.argument(member, x, t, here, at)
+        elif not (t.kind == "int" and type(x) is int and INT64[0] <= x <= INT64[1]):  # SymInt's as_int, mostly
+            self.value(x, t, here, at)
 
     # -- what the callables of a program may be --------------------------------------------------------------
 

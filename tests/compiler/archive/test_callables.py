@@ -152,6 +152,23 @@ def test_a_subgraph_is_walked_with_the_same_rules(mixed: Path, tmp_path: Path, t
     assert err.detail["path"] == "graph_module.graph.nodes[0].inputs[1].arg.as_graph.graph.nodes[0].target"
 
 
+def test_a_callable_passed_inside_a_subgraph_is_refused(mixed: Path, tmp_path: Path, api_url: str) -> None:
+    """The grad region's subgraph holds a grad region of its own that calls print: the subgraph's nodes get the
+    same rules as the program's, at any depth."""
+    name, args = hostile_callables(tmp_path / "PWNED")["print"]
+
+    def nest(doc: Any) -> None:
+        inner = subgraph_nodes(doc)[0]
+        inner["target"], inner["inputs"] = GRAD_REGION, positional({"as_bool": True}, {"as_operator": name}, *args)
+
+    path = edited(mixed, tmp_path / "nested.pt2", nest)
+    err = refused(path, name, "must be a subgraph")
+    assert err.detail["path"] == ("graph_module.graph.nodes[0].inputs[1].arg.as_graph.graph.nodes[0].inputs[1].arg."
+                                  "as_operator")
+    r = upload(api_url, path)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "unsafe_archive", r.text
+
+
 def test_a_subgraph_in_a_cond_branch_is_walked(mixed: Path, tmp_path: Path) -> None:
     def swap(doc: Any) -> None:
         subgraph_nodes(doc, "torch.ops.higher_order.cond")[0]["target"] = "torch.ops.higher_order.print"
