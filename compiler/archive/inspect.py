@@ -6,7 +6,8 @@ every `expr_str` to `sympy.sympify` (an `eval`), and `exec`s `guards_code` when 
 worker ever loads an upload, this checks every one of those inputs statically: the zip's entry names and sizes
 (compiler.archive.container), pickles against an allow-list (compiler.archive.pickles), symbolic expressions,
 guards and tree specs against whitelist grammars, parsed with `ast` and never evaluated (compiler.archive.exprs),
-and the program's node targets (compiler.archive.program). It also reads what the API needs to answer: user
+and the program against torch's export schema, every callable it names against the operator list
+(compiler.archive.program, schema, ops). It also reads what the API needs to answer: user
 inputs with dtypes and dynamic ranges, the output count, the weight size.
 
 Everything that goes wrong is one of compiler.errors' classes; hostile bytes never surface as a raw exception.
