@@ -24,7 +24,7 @@ HEALTHCHECK --interval=10s --timeout=3s CMD ["python", "-c", "import urllib.requ
 CMD ["aotc-server", "--workers", "0", "--api-workers", "1", "--host", "0.0.0.0", "--port", "8000"]
 
 FROM base AS worker
-RUN apt-get update && apt-get install -y --no-install-recommends g++ libgomp1 bubblewrap && rm -rf /var/lib/apt/lists/*
+RUN apt-get update && apt-get install -y --no-install-recommends g++ libgomp1 bubblewrap libseccomp2 && rm -rf /var/lib/apt/lists/*
 COPY requirements-worker.lock ./
 # aotc[worker] pins torch 2.13.0; on Linux its PyPI wheel is the CUDA build and pulls triton and the CUDA libraries.
 RUN pip install -r requirements-worker.lock

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import re
 import signal
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -16,9 +17,12 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute, Match, Route
+from starlette.types import Receive, Scope, Send
 
 from compiler.errors import AotcError
-from service.api import errors
+from service.api import errors, openapi
 from service.api.auth import Keyring
 from service.api.cache import Reads
 from service.api.events import EventHub
@@ -90,8 +94,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     # Routes match in this order: artifacts first, since deploy-time lookups, metas and pulls are most of the
     # traffic (each route tried before the right one costs a match); their paths overlap no other router's.
-    for module in (artifacts, health, metrics, models, compilations, jobs, workers, keys, signing):
-        app.include_router(module.router)
+    routers = [m.router for m in (artifacts, health, metrics, models, compilations, jobs, workers, keys, signing)]
+    for router in routers:
+        app.include_router(router)
+    ours = [route for router in routers for route in router.routes]
+    app.router.routes.insert(0, MethodGate(ours, literal=True))
+    app.router.routes.append(MethodGate(ours, literal=False))
+    openapi.install(app, settings)
     app.add_middleware(CountRequests)  # cache hits and misses, bytes served: /metrics
     # 408 for request bodies that stall or trickle (the header deadline is the protocol's: service/api/http.py).
     app.add_middleware(BodyDeadlines, idle_s=settings.body_idle_timeout_s, min_rate_kbps=settings.body_min_rate_kbps)
@@ -99,6 +108,45 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 log = logging.getLogger("aotc.api")
+
+
+class MethodGate(BaseRoute):
+    """A 405 for a method the first path that matches a request lacks, with every method of that path in `Allow`.
+
+    Starlette matches path and method together and takes the first route that matches both, so without this a
+    method a path lacks fell through to a later route whose pattern also matches (DELETE /v1/jobs/deadletter
+    reached DELETE /v1/jobs/{job_id}: a 404 for the id "deadletter"), and a 405 named the methods of one route of
+    the path only (GET and HEAD of /v1/artifacts/{key} are two routes: `Allow: HEAD`). Two gates keep the first
+    matching path the owner of a request: one before every route for the literal paths (a dictionary look-up, so
+    the hot paths pay nothing more), which later parameterised paths can shadow, and one after every route, for
+    the rest, which only a request that no route took reaches. A parameterised path that a later one shadows would
+    need a third; the API has none (test_contract.py checks every path of the OpenAPI).
+    """
+
+    def __init__(self, routes: Sequence[BaseRoute], *, literal: bool) -> None:
+        self.literal = literal
+        self.paths: dict[str, tuple[re.Pattern[str], set[str]]] = {}
+        for route in routes:
+            if not isinstance(route, Route) or not route.methods or (literal and "{" in route.path):
+                continue
+            _, methods = self.paths.setdefault(route.path, (route.path_regex, set()))
+            methods |= route.methods
+
+    def _allowed(self, path: str) -> set[str] | None:
+        if self.literal:
+            found = self.paths.get(path)
+            return found[1] if found else None
+        return next((methods for regex, methods in self.paths.values() if regex.match(path)), None)
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope["type"] != "http":
+            return Match.NONE, {}
+        allowed = self._allowed(scope["path"])
+        return (Match.FULL, {}) if allowed is not None and scope["method"] not in allowed else (Match.NONE, {})
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        allowed = self._allowed(scope["path"]) or set()
+        raise HTTPException(405, headers={"Allow": ", ".join(sorted(allowed))})  # JSON by errors.py
 
 
 def _watch_shutdown(draining: threading.Event) -> None:
