@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
+from service import datadir
 from service.procs import DirLock, LockHeld, dying_with_this_process, set_parent_death_signal
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ def serve(
     from service.store.redis_url import masked
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    os.umask(datadir.UMASK)  # what this process tree writes is private (service/datadir.py)
     settings = Settings()
     _check_auth(settings, host, insecure)
     devices = _worker_devices(device, workers)
@@ -72,6 +74,7 @@ def serve(
         holder = DirLock(settings.data_dir / "server.lock").holder()
         _exit(f"another aotc-server (pid {holder}) is using the data dir {settings.data_dir.resolve()}; stop it "
               "first, or give this one its own AOTC_DATA_DIR")
+    datadir.tighten(settings.data_dir)  # and what an older version left
     redis_proc = None
     local: LocalWorkers | None = None
     try:
@@ -167,7 +170,8 @@ def _run_api(settings: Settings, host: str, port: int, api_workers: int, log_lev
         # uvicorn re-raises the SIGTERM it caught once it has drained; turn it into SystemExit so the workers and
         # Redis are stopped too.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30,
+                    http="service.api.http:HTTPProtocol")  # a deadline on request headers
         return
     # Several processes accept on one socket, each with its own event loop and Redis connections. They read their
     # settings from the environment, so the embedded Redis' URL goes there. uvicorn supervises them (restarts one
@@ -177,7 +181,7 @@ def _run_api(settings: Settings, host: str, port: int, api_workers: int, log_lev
     os.environ["AOTC_REDIS_URL"] = settings.redis_url or ""
     os.environ[SERVER_PID] = str(os.getpid())
     config = uvicorn.Config("service.__main__:api_app", factory=True, workers=api_workers, host=host, port=port,
-                            log_level=log_level, timeout_graceful_shutdown=30)
+                            log_level=log_level, timeout_graceful_shutdown=30, http="service.api.http:HTTPProtocol")
     Multiprocess(config, sockets=[_tcp_nodelay(config.bind_socket())]).run()  # what uvicorn.run does, but this
 
 

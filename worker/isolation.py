@@ -243,12 +243,17 @@ class Sandbox:
         return argv, kw
 
     def own(self, path: Path) -> None:
-        """Give a fresh dir tree to the sandbox uid (the parent made it; no child has run in it yet)."""
+        """Give a fresh dir tree to the sandbox uid (the parent made it; no child has run in it yet). Its dirs are
+        made 0755 whatever the umask (aotc-server's is 077): bwrap, root without capabilities in privileged mode,
+        must pass through them to bind and chdir, and they are no longer root's."""
         if not self.on or (self.uid, self.gid) == (os.getuid(), os.getgid()):
             return
         for dirpath, dirnames, filenames in os.walk(path):
+            for name in dirnames:
+                os.chmod(os.path.join(dirpath, name), 0o755)
             for name in [*dirnames, *filenames]:
                 os.lchown(os.path.join(dirpath, name), self.uid, self.gid)
+        os.chmod(path, 0o755)
         os.lchown(path, self.uid, self.gid)
 
     def _namespaces(self) -> list[str]:

@@ -56,6 +56,7 @@ def take(childdir: Path, name: str, dest_dir: Path) -> Path | None:
     if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
         return None
     dest_dir.mkdir(mode=0o755, exist_ok=True)
+    os.chmod(dest_dir, 0o755)  # whatever the umask (aotc-server's is 077): the check child reads the package here
     dest = dest_dir / name
     os.rename(src, dest)
     os.chown(dest, os.getuid(), os.getgid())

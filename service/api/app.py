@@ -25,9 +25,12 @@ from compiler.errors import AotcError
 from service.api import errors, openapi
 from service.api.auth import Keyring
 from service.api.cache import Reads
+from service.api.events import EventHub
+from service.api.http import BodyDeadlines
 from service.api.routes import artifacts, compilations, health, jobs, keys, metrics, models, signing, workers
 from service.api.routes.metrics import CountRequests, Scraper
 from service.api.settings import Settings, get_settings
+from service.api.slots import Slots
 from service.api.storage import on_start, storage_options
 from service.store import Store
 from service.store.reaper import reap_all
@@ -50,6 +53,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.redis_url, max_connections=64, timeout=5, decode_responses=True, socket_connect_timeout=2.0,
             socket_timeout=10.0))
         app.state.reads = Reads(app.state.aredis)  # the hot read paths: lookup, meta, model get
+        # Event streams wait on one reader with its own connection, never on the pool (service/api/events.py).
+        app.state.events = EventHub(settings.redis_url, app.state.aredis).start()
+        app.state.slots = slots = Slots(app.state.aredis, settings.slot_lease_s)  # per-key caps
+        renewer = asyncio.create_task(slots.renew_forever())
         admin_key = settings.bootstrap_admin_key()
         app.state.keyring = Keyring(app.state.aredis, admin_key, settings.auth_cache_s, insecure=settings.insecure)
         if admin_key is None:
@@ -63,6 +70,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         if reaper:
             reaper.cancel()
+        renewer.cancel()
+        await app.state.events.close()
+        await slots.close()
         await app.state.aredis.aclose()
         store.close()
 
@@ -92,6 +102,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.router.routes.append(MethodGate(ours, literal=False))
     openapi.install(app, settings)
     app.add_middleware(CountRequests)  # cache hits and misses, bytes served: /metrics
+    # 408 for request bodies that stall or trickle (the header deadline is the protocol's: service/api/http.py).
+    app.add_middleware(BodyDeadlines, idle_s=settings.body_idle_timeout_s, min_rate_kbps=settings.body_min_rate_kbps)
     return app
 
 

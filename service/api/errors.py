@@ -49,7 +49,8 @@ log = logging.getLogger("aotc.api")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _ID_MISMATCH = {"string_pattern_mismatch", "string_too_long", "string_too_short"}
 _MISCONF = re.compile(r"^MISCONF |of pipeline caused error: MISCONF ")  # alone, or inside a pipeline's error
-_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
+               413: "too_large"}
 
 
 class InsufficientStorage(AotcError):

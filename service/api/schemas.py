@@ -64,6 +64,8 @@ _WHY = {
     401: "No API key, or one the service does not know (send `Authorization: Bearer <key>`)",
     403: "The key's scope does not allow this request",
     404: "Not found (an id that cannot name a record, too: it does not match its pattern)",
+    408: "The request body stalled or came too slowly (AOTC_BODY_IDLE_TIMEOUT_S, AOTC_BODY_MIN_RATE_KBPS); the "
+         "connection is closed",
     409: "Conflicts with the current state",
     413: "Over the size limit (AOTC_MAX_UPLOAD_MB)",
     415: "Not a zip archive",

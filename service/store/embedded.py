@@ -114,8 +114,9 @@ class EmbeddedRedis:
         assert self.lock.fd is not None
         if self.die_with_parent:
             args = dying_with_this_process(args, signal.SIGTERM)
+        # umask 077: the AOF holds every record, key hash and manifest; it and its dir are the owner's alone.
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     pass_fds=(self.lock.fd,))
+                                     pass_fds=(self.lock.fd,), umask=0o077)
         assert self.proc.stdin is not None
         try:
             with self.proc.stdin:

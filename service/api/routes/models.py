@@ -13,6 +13,7 @@ from service.api.deps import ModelDep, SettingsDep, StoreDep
 from service.api.disk import DiskFull, Spool, writing
 from service.api.schemas import NAME_TEXT, V1_ERRORS, Limit, ModelList, ModelRecord, errors
 from service.api.settings import Settings
+from service.api.slots import UploadSlot
 from service.store import Store
 from service.store.blobstore import local_root
 from service.store.namespaces import GB
@@ -33,15 +34,16 @@ def _model_name(name: str | None, max_chars: int) -> str | None:
 
 @router.post("", status_code=201, response_model=ModelRecord, response_model_exclude_unset=True, responses={
     200: {"model": ModelRecord, "description": "Already uploaded"},
-    **errors(400, 413, 415, 422, 429, 507, why={
+    **errors(400, 408, 413, 415, 422, 429, 507, why={
         400: "The body is empty", 422: "Not an exported program, or an unsafe one, or a bad name",
+        429: "The key has AOTC_MAX_UPLOADS_PER_KEY uploads in progress",
         507: "No room: a disk or the blob store is full (disk_full; a re-upload of a stored model still succeeds), "
              "Redis is out of memory, or the namespace's quota would be passed"}),
 }, openapi_extra={"requestBody": {"required": True, "description": "The archive `torch.export.save` wrote, as "
                   "the raw body (at most AOTC_MAX_UPLOAD_MB)", "content": {
                       "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
 async def upload_model(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
-                       who: Compile, name: Annotated[str | None, Query(
+                       who: Compile, _slot: UploadSlot, name: Annotated[str | None, Query(
                            pattern=NAME_TEXT, description="The model's name: printable text of at most "
                            "AOTC_MAX_MODEL_NAME_CHARS characters")] = None,
                        filename: Annotated[str | None, Header(
@@ -55,6 +57,7 @@ async def upload_model(request: Request, response: Response, store: StoreDep, se
     The model id is the sha256 of the content, so uploading the same file twice is harmless, even on a full disk.
     A new model that would leave less than AOTC_DISK_LOW_WATER_MB free is refused with a 507.
     The name (`?name=`, else the `x-aotc-filename` header) is printable text of at most AOTC_MAX_MODEL_NAME_CHARS.
+    A key may have at most AOTC_MAX_UPLOADS_PER_KEY uploads in progress at once (429 past it).
     """
     model_name = _model_name(name or filename, settings.max_model_name_chars)
     limit = settings.max_upload_mb * 2**20
