@@ -8,14 +8,17 @@ import logging
 import re
 import signal
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match, Route
@@ -25,6 +28,7 @@ from compiler.errors import AotcError
 from service.api import errors, openapi
 from service.api.auth import Keyring
 from service.api.cache import Reads
+from service.api.liveness import Liveness
 from service.api.routes import artifacts, compilations, health, jobs, keys, metrics, models, signing, workers
 from service.api.routes.metrics import CountRequests, Scraper
 from service.api.settings import Settings, get_settings
@@ -46,9 +50,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # A bounded pool that makes a request wait for a free connection: the default pool refuses past 100
         # connections, which 128 concurrent lookups on one process reach (503s). Redis is one thread: more
         # connections add no throughput.
+        # Retries as the sync client's (service/store): a connection that a Redis restart broke is replaced at its
+        # next use, not answered with a 503.
         app.state.aredis = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
             settings.redis_url, max_connections=64, timeout=5, decode_responses=True, socket_connect_timeout=2.0,
-            socket_timeout=10.0))
+            socket_timeout=10.0, retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=3)))
         app.state.reads = Reads(app.state.aredis)  # the hot read paths: lookup, meta, model get
         admin_key = settings.bootstrap_admin_key()
         app.state.keyring = Keyring(app.state.aredis, admin_key, settings.auth_cache_s, insecure=settings.insecure)
@@ -59,10 +65,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await run_in_threadpool(_backfill_model_ids, store)
         gc.freeze()  # what start-up made lives as long as the process: full collections need not walk it
         _watch_shutdown(app.state.draining)
-        reaper = asyncio.create_task(_reap_forever(store, settings)) if settings.reaper else None
+        app.state.liveness = liveness = Liveness(settings.liveness_stall_s)  # /healthz
+        liveness.start_monitor()
+        if settings.reaper:
+            liveness.start("reaper", partial(_reap_forever, store, settings), settings.reap_interval_s)
         yield
-        if reaper:
-            reaper.cancel()
+        await liveness.stop()
         await app.state.aredis.aclose()
         store.close()
 
@@ -169,8 +177,9 @@ def _backfill_model_ids(store: Store) -> None:
         log.warning("could not index model ids: %s", e)
 
 
-async def _reap_forever(store: Store, settings: Settings) -> None:
-    """Requeue jobs whose worker was lost, wherever they are. Safe beside any number of other reapers."""
+async def _reap_forever(store: Store, settings: Settings, done: Callable[[], None]) -> None:
+    """Requeue jobs whose worker was lost, wherever they are. Safe beside any number of other reapers. `done()`
+    after each round, whatever its outcome, tells /healthz that the reaper is not stuck."""
     while True:
         await asyncio.sleep(settings.reap_interval_s)
         try:
@@ -178,4 +187,5 @@ async def _reap_forever(store: Store, settings: Settings) -> None:
                 log.warning("reaper: job %s %s", job_id, what)
         except Exception as e:  # Redis down: try again next round
             log.warning("reaper: %s", e)
+        done()
 
