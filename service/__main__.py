@@ -121,7 +121,7 @@ def serve(
 def _stop_serving(reason: str) -> None:
     """What the Redis supervisor does when it gives up: stop the API as SIGTERM would (open requests finish), and
     serve() then exits 1 with the reason."""
-    print(f"aotc: {reason}; stopping", file=sys.stderr)
+    print("aotc: giving up on the embedded Redis: stopping the API and the workers", file=sys.stderr)
     os.kill(os.getpid(), signal.SIGTERM)
 
 

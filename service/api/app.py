@@ -180,12 +180,18 @@ def _backfill_model_ids(store: Store) -> None:
 async def _reap_forever(store: Store, settings: Settings, done: Callable[[], None]) -> None:
     """Requeue jobs whose worker was lost, wherever they are. Safe beside any number of other reapers. `done()`
     after each round, whatever its outcome, tells /healthz that the reaper is not stuck."""
+    failing = False
     while True:
         await asyncio.sleep(settings.reap_interval_s)
         try:
             for job_id, what in await run_in_threadpool(reap_all, store, settings.lease_s):
                 log.warning("reaper: job %s %s", job_id, what)
-        except Exception as e:  # Redis down: try again next round
-            log.warning("reaper: %s", e)
+            if failing:
+                log.info("reaper: works again")
+            failing = False
+        except Exception as e:  # Redis down: try again next round (said once, not every round)
+            if not failing:
+                log.warning("reaper: %s", e)
+            failing = True
         done()
 

@@ -82,7 +82,7 @@ class Liveness:
                 how = "it was cancelled" if task.cancelled() else f"it raised {exc!r}" if exc else "it returned"
                 found.append(f"the {name} task has ended ({how}); restart this API process")
             elif (idle := now - self.progress[name]) > self.stall_s + self.expected_s[name]:
-                found.append(f"the {name} task has made no progress for {idle:.0f} s (AOTC_LIVENESS_STALL_S="
+                found.append(f"the {name} task has made no progress for {idle:.1f} s (AOTC_LIVENESS_STALL_S="
                              f"{self.stall_s:g})")
         if self._pool is not None and (held := now - self._pool[1]) >= self.stall_s:
             found.append(f"every one of the {len(self._pool[0])} threads of this API process's pool has been held "

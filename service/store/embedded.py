@@ -34,12 +34,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from service.procs import DirLock, LockHeld, dying_with_this_process
 from service.store.redis_url import read_password, with_password
 
 PASSWORD_FILE = "password"
-LOG_TAIL_CHARS = 1500  # how much of redis.log a crash or a failed start quotes
+LOG_TAIL_LINES = 6  # how much of redis.log a crash or a failed start quotes
+LOG_TAIL_BYTES = 16384
 
 log = logging.getLogger("aotc.redis")
 
@@ -144,8 +147,10 @@ class EmbeddedRedis:
         assert self.lock.fd is not None
         if self.die_with_parent:
             args = dying_with_this_process(args, signal.SIGTERM)
+        # A session of its own: a terminal's Ctrl-C (SIGINT to the whole foreground group) stops aotc-server's API and
+        # workers, which hand their jobs back to this Redis before aotc-server stops it, last, with stop().
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     pass_fds=(self.lock.fd,))
+                                     pass_fds=(self.lock.fd,), start_new_session=True)
         assert self.proc.stdin is not None
         try:
             with self.proc.stdin:
@@ -153,7 +158,10 @@ class EmbeddedRedis:
         except BrokenPipeError:  # it exited at once: the loop below reports why
             pass
         self.lock.note(f"redis-server pid {self.proc.pid} on port {self.port}, started by pid {os.getpid()}")
-        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.5)
+        # One try per ping (redis-py's default retries for seconds): this loop is the retry, and it must see an
+        # exit at once.
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.5,
+                             retry=Retry(NoBackoff(), 0))
         deadline = time.monotonic() + timeout_s
         try:
             while True:
@@ -161,31 +169,35 @@ class EmbeddedRedis:
                     err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
                     self.lock.release()
                     raise RuntimeError(f"redis-server exited with {exit_status(self.proc.returncode)}: "
-                                       f"{err}{self.log_tail()}")
+                                       f"{err.strip() or self.log_tail(self.proc.pid, 2)}")
                 try:
                     if client.ping():
                         return self
                 except redis.ConnectionError:  # not listening yet, or still loading its AOF (BusyLoadingError)
                     pass
                 if time.monotonic() > deadline or cancelled():
+                    pid = self.proc.pid
                     self.stop()
-                    raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout_s:.0f} s"
-                                       + ("" if cancelled() else f"; the end of its log: {self.log_tail()}"))
+                    raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout_s:.0f} s; "
+                                       f"the end of its log: {self.log_tail(pid, 2)}")
                 time.sleep(0.05)
         finally:
             client.close()
 
-    def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
-        """The end of redis.log, whole lines, with anything that could drive a terminal escaped."""
+    def log_tail(self, pid: int | None = None, lines: int = LOG_TAIL_LINES) -> str:
+        """The last `lines` lines of redis.log (those of redis-server `pid` only, when given: it starts each line
+        with its pid), with anything that could drive a terminal escaped."""
         try:
             with open(self.data_dir / "redis.log", "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - chars))
+                f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
                 text = f.read().decode(errors="replace")
         except OSError:
             return ""
-        if "\n" in text[:-1]:
-            text = text[text.index("\n") + 1:]  # from the first whole line
-        return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in text).rstrip()
+        # Not the advice redis-server logs at every start on a host without vm.overcommit_memory=1: it would crowd
+        # out the line that says why it stopped.
+        found = [ln for ln in text.splitlines()[1:] if (pid is None or ln.startswith(f"{pid}:"))
+                 and "vm.overcommit_memory" not in ln][-lines:]
+        return "\n".join("".join(c if c.isprintable() else repr(c)[1:-1] for c in ln) for ln in found)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -264,7 +276,8 @@ class RedisSupervisor:
                     delay = self.backoff_s
                 log.error("the embedded redis-server (pid %d, port %d) exited with %s; starting it again in %.1f s "
                           "from its AOF in %s. The end of redis.log:\n%s", proc.pid, self.redis.port,
-                          exit_status(proc.returncode), delay, self.redis.data_dir, self.redis.log_tail() or "(empty)")
+                          exit_status(proc.returncode), delay, self.redis.data_dir,
+                          self.redis.log_tail(proc.pid) or "(nothing)")
                 next_delay = self._bring_back(died, delay)
                 if next_delay is None:
                     break
@@ -290,7 +303,9 @@ class RedisSupervisor:
                 return None
             tries += 1
             try:
-                self.redis.start(timeout_s=max(1.0, self.giveup_s - (time.monotonic() - died)),
+                # At least a few seconds a try, so that the last one can still say why it failed (its exit
+                # status and log), not only that the time was up.
+                self.redis.start(timeout_s=max(5.0, self.giveup_s - (time.monotonic() - died)),
                                  lock_wait_s=min(5.0, max(left, 0.1)), cancelled=self._stop.is_set)
             except RuntimeError as e:
                 if self._stop.is_set():

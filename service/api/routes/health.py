@@ -28,7 +28,7 @@ class Wedged(AotcError):
 
 
 class NotReady(AotcError):
-    """This API process is shutting down, or wedged: send its traffic elsewhere."""
+    """This API process is wedged: send its traffic elsewhere (and restart it: /healthz fails too)."""
 
     status, code = 503, "not_ready"
     headers = {"Retry-After": "2"}
@@ -51,17 +51,15 @@ async def healthz(request: Request) -> dict[str, bool]:
 
 
 @router.get("/readyz", response_model=Ready, responses=errors(503, 507, why={
-    503: "The service cannot reach its Redis, or this API process is shutting down or wedged"}))
+    503: "The service cannot reach its Redis, or this API process is wedged"}))
 async def readyz(request: Request, store: StoreDep) -> dict[str, Any]:
-    """Readiness: this process can serve. 503 while it is shutting down (SIGTERM: it finishes what is open), while
-    it is wedged (/healthz), or while Redis does not answer; 507 when Redis is out of memory (it refuses writes,
-    workers' heartbeats included). Lists the targets that healthy live workers serve.
+    """Readiness: this process can serve. 503 while it is wedged (/healthz) or while Redis does not answer; 507
+    when Redis is out of memory (it refuses writes, workers' heartbeats included). Lists the targets that healthy
+    live workers serve.
 
     Readiness is this API process's: a broken worker does not make it unready (lookups, pulls and uploads still
     work, and jobs wait in line for a healthy worker), so the answer stays 200 but says `degraded` and names each
     unhealthy worker with its reason. Alert on `degraded` (or on aotc_workers_unhealthy in /metrics)."""
-    if request.app.state.draining.is_set():
-        raise NotReady("this API process is shutting down; the others (or its replacement) serve")
     if problems := _stuck(request):
         raise NotReady(f"this API process is wedged: {'; '.join(problems)}")
     return await run_in_threadpool(_ready, store)
