@@ -189,13 +189,14 @@ class EmbeddedRedis:
         with its pid), with anything that could drive a terminal escaped."""
         try:
             with open(self.data_dir / "redis.log", "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
-                text = f.read().decode(errors="replace")
+                start = max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES)
+                f.seek(start)
+                text = f.read().decode(errors="replace").splitlines()[1 if start else 0:]  # whole lines only
         except OSError:
             return ""
         # Not the advice redis-server logs at every start on a host without vm.overcommit_memory=1: it would crowd
         # out the line that says why it stopped.
-        found = [ln for ln in text.splitlines()[1:] if (pid is None or ln.startswith(f"{pid}:"))
+        found = [ln for ln in text if (pid is None or ln.startswith(f"{pid}:"))
                  and "vm.overcommit_memory" not in ln][-lines:]
         return "\n".join("".join(c if c.isprintable() else repr(c)[1:-1] for c in ln) for ln in found)
 
@@ -233,7 +234,6 @@ class RedisSupervisor:
         self.redis = redis_server
         self.backoff_s, self.backoff_max_s, self.giveup_s = backoff_s, backoff_max_s, giveup_s
         self.on_give_up = on_give_up
-        self.restarts = 0
         self.gave_up: str | None = None  # the reason, once it has
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -314,11 +314,10 @@ class RedisSupervisor:
                 delay = min(delay * 2, self.backoff_max_s)
                 log.error("restart %d of the embedded redis-server failed: %s", tries, last)
                 continue
-            self.restarts += 1
             assert self.redis.proc is not None
-            log.warning("the embedded redis-server is back: pid %d on port %d, %.1f s after it died (restart %d), "
+            log.warning("the embedded redis-server is back: pid %d on port %d, %.1f s after it died (%d %s), "
                         "its data loaded from the AOF", self.redis.proc.pid, self.redis.port,
-                        time.monotonic() - died, tries)
+                        time.monotonic() - died, tries, "try" if tries == 1 else "tries")
             return min(delay * 2, self.backoff_max_s)
 
     def _give_up(self, reason: str) -> None:
