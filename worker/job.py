@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -46,6 +46,7 @@ from worker.settings import WorkerSettings
 from worker.tuning import GemmTimingShare
 
 log = logging.getLogger("aotc.worker")
+T = TypeVar("T")
 
 
 class JobRunner:
@@ -88,6 +89,21 @@ class JobRunner:
             if self.current is current:
                 log.warning("lost the lease on job %s (a reaper took it); abandoning the job", current[0])
 
+    def _wait_for_redis(self, delay: float) -> bool:
+        """until_redis's wait while a job is in hand: True (give up) only once the lease is lost, i.e. a reaper
+        took the job and it is someone else's. Neither the outage's length nor a shutdown ends it: the lease cannot
+        expire while Redis is down (service/store/reaper.py), and a second signal still forces the exit."""
+        time.sleep(delay)
+        return self.lease_lost
+
+    def _once_redis_answers(self, fn: Callable[[], T], what: str) -> T:
+        """`fn`, retried while Redis is down, so that a compile and check already done are published, not thrown
+        away, when Redis comes back (publishing is idempotent). ConnectionError if the lease is lost meanwhile."""
+        done = until_redis(lambda: (fn(),), what, self._wait_for_redis, cap_s=2.0)
+        if done is None:
+            raise redis.ConnectionError(f"lost the lease while waiting for Redis to {what}")
+        return done[0]
+
     def hand_back(self, job_id: str, lease: Lease, why: str = "shutting down", **fields: Any) -> None:
         """Put a job back in line and refund the attempt it was charged: neither a shutdown nor a broken worker
         spends one. `fields` go on the job's record."""
@@ -124,21 +140,16 @@ class JobRunner:
         try:
             self._process(lease, job_id)
         except (redis.ConnectionError, redis.TimeoutError) as e:
-            # Redis went away mid-job: once it is back, hand the job back unspent (it was not the job's fault).
-            # If that cannot happen within a lease, the reaper requeues it as a lost worker's job.
+            # Redis went away in the job's bookkeeping: once it is back, hand the job back unspent (it was not the
+            # job's fault). The lease cannot expire meanwhile (the reaper waits a lease after Redis comes back).
             log.warning("lost Redis during job %s (%s); handing it back when Redis returns", job_id, e)
-            deadline = time.monotonic() + self.settings.lease_s
-
-            def give_up(delay: float) -> bool:
-                time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
-                return self.lease_lost or time.monotonic() >= deadline
 
             def hand_back_if_held() -> None:
                 if self.store.leases.renew(lease):
                     self.hand_back(job_id, lease)
 
             if not self.lease_lost:
-                until_redis(hand_back_if_held, f"hand job {job_id} back", give_up, cap_s=1.0)
+                until_redis(hand_back_if_held, f"hand job {job_id} back", self._wait_for_redis, cap_s=1.0)
         except Exception as e:
             # A fault in the worker itself, not in the compile (which runs in a child): fail this attempt with
             # what happened, rather than leaving the lease to expire as if the worker were lost.
@@ -196,8 +207,9 @@ class JobRunner:
             elif outcome.cancelled:
                 jobs.finish(job_id, "cancelled", lease=lease, error=outcome.failure)
             elif outcome.ok:
-                jobs.finish(job_id, "succeeded", lease=lease, artifact=result["key"], timings=result["timings"],
-                            check=result["check"])
+                self._once_redis_answers(partial(
+                    jobs.finish, job_id, "succeeded", lease=lease, artifact=result["key"], timings=result["timings"],
+                    check=result["check"]), f"record job {job_id} succeeded")
             elif outcome.failure is not None and outcome.failure.type == "BrokenEnvironment":  # not the job's fault
                 self.hand_back(job_id, lease, outcome.failure.message)
             elif outcome.failure is not None and outcome.failure.type == "DiskFull":  # the machine's fault
@@ -372,9 +384,13 @@ class JobRunner:
             "job_id": job_id,
             "worker": {"id": self.id, "device_name": self.info["device_name"], "host": self.info["host"]},
         }
-        if outputs["package"] is not None:  # a report-only record (mode=training) has no package to sign
-            record["manifest"] = self._sign(job, outputs["package"], check)
-        artifact = store.artifacts.put(record, outputs["package"], report=report, sources=outputs["sources"])
+
+        def publish() -> dict[str, Any]:
+            if outputs["package"] is not None:  # a report-only record (mode=training) has no package to sign
+                record["manifest"] = self._sign(job, outputs["package"], check)
+            return store.artifacts.put(record, outputs["package"], report=report, sources=outputs["sources"])
+
+        artifact = self._once_redis_answers(publish, f"publish job {job_id}")
         return Outcome(True), {"key": artifact["key"], "timings": timings, "check": check}
 
     def _sign(self, job: dict[str, Any], package: Path, check: dict[str, Any] | None) -> dict[str, Any]:

@@ -8,14 +8,17 @@ import logging
 import re
 import signal
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match, Route
@@ -27,6 +30,7 @@ from service.api.auth import Keyring
 from service.api.cache import Reads
 from service.api.events import EventHub
 from service.api.http import BodyDeadlines
+from service.api.liveness import Liveness
 from service.api.routes import artifacts, compilations, health, jobs, keys, metrics, models, signing, workers
 from service.api.routes.metrics import CountRequests, Scraper
 from service.api.settings import Settings, get_settings
@@ -49,14 +53,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # A bounded pool that makes a request wait for a free connection: the default pool refuses past 100
         # connections, which 128 concurrent lookups on one process reach (503s). Redis is one thread: more
         # connections add no throughput.
+        # Retries as the sync client's (service/store): a connection that a Redis restart broke is replaced at its
+        # next use, not answered with a 503.
         app.state.aredis = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
             settings.redis_url, max_connections=64, timeout=5, decode_responses=True, socket_connect_timeout=2.0,
-            socket_timeout=10.0))
+            socket_timeout=10.0, retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=3)))
         app.state.reads = Reads(app.state.aredis)  # the hot read paths: lookup, meta, model get
         # Event streams wait on one reader with its own connection, never on the pool (service/api/events.py).
         app.state.events = EventHub(settings.redis_url, app.state.aredis).start()
         app.state.slots = slots = Slots(app.state.aredis, settings.slot_lease_s)  # per-key caps
-        renewer = asyncio.create_task(slots.renew_forever())
         admin_key = settings.bootstrap_admin_key()
         app.state.keyring = Keyring(app.state.aredis, admin_key, settings.auth_cache_s, insecure=settings.insecure)
         if admin_key is None:
@@ -66,11 +71,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await run_in_threadpool(_backfill_model_ids, store)
         gc.freeze()  # what start-up made lives as long as the process: full collections need not walk it
         _watch_shutdown(app.state.draining)
-        reaper = asyncio.create_task(_reap_forever(store, settings)) if settings.reaper else None
+        app.state.liveness = liveness = Liveness(settings.liveness_stall_s)  # /healthz
+        liveness.start_monitor()
+        if settings.reaper:
+            liveness.start("reaper", partial(_reap_forever, store, settings), settings.reap_interval_s)
+        liveness.start("slot renewer", slots.renew_forever, settings.slot_lease_s / 3)
+        liveness.watch("event reader", app.state.events.task)  # idle while no one streams: only its end counts
         yield
-        if reaper:
-            reaper.cancel()
-        renewer.cancel()
+        await liveness.stop()
         await app.state.events.close()
         await slots.close()
         await app.state.aredis.aclose()
@@ -181,13 +189,21 @@ def _backfill_model_ids(store: Store) -> None:
         log.warning("could not index model ids: %s", e)
 
 
-async def _reap_forever(store: Store, settings: Settings) -> None:
-    """Requeue jobs whose worker was lost, wherever they are. Safe beside any number of other reapers."""
+async def _reap_forever(store: Store, settings: Settings, done: Callable[[], None]) -> None:
+    """Requeue jobs whose worker was lost, wherever they are. Safe beside any number of other reapers. `done()`
+    after each round, whatever its outcome, tells /healthz that the reaper is not stuck."""
+    failing = False
     while True:
         await asyncio.sleep(settings.reap_interval_s)
         try:
             for job_id, what in await run_in_threadpool(reap_all, store, settings.lease_s):
                 log.warning("reaper: job %s %s", job_id, what)
-        except Exception as e:  # Redis down: try again next round
-            log.warning("reaper: %s", e)
+            if failing:
+                log.info("reaper: works again")
+            failing = False
+        except Exception as e:  # Redis down: try again next round (said once, not every round)
+            if not failing:
+                log.warning("reaper: %s", e)
+            failing = True
+        done()
 

@@ -124,6 +124,12 @@ class EventHub:
         self._task = asyncio.create_task(self._run(), name="event-hub")
         return self
 
+    @property
+    def task(self) -> asyncio.Task[None]:
+        """The reader's task (service/api/liveness.py watches that it has not ended)."""
+        assert self._task is not None, "start() first"
+        return self._task
+
     async def close(self, message: str = "the API is shutting down; reconnect with Last-Event-ID") -> None:
         if self._task:
             self._task.cancel()

@@ -24,6 +24,20 @@ class Settings(StorageSettings):
         default=None, description="A file holding Redis's password (e.g. a Docker secret), for an AOTC_REDIS_URL "
         "without one; a password in the URL wins.")
     data_dir: Path = Field(default=Path(".aotc"), description="Embedded Redis data and scratch space.")
+    # aotc-server's supervision of its embedded Redis (service/store/embedded.py, RedisSupervisor).
+    redis_restart_backoff_s: float = Field(
+        default=0.5, gt=0, description="aotc-server: wait this long before starting its embedded redis-server again "
+        "after it died, doubled per failed try up to AOTC_REDIS_RESTART_BACKOFF_MAX_S.")
+    redis_restart_backoff_max_s: float = Field(
+        default=5.0, gt=0, description="aotc-server: the longest wait between two restarts of its embedded Redis.")
+    redis_restart_giveup_s: float = Field(
+        default=60.0, gt=0, description="aotc-server: when its embedded Redis has not answered this long after it "
+        "died (or at start), aotc-server stops its API and workers and exits 1, naming why, for systemd, compose "
+        "or Kubernetes to restart it.")
+    liveness_stall_s: float = Field(
+        default=120.0, gt=0, description="/healthz fails when this API process has made no progress for this long: "
+        "a background task (the reaper) has not finished a round, or every thread of its pool has been held by the "
+        "same requests. Keep it above the longest a Redis call can take (about 45 s).")
     max_upload_mb: int = Field(default=4096, gt=0, description="Largest accepted .pt2 upload.")
     # Bounds on the work one upload may cost the API (compiler.archive.limits; each refusal names its setting).
     max_zip_entries: int = Field(default=20_000, gt=0, description="Most entries in an uploaded zip.")

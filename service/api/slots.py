@@ -14,7 +14,7 @@ import asyncio
 import logging
 import secrets
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 import redis
@@ -93,10 +93,12 @@ class Slots:
     def held(self) -> int:
         return len(self._held)
 
-    async def renew_forever(self) -> None:
-        """Renew every slot this process holds, every third of the lease; a Redis that is down is tried again."""
+    async def renew_forever(self, done: Callable[[], None] = lambda: None) -> None:
+        """Renew every slot this process holds, every third of the lease; a Redis that is down is tried again.
+        `done` is called after each round (service/api/liveness.py watches that it keeps coming)."""
         lease_ms = int(self.lease_s * 1000)
         while True:
+            done()
             await asyncio.sleep(self.lease_s / 3)
             held = list(self._held)
             for i in range(0, len(held), _RENEW_BATCH):
