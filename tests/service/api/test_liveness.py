@@ -141,3 +141,26 @@ def test_a_background_task_that_ended_or_stopped_making_progress_is_named():
     assert len(late) == 2 and late[0] == early[0], late
     assert re.fullmatch(r"the sweeper task has made no progress for 0\.\d s \(AOTC_LIVENESS_STALL_S=0\.2\)",
                         late[1]), late
+
+
+def test_a_watched_task_may_idle_but_not_end():
+    """The event reader waits as long as no one streams (Liveness.watch): idle is well, ended is wedged."""
+    from service.api.liveness import Liveness
+
+    async def main() -> tuple[list[str], list[str]]:
+        liveness = Liveness(stall_s=0.05)
+        idle = asyncio.Event()
+        reader = asyncio.create_task(idle.wait())
+        liveness.watch("event reader", reader)
+        try:
+            await asyncio.sleep(0.3)  # far past the stall time, with no progress reported
+            quiet = liveness.problems()
+            reader.cancel()
+            await asyncio.sleep(0)
+            return quiet, liveness.problems()
+        finally:
+            await liveness.stop()
+
+    quiet, ended = asyncio.run(main())
+    assert quiet == []
+    assert ended == ["the event reader task has ended (it was cancelled); restart this API process"]
