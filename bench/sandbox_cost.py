@@ -4,7 +4,7 @@
    a compile: make its dir, confine it, spawn, wait, clean up), as the worker runs it and with each mechanism left
    out in turn (its cgroup, its tmpfs, its seccomp filter), and with --baseline, a tree of main's code, as main
    starts one (`--ro-bind / /`, rlimits only).
-2. Bounds: the hostile programs of tests/worker/test_bounds.py run in a sandbox as the worker makes it: three
+2. Bounds: the hostile programs of tests/worker/test_sandbox_bounds.py run in a sandbox as the worker makes it: three
    processes of 160 MiB each under a 256 MiB bound, six files of 24 MiB each under a 64 MiB bound, a fork bomb under
    a bound of 40 with a second sandbox starting 20 processes meanwhile. With --baseline, the same on main.
 

@@ -1,4 +1,4 @@
-"""Hostile code in a sandboxed child, for tests/worker/test_bounds.py: on the PYTHONPATH of the sandbox, Python
+"""Hostile code in a sandboxed child, for tests/worker/test_sandbox_bounds.py: on the PYTHONPATH of the sandbox, Python
 imports this at start, before `python -m worker.child JOBDIR KIND` runs. When JOBDIR holds hostile.py (the test's
 plan, written by the trusted test), it runs that in place of the child and exits: what it does goes to stdout, the
 child's log, in lines `HOSTILE {json}`."""
