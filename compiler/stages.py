@@ -601,10 +601,11 @@ def _remove(path: str) -> None:
 
 def scan(compiled: Compiled) -> scan_mod.ScanResult:
     """The second line after codegen, before anything runs the package: every generated source in it (C++ wrapper
-    and kernels) and the Python the compile produced beside it (on GPUs the Python wrapper of AOTInductor's first
-    pass, where this torch shows it, and the compile-time autotune code; the Triton kernel sources in them are
-    scanned in turn). A hit removes the package and raises UnsafeCode, which is final: the package is never checked
-    or published. Facts: files, bytes, seconds, findings, scanned.
+    and kernels; on GPUs the wrapper's comment copy of each Triton kernel) and the Python the compile produced
+    beside it: on GPUs every Triton kernel module the compile handed to Triton (what became the cubins), the Python
+    wrapper of AOTInductor's first pass where this torch shows it, and the compile-time autotune code. A hit removes
+    the package and raises UnsafeCode, which is final: the package is never checked or published. Facts: files,
+    bytes, seconds, findings, scanned.
 
     The compile itself has run by now: on GPUs the Triton kernels' module code and the autotune code ran inside it,
     and g++ has read the C++. What the scan stops is everything after: the check, the publish, every load."""
@@ -614,8 +615,9 @@ def scan(compiled: Compiled) -> scan_mod.ScanResult:
         python[f"<python wrapper {n}>"] = code
     for n, code in enumerate(obs.artifacts.get("inductor_autotune_at_compile_time_code", [])):
         python[f"<autotune code {n}>"] = code
+    kernels = {f"<triton kernel {name}>": src for name, src in obs.kernel_sources.items()}
     try:
-        result = scan_mod.scan_package(compiled.package, python)
+        result = scan_mod.scan_package(compiled.package, python, kernels)
     except Exception as e:  # fail closed: a package that cannot be scanned is not checked either
         _remove(compiled.package)
         raise CompileError(f"the generated sources could not be scanned ({type(e).__name__}: {e}), so the "
