@@ -5,7 +5,8 @@ the smallest shape point, whatever the uploader's samples held. Each case must e
 package: if eager raises, the package must not return (it raises, or the process it runs in dies: Inductor's
 index asserts throw from inside an OpenMP region on a CPU, which ends the process, and are device-side asserts on
 CUDA, which end the context); if eager returns, the package must return the same values (non-finite values in the
-same places are accepted here).
+same places are accepted here). A package that faults (SIGSEGV or SIGBUS; an illegal memory access on CUDA) has read
+or written out of bounds, and fails whatever eager did.
 
 Where it runs. The package never runs in the check's own process for these cases: each run happens in a probe
 child (`python -m compiler.adversarial`), which writes one line per case as it goes. The check decides first, with
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -44,6 +46,10 @@ MAX_PROBES = 2 * MAX_CASES + 1  # a probe per case at worst, twice for a case wh
 PROBE_TIMEOUT_S = 300.0
 RESTART = 3  # a probe's exit status: the CUDA context is gone, go on in a new probe
 UNKNOWN = "?"  # a case whose eager outcome the probe finds out on the device
+# How a package that touched memory it does not own ends, as opposed to refusing: a fault signal on a CPU (an assert
+# is SIGABRT, from std::terminate), an error of these words on CUDA (an assert is "device-side assert triggered").
+FAULT_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS})
+CUDA_FAULT = re.compile(r"illegal memory access|misaligned address|unspecified launch failure|illegal address")
 
 
 def _raised(e: BaseException) -> str:
@@ -122,8 +128,9 @@ def run_probes(model_path: str, package_path: str, device: str, cases: list[dict
         how = f"did not finish in {PROBE_TIMEOUT_S:.0f} s" if rc is None else _death(rc)
         if in_flight["event"] == "package":
             refused = in_flight.get("eager")
+            faulted = rc is not None and -rc in FAULT_SIGNALS
             results[k] = {"k": k, "eager": refused, "package": f"the process {how}",
-                          "outcome": "refused" if refused else "package died"}
+                          "outcome": "package faulted" if faulted else "refused" if refused else "package died"}
             start = k + 1
         elif rc is None:
             results[k] = {"k": k, "eager": f"the process {how}", "outcome": "eager did not finish"}
@@ -161,6 +168,9 @@ def verdict(poison: inputs_mod.Poison, numel: int, result: dict[str, Any]) -> st
         return f"{what}: the package raises ({result.get('package')}) where eager returns"
     if outcome == "package died":
         return f"{what}: {result.get('package')} where eager returns"
+    if outcome == "package faulted":
+        eager = f"eager raises {result['eager']}" if result.get("eager") else "eager returns"
+        return f"{what}: {eager}, the package touched memory it does not own ({result.get('package')})"
     return f"{what}: {outcome}: {result.get('why') or result.get('eager') or ''}".rstrip(": ")
 
 
@@ -283,7 +293,8 @@ def _probe(model_path: str, package_path: str, device: str, cases_path: str, out
                         torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001
                 raised = _raised(e)
-                write(k=k, eager=refused, package=raised, outcome="refused" if refused else "package raised")
+                outcome = "package faulted" if CUDA_FAULT.search(str(e)) else "refused" if refused else "package raised"
+                write(k=k, eager=refused, package=raised, outcome=outcome)
                 if _context_lost(device):
                     return RESTART
                 continue

@@ -118,7 +118,7 @@ def checked_as_strided_scatter(x: torch.Tensor, src: torch.Tensor, size: Sequenc
 def _safe_index_put_impl(target: Any) -> Callable[..., Any]:
     def checked(*args: Any, **kwargs: Any) -> Any:
         if len(args) > 4:
-            args = (*args[:4], False, *args[5:])
+            return target(*args[:4], False, *args[5:], **kwargs)
         return target(*args, **{**kwargs, "unsafe": False})
 
     checked.__name__ = checked.__qualname__ = f"checked{target.__name__.split('.')[0]}"

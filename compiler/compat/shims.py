@@ -23,6 +23,7 @@ from typing import Any
 # A statement that is one call of a C shim: `aoti_torch_<name>(...);`, nothing before or after it.
 _BARE_SHIM_CALL = re.compile(r"\s*(aoti_torch_\w+\s*\(.*\))\s*;\s*\Z", re.S)
 PATCHED_METHODS = ("_generate_scatter_fallback", "_generate_index_put_fallback")
+_MISSING = object()
 
 
 def error_checked(line: Any) -> Any:
@@ -36,12 +37,16 @@ def error_checked(line: Any) -> Any:
 
 def _wrapped(method: Callable[..., Any]) -> Callable[..., Any]:
     def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        own = self.__dict__.get("writeline", _MISSING)  # torch sets it on the instance at times: keep that one
         writeline = self.writeline
         self.writeline = lambda line, *a, **k: writeline(error_checked(line), *a, **k)
         try:
             return method(self, *args, **kwargs)
         finally:
-            del self.writeline  # the instance attribute goes; the class's method shows through again
+            if own is _MISSING:
+                del self.writeline
+            else:
+                self.writeline = own
 
     checked.__name__ = getattr(method, "__name__", "checked")
     checked.__aotc_checked__ = True  # type: ignore[attr-defined]
