@@ -98,7 +98,9 @@ def run_probes(model_path: str, package_path: str, device: str, cases: list[dict
         probes += 1
         out_path = workdir / f"probe-{probes}.jsonl"
         log_path = workdir / f"probe-{probes}.log"
-        cmd = [sys.executable, "-m", "compiler.adversarial", model_path, package_path, device, str(cases_path),
+        # -P, as the worker starts its children: the working directory (where a sandboxed child keeps Triton's
+        # cache dir, named `triton`) must not shadow a package.
+        cmd = [sys.executable, "-P", "-m", "compiler.adversarial", model_path, package_path, device, str(cases_path),
                str(out_path), str(start), repr(tolerance)]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
