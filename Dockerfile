@@ -19,10 +19,12 @@ RUN pip install --no-deps .
 FROM base AS api
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/readyz')"]
-CMD ["uvicorn", "service.api.app:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000"]
+# aotc-server runs uvicorn with the API's own HTTP protocol (a deadline on request headers); it needs AOTC_REDIS_URL
+# and AOTC_ADMIN_KEY(_FILE) to serve 0.0.0.0.
+CMD ["aotc-server", "--workers", "0", "--api-workers", "1", "--host", "0.0.0.0", "--port", "8000"]
 
 FROM base AS worker
-RUN apt-get update && apt-get install -y --no-install-recommends g++ libgomp1 bubblewrap && rm -rf /var/lib/apt/lists/*
+RUN apt-get update && apt-get install -y --no-install-recommends g++ libgomp1 bubblewrap libseccomp2 && rm -rf /var/lib/apt/lists/*
 COPY requirements-worker.lock ./
 # aotc[worker] pins torch 2.13.0; on Linux its PyPI wheel is the CUDA build and pulls triton and the CUDA libraries.
 RUN pip install -r requirements-worker.lock

@@ -5,7 +5,11 @@ The first wider GPU run found three real models refused at upload as hostile (HF
 arguments of the grad-mode regions export keeps are named ''; torchvision's RegNet: 'block4-1'). This finds that
 kind of false refusal on any machine with torchvision, timm and transformers, in minutes.
 
-    python bench/upload_sweep.py [--models resnet50,hf_gpt2] --out bench/results/upload-sweep.json
+With --load it also runs what the worker runs before a compile (compiler.loading.load_program: the same checks
+again, torch.export.load under the guard, and the walk of the loaded graph that holds every callable to the operator
+list), still no compile.
+
+    python bench/upload_sweep.py [--models resnet50,hf_gpt2] [--load] --out bench/results/upload-sweep.json
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="", help="comma-separated (default: all of zoo.py)")
+    ap.add_argument("--load", action="store_true", help="also load each program as the worker does (load_program)")
     ap.add_argument("--out", default="bench/results/upload-sweep.json")
     a = ap.parse_args()
 
@@ -32,10 +37,18 @@ def main() -> int:
 
     from bench.zoo import MODELS, build
     from compiler.archive.inspect import inspect_archive
-    from compiler.errors import AotcError
+    from compiler.errors import AotcError, CompileError
+    from compiler.loading import load_program
 
     names = a.models.split(",") if a.models else list(MODELS)
     rows: list[dict[str, Any]] = []
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(rows: list[dict[str, Any]], summary: dict[str, Any] | None = None) -> None:
+        out.write_text(json.dumps({"torch": torch.__version__, "load": a.load, "summary": summary, "rows": rows},
+                                  indent=1))
+
     with tempfile.TemporaryDirectory() as d:
         for name in names:
             row: dict[str, Any] = {"model": name, "family": MODELS[name].family}
@@ -46,28 +59,36 @@ def main() -> int:
                 path = Path(d) / f"{name}.pt2"
                 torch.export.save(ep, str(path))
                 row.update(export_s=round(time.perf_counter() - t0, 2), archive_mb=round(path.stat().st_size / 1e6, 1))
-                hops = sorted({str(n.target) for n in ep.graph.nodes if "higher_order" in str(n.target)})
+                hops = sorted({f"{n.target.__module__}.{n.target.__name__}" for gm in ep.graph_module.modules()
+                               if isinstance(gm, torch.fx.GraphModule) for n in gm.graph.nodes
+                               if n.op == "call_function" and "higher_order" in getattr(n.target, "__module__", "")})
                 row["higher_order_ops"] = hops
                 t1 = time.perf_counter()
                 inspected = inspect_archive(str(path))
                 row.update(accepted=True, inspect_s=round(time.perf_counter() - t1, 3),
                            inputs=[i["name"] for i in inspected["inputs"]])
+                if a.load:
+                    t2 = time.perf_counter()
+                    load_program(str(path))
+                    row["load_s"] = round(time.perf_counter() - t2, 2)
                 path.unlink()
             except AotcError as e:  # the upload's answer: a refusal
                 row.update(accepted=False, status=e.status, refusal=e.message[:500])
+            except CompileError as e:  # the worker's loader refused it
+                row.update(accepted=False, status="load", refusal=f"{type(e).__name__}: {e.message}"[:500])
             except Exception as e:  # noqa: BLE001 - a model this machine cannot build or export is a result too
                 row.update(accepted=None, error=f"{type(e).__name__}: {e}"[:500])
             rows.append(row)
+            save(rows)  # each row as it lands: a sweep cut short still leaves what it measured
             verdict = {True: "accepted", False: f"REFUSED {row.get('status')}", None: "not exported"}[row["accepted"]]
             print(f"{name:28s} {verdict:14s} export {row.get('export_s', '-')} s, inspect {row.get('inspect_s', '-')} s"
+                  + (f", load {row.get('load_s', '-')} s" if a.load else "")
                   + (f"  {row.get('refusal') or row.get('error')}"[:300] if not row["accepted"] else ""), flush=True)
     summary = {"models": len(rows), "accepted": sum(r["accepted"] is True for r in rows),
                "refused": [r["model"] for r in rows if r["accepted"] is False],
                "not_exported": [r["model"] for r in rows if r["accepted"] is None]}
     print(json.dumps(summary))
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"torch": torch.__version__, "summary": summary, "rows": rows}, indent=1))
+    save(rows, summary)
     return 1 if summary["refused"] else 0
 
 

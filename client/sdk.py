@@ -228,9 +228,10 @@ class Client:
 
         `progress` gets {'id', 'state', 'stage', 'attempts', 'reason', 'not_before'} at each change, then the final
         job record.
-        A dropped stream, an API restart or a 503 (Redis down) is retried with backoff (from `poll_s` up to 5 s),
-        resuming after the last event seen. Returns the artifact; raises JobFailed if the job failed or was
-        cancelled, TimeoutError after `timeout` seconds."""
+        A dropped stream, an API restart, a 503 (Redis down) or a 429 (the key holds AOTC_MAX_STREAMS_PER_KEY
+        streams already) is retried with backoff (from `poll_s` up to 5 s), resuming after the last event seen.
+        Returns the artifact; raises JobFailed if the job failed or was cancelled, TimeoutError after `timeout`
+        seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         view: dict[str, Any] = {"id": job_id, "state": "queued", "stage": "queued", "attempts": 0}
         last_id: str | None = None
@@ -245,7 +246,7 @@ class Client:
                 with connect_sse(self.http, "GET", f"/v1/jobs/{job_id}/events", headers=headers,
                                  timeout=httpx.Timeout(10.0, read=read_s)) as events:
                     resp = events.response
-                    if resp.status_code not in (502, 503, 504):
+                    if resp.status_code not in (429, 502, 503, 504):
                         if not resp.is_success:
                             resp.read()
                         _raise_for(resp)

@@ -30,6 +30,10 @@ workers are not exceptions: each failed attempt becomes a `Failure` record.
       Timeout, Crashed, OutOfMemory, WorkerLost, WorkerError    retryable: the machine failed, not the model
       BrokenEnvironment            a child that failed before its compile started: the worker hands the job back
                                    without spending an attempt, and stops claiming after a few in a row
+      DiskFull                     ENOSPC in the worker or a child (work dir, caches, outputs, publish): the worker
+                                   hands the job back without spending an attempt (at most max_attempts times;
+                                   then it is charged like any retryable failure) and claims nothing while its
+                                   disks are below AOTC_DISK_LOW_WATER_MB
       Cancelled, ToolchainMismatch, NotFound, any CompileError  final
     A job that has used its attempts fails with its last failure's type, marked not retryable.
 """
@@ -151,7 +155,8 @@ class BadSignature(Exception):
 
 # Failure kinds that another attempt may fix: the machine or the process failed, not the model. Everything else
 # (a CompileError, a cancel, a toolchain mismatch, an unexpected exception in the compile) is final.
-RETRYABLE = frozenset({"Timeout", "Crashed", "OutOfMemory", "WorkerLost", "WorkerError", "BrokenEnvironment"})
+RETRYABLE = frozenset({"Timeout", "Crashed", "OutOfMemory", "WorkerLost", "WorkerError", "BrokenEnvironment",
+                       "DiskFull"})
 
 
 @dataclass(frozen=True)
@@ -236,6 +241,13 @@ class Failure:
         `cause` says what happened (the child's own error, or how it died)."""
         return cls("BrokenEnvironment", f"the {kind} child failed before the {kind} started, so this worker's "
                    f"environment is broken, not the model: {cause}", kind, excerpt)
+
+    @classmethod
+    def disk_full(cls, stage: str, cause: str, excerpt: str = "") -> Failure:
+        """A compile, check or publish that ran out of disk space (`cause`: what said so): the machine's fault, not
+        the job's, so the worker hands the job back with its attempt refunded (worker.job)."""
+        return cls("DiskFull", f"the {stage} ran out of disk space on this worker, not through the job's fault: "
+                   f"{cause}", stage, excerpt)
 
     @classmethod
     def limit_exceeded(cls, stage: str, what: str, setting: str, excerpt: str = "") -> Failure:

@@ -7,16 +7,22 @@ Three layers, each enough on its own for the attacks it covers:
 2. every pickled entry is loaded with torch.load(weights_only=True) before torch.export.load sees it;
 3. torch.export.load runs inside compiler.compat.safe_load.guarded_export_load, which forces weights_only=True,
    blocks pickle.loads / torchbind / AOTInductor loading in torch's reader and re-checks each expression string.
-After loading, guards_code (exec'd by torch when the program runs) is checked once more on the loaded object, and
-the graph is made safe for codegen before any stage sees it (`_sanitize`): every node's free-text metadata is
-dropped (Inductor and AOTInductor write stack traces, module stacks and provenance into generated source and the
-package), and node names, string arguments and weight names are checked against compiler.archive.strings'
-grammars again.
+After loading, every callable in the loaded graphs is checked against the same operator list before anything can
+call it (`_check_callables`): each graph, nested subgraphs included, may call only operators on
+compiler/archive/ops.txt, a higher-order op only if compiler.archive.ops.HOPS says how it calls its arguments and
+each of those is a subgraph of the program, and every other argument must be data or a value of the graph, never an
+operator, a function or a module. guards_code (exec'd by torch when the program runs) is checked once more on the
+loaded object, and the graph is made safe for codegen before any stage sees it (`_sanitize`): every node's
+free-text metadata is dropped (Inductor and AOTInductor write stack traces, module stacks and provenance into
+generated source and the package), and node names, string arguments and weight names are checked against
+compiler.archive.strings' grammars again.
 """
 
 from __future__ import annotations
 
 import io
+import math
+import operator
 import traceback
 import zipfile
 
@@ -25,6 +31,7 @@ import torch
 from compiler.archive.exprs import check_guard, check_sym_expr
 from compiler.archive.inspect import inspect_archive
 from compiler.archive.limits import DEFAULT_LIMITS, Limits
+from compiler.archive.ops import HOP_PREFIX, HOPS, is_operator_target
 from compiler.archive.strings import check
 from compiler.compat.safe_load import DeserializationRefused, guarded_export_load
 from compiler.errors import AotcError, BadModel, UnsafeArchive, UnsafeModel
@@ -71,6 +78,106 @@ def _preload_pickles(path: str, entries: list[str]) -> None:
         raise
     except Exception as e:
         raise BadModel(f"cannot read the archive: {type(e).__name__}: {e}", stage=STAGE) from None
+
+
+# Values a node argument may hold besides graph values (fx.Node) and containers of them: what torch's deserializer
+# makes of the schema's data members. Anything else (an operator, a function, a module, a class) is refused.
+_DATA = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+_ROOTS = {"torch": torch, "_operator": operator, "math": math}  # where the deserializer resolves names
+
+
+def _operator_name(target: object) -> str | None:
+    """The name torch's serializer writes for `target` when that name is on the operator list and resolves, as the
+    deserializer resolves it, to `target` itself; None for anything else."""
+    module, name = getattr(target, "__module__", None), getattr(target, "__name__", None)
+    if not isinstance(module, str) or not isinstance(name, str):
+        return None
+    if module.startswith("torch._ops"):
+        module = "torch.ops" + module[len("torch._ops"):]
+    serialized = f"{module}.{name}"
+    if not is_operator_target(serialized):
+        return None
+    root, *parts = serialized.split(".")
+    found: object = _ROOTS.get(root)
+    for part in parts:
+        found = getattr(found, part, None)
+    return serialized if found is target else None
+
+
+def _attribute(gm: torch.fx.GraphModule, target: object) -> object:
+    if not isinstance(target, str) or any(p.startswith("__") for p in target.split(".")):
+        return None
+    found: object = gm
+    for part in target.split("."):
+        found = getattr(found, part, None)
+    return found
+
+
+def _check_callables(ep: torch.export.ExportedProgram) -> None:
+    """Every graph of the loaded program, nested subgraphs included, against the operator list: each call_function
+    target on it; a higher-order op one of HOPS, with a subgraph of the program (a get_attr of a GraphModule) at each
+    position it calls and nowhere else; every argument and keyword argument data or graph values, never a callable.
+    The upload checks refuse all of this before torch reads the file; this catches what they might miss."""
+
+    def refuse(where: str, why: str) -> UnsafeModel:
+        return UnsafeModel(f"{where} {why}; refused before anything could call it (compiler/archive/ops.txt lists "
+                           "the operators this service compiles)", stage=STAGE)
+
+    for path, gm in ep.graph_module.named_modules():
+        graph_name = f"subgraph {path!r}" if path else "the program's graph"
+        if not isinstance(gm, torch.fx.GraphModule):
+            raise refuse(graph_name, f"is a {type(gm).__name__}, not a graph")
+        subgraphs: set[torch.fx.Node] = set()
+        for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                found = _attribute(gm, node.target)
+                if isinstance(found, torch.fx.GraphModule):
+                    subgraphs.add(node)
+                elif not isinstance(found, torch.Tensor):
+                    raise refuse(f"{graph_name}: node {node.name!r}", f"reads {str(node.target)[:120]!r}, a "
+                                 f"{type(found).__name__}, where only subgraphs and tensors are read")
+
+        def data(value: object, where: str) -> None:
+            stack = [value]
+            while stack:
+                v = stack.pop()
+                if isinstance(v, torch.fx.Node):
+                    if v in subgraphs:
+                        raise refuse(where, f"passes the subgraph {v.name!r} where no higher-order op calls it")
+                elif isinstance(v, (list, tuple)):
+                    stack.extend(v)
+                elif isinstance(v, dict):
+                    stack.extend(v.keys())
+                    stack.extend(v.values())
+                elif not isinstance(v, _DATA):
+                    raise refuse(where, f"holds {type(v).__name__} {str(v)[:120]!r}, which is not data")
+
+        for node in gm.graph.nodes:
+            where = f"{graph_name}: node {node.name!r}"
+            if node.op == "get_attr":
+                continue
+            if node.op not in ("placeholder", "output", "call_function"):
+                raise refuse(where, f"is a {node.op} node; an exported program calls functions only")
+            hop = None
+            if node.op == "call_function":
+                name = _operator_name(node.target)
+                if name is None:
+                    raise refuse(where, f"calls {type(node.target).__name__} {str(node.target)[:120]!r}, which is "
+                                 "not a torch operator this service compiles")
+                hop = HOPS.get(name)
+                if name.startswith(HOP_PREFIX) and hop is None:
+                    raise refuse(where, f"calls {name}, a higher-order op whose callables this service does not "
+                                 "know how to check")
+            for i, arg in enumerate(node.args):
+                if hop is not None and i in hop.graphs:
+                    if arg not in subgraphs:
+                        raise refuse(where, f"passes {type(arg).__name__} {str(arg)[:120]!r} as argument {i}, which "
+                                     f"{hop.signature} calls; it must be a subgraph of the program")
+                else:
+                    data(arg, f"{where} argument {i}")
+            if hop is not None and len(node.args) <= max(hop.graphs):
+                raise refuse(where, f"calls {hop.signature} with {len(node.args)} positional argument(s)")
+            data(dict(node.kwargs), f"{where} keyword arguments")
 
 
 def _check_loaded(ep: torch.export.ExportedProgram) -> None:
@@ -130,7 +237,7 @@ def load_program(path: str, limits: Limits | None = None) -> torch.export.Export
     entries = _validate(path, limits) if limits is not None else _validate(path)
     _preload_pickles(path, entries)
     try:
-        with guarded_export_load(check_sym_expr) as events:
+        with guarded_export_load(check_sym_expr, is_operator_target) as events:
             try:
                 ep = torch.export.load(path)
             except DeserializationRefused as e:
@@ -154,6 +261,7 @@ def load_program(path: str, limits: Limits | None = None) -> torch.export.Export
         raise UnsafeModel(f"loading needed a refused operation: {refused[0]}", stage=STAGE, excerpt="\n".join(events))
     if not isinstance(ep, torch.export.ExportedProgram):
         raise BadModel(f"the archive holds a {type(ep).__name__}, not an ExportedProgram", stage=STAGE)
+    _check_callables(ep)
     _check_loaded(ep)
     _sanitize(ep)
     return ep

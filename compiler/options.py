@@ -11,12 +11,25 @@ with them.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
+from pydantic_core import PydanticCustomError
 
 Mode = Literal["default", "max-autotune", "training"]
 Precision = Literal["keep", "bf16", "fp16"]
+
+
+def _json_integer(value: Any) -> Any:
+    """An integer as JSON Schema has it: 8 or 8.0, never true or "8" (which pydantic's lax ints take)."""
+    if isinstance(value, (bool, str, bytes)):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# Annotated[int, Field(bounds...), JSON_INT]: after the bounds, which pydantic then still publishes as JSON Schema's
+# minimum and maximum (before them, it cannot, and writes "ge" and "le").
+JSON_INT = BeforeValidator(_json_integer)
 GemmBackends = Literal["ATEN", "TRITON", "ATEN,TRITON", "CPP", "ATEN,CPP", "ATEN,TRITON,CPP"]
 
 
@@ -27,16 +40,18 @@ class InductorSettings(BaseModel):
     values are typed and bounded, so no request can reach code execution, file paths or debug dumps through here.
     """
 
+    # JSON's own bools and ints (StrictBool, JSON_INT): a request's 1 or "true" is no bool, as the schema says.
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    coordinate_descent_tuning: bool | None = Field(
+    coordinate_descent_tuning: StrictBool | None = Field(
         default=None, description="After autotuning, search neighbouring Triton configs (slower compile)."
     )
-    epilogue_fusion: bool | None = Field(default=None, description="Fuse pointwise ops into matmul epilogues.")
-    shape_padding: bool | None = Field(default=None, description="Pad matmul shapes to aligned sizes.")
-    aggressive_fusion: bool | None = Field(default=None, description="Fuse even without shared memory reads.")
-    max_fusion_size: int | None = Field(default=None, ge=1, le=256, description="Most nodes in one fused kernel.")
-    split_reductions: bool | None = Field(default=None, description="Split large reductions across kernels.")
+    epilogue_fusion: StrictBool | None = Field(default=None, description="Fuse pointwise ops into matmul epilogues.")
+    shape_padding: StrictBool | None = Field(default=None, description="Pad matmul shapes to aligned sizes.")
+    aggressive_fusion: StrictBool | None = Field(default=None, description="Fuse even without shared memory reads.")
+    max_fusion_size: Annotated[int, Field(ge=1, le=256), JSON_INT] | None = Field(
+        default=None, description="Most nodes in one fused kernel.")
+    split_reductions: StrictBool | None = Field(default=None, description="Split large reductions across kernels.")
     max_autotune_gemm_backends: GemmBackends | None = Field(
         default=None, description="Matmul backends max-autotune chooses among."
     )
@@ -75,10 +90,11 @@ class CompileOptions(BaseModel):
         description="keep the program's dtypes, or compute in bf16/fp16 for inference: weights are cast, and "
         "floating inputs and outputs are cast at the edges, so the artifact takes and returns the same dtypes.",
     )
-    freezing: bool = Field(default=False, description="Fold weights into the graph as constants (inference).")
+    freezing: StrictBool = Field(default=False, description="Fold weights into the graph as constants (inference).")
     inductor: InductorSettings = Field(default_factory=InductorSettings)
-    prims_view: bool = Field(default=False, description="Also record the graph decomposed to prims in the report.")
-    allow_nonfinite: bool = Field(
+    prims_view: StrictBool = Field(default=False,
+                                   description="Also record the graph decomposed to prims in the report.")
+    allow_nonfinite: StrictBool = Field(
         default=False,
         description="Publish an artifact whose outputs hold NaN or inf at the check's inputs (the compiled and the "
         "eager results must still agree, non-finite values in the same places). Off: any NaN or inf fails the check.",

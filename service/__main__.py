@@ -8,6 +8,11 @@ requeued by a reaper once its lease expires). A lock on the data dir keeps a sec
 redis-server on the same append-only file) off it. At start it removes what a killed one left behind
 (service/cleanup.py) before its API and workers run.
 
+The embedded Redis is supervised (service/store/embedded.py, RedisSupervisor): one that dies is started again from
+its AOF, on the same port with the same password, and the API processes and workers reconnect by themselves. If it
+cannot come back within AOTC_REDIS_RESTART_GIVEUP_S, aotc-server stops its API and workers and exits 1, naming
+why, so that systemd, compose or Kubernetes restart the whole service.
+
 This process never imports torch (a worker needs it; the API does not): workers run as `python -m worker`, and
 `--device cuda:all` counts GPUs with `nvidia-smi -L`.
 """
@@ -30,6 +35,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
+from service import datadir
 from service.procs import DirLock, LockHeld, dying_with_this_process, set_parent_death_signal
 
 if TYPE_CHECKING:
@@ -59,10 +65,11 @@ def serve(
 ) -> None:
     """Run the API, an embedded Redis (unless AOTC_REDIS_URL is set) and workers for this machine's devices."""
     from service.api.settings import Settings
-    from service.store.embedded import EmbeddedRedis
+    from service.store.embedded import EmbeddedRedis, RedisSupervisor
     from service.store.redis_url import masked
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    os.umask(datadir.UMASK)  # what this process tree writes is private (service/datadir.py)
     settings = Settings()
     _check_auth(settings, host, insecure)
     devices = _worker_devices(device, workers)
@@ -72,31 +79,53 @@ def serve(
         holder = DirLock(settings.data_dir / "server.lock").holder()
         _exit(f"another aotc-server (pid {holder}) is using the data dir {settings.data_dir.resolve()}; stop it "
               "first, or give this one its own AOTC_DATA_DIR")
-    redis_proc = None
+    datadir.tighten(settings.data_dir)  # and what an older version left
+    supervisor: RedisSupervisor | None = None
     local: LocalWorkers | None = None
     try:
         if not settings.redis_url:
+            redis_proc = EmbeddedRedis(settings.data_dir / "redis", port=redis_port)
+            supervisor = RedisSupervisor(
+                redis_proc, backoff_s=settings.redis_restart_backoff_s,
+                backoff_max_s=settings.redis_restart_backoff_max_s, giveup_s=settings.redis_restart_giveup_s,
+                on_give_up=_stop_serving)
             try:
-                redis_proc = EmbeddedRedis(settings.data_dir / "redis", port=redis_port).start()
+                supervisor.start()
             except RuntimeError as e:
                 _exit(str(e))
             settings = settings.model_copy(update={"redis_url": redis_proc.url})
             print(f"aotc: embedded redis-server pid {redis_proc.proc.pid if redis_proc.proc else '?'} on "
                   f"{masked(redis_proc.url)} (data in {redis_proc.data_dir}, AOF on, password in "
-                  f"{redis_proc.password_file})", file=sys.stderr)
+                  f"{redis_proc.password_file}; restarted if it dies)", file=sys.stderr)
         work_dirs = [settings.data_dir / ("work" if i == 0 else f"work-{i}") for i in range(len(devices))]
-        _clean_up(settings, work_dirs, own_redis=redis_proc is not None)
+        _clean_up(settings, work_dirs, own_redis=supervisor is not None)
         if devices and importlib.util.find_spec("torch") is None:
             print("aotc: torch is not installed, so no worker starts (install aotc[worker])", file=sys.stderr)
         elif devices:
             local = LocalWorkers(settings.redis_url or "", list(zip(devices, work_dirs, strict=True)))
-        _run_api(settings, host, port, api_workers, log_level)
+        try:
+            _run_api(settings, host, port, api_workers, log_level)
+        except SystemExit:  # the SIGTERM that _stop_serving sent, with one API process: exit 1 below instead
+            if not (supervisor and supervisor.gave_up):
+                raise
     finally:
         if local:
-            local.stop()
-        if redis_proc:
-            redis_proc.stop()
+            # Given up on Redis: a worker told to stop would wait for it to hand its job back. Killed, its lease
+            # is reaped once a restarted aotc-server's Redis is up (service/store/reaper.py).
+            local.stop(kill=bool(supervisor and supervisor.gave_up))
+        if supervisor:
+            supervisor.stop()
         lock.release()
+    if supervisor and supervisor.gave_up:
+        _exit(f"exiting, so that whatever supervises aotc-server (systemd, compose, Kubernetes) starts it again: "
+              f"{supervisor.gave_up}")
+
+
+def _stop_serving(reason: str) -> None:
+    """What the Redis supervisor does when it gives up: stop the API as SIGTERM would (open requests finish), and
+    serve() then exits 1 with the reason."""
+    print("aotc: giving up on the embedded Redis: stopping the API and the workers", file=sys.stderr)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 class LocalWorkers:
@@ -142,12 +171,13 @@ class LocalWorkers:
                     continue
                 self.procs[n], started[n], delay[n] = self._spawn(n), time.monotonic(), min(delay[n] * 2, 60.0)
 
-    def stop(self) -> None:
-        """SIGTERM each (a running job is handed back), wait, then let the supervising thread end."""
+    def stop(self, *, kill: bool = False) -> None:
+        """SIGTERM each (a running job is handed back), or SIGKILL with `kill`; wait, then let the supervising
+        thread end."""
         self.no_restarts.set()
         for p in self.procs:
             if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+                p.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
         for p in self.procs:
             try:
                 p.wait(30)
@@ -167,7 +197,8 @@ def _run_api(settings: Settings, host: str, port: int, api_workers: int, log_lev
         # uvicorn re-raises the SIGTERM it caught once it has drained; turn it into SystemExit so the workers and
         # Redis are stopped too.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30,
+                    http="service.api.http:HTTPProtocol")  # a deadline on request headers
         return
     # Several processes accept on one socket, each with its own event loop and Redis connections. They read their
     # settings from the environment, so the embedded Redis' URL goes there. uvicorn supervises them (restarts one
@@ -177,7 +208,7 @@ def _run_api(settings: Settings, host: str, port: int, api_workers: int, log_lev
     os.environ["AOTC_REDIS_URL"] = settings.redis_url or ""
     os.environ[SERVER_PID] = str(os.getpid())
     config = uvicorn.Config("service.__main__:api_app", factory=True, workers=api_workers, host=host, port=port,
-                            log_level=log_level, timeout_graceful_shutdown=30)
+                            log_level=log_level, timeout_graceful_shutdown=30, http="service.api.http:HTTPProtocol")
     Multiprocess(config, sockets=[_tcp_nodelay(config.bind_socket())]).run()  # what uvicorn.run does, but this
 
 

@@ -118,3 +118,65 @@ def rezip(src: Path, dst: Path, *, compression: int = zipfile.ZIP_STORED, commen
                 zout.writestr(zipfile.ZipInfo(name), data, compress_type=compression)
             zout.comment = comment
     return dst
+
+
+class Mixed(torch.nn.Module):
+    """What export keeps as higher-order ops in real models: a no_grad region (HF Llama's rotary embedding), an
+    autocast region and a torch.cond, each a subgraph the op calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            r = torch.sin(x) * 2
+        with torch.autocast("cpu", enabled=False):
+            a = self.lin(x)
+        return torch.cond(x.sum() > 0, lambda t: t.cos(), lambda t: t.sin() + 1, (a + r,))
+
+
+GRAD_REGION = "torch.ops.higher_order.wrap_with_set_grad_enabled"
+LEAK_MARK = "AOTC_LEAK_MARK"  # an environment variable that the print variant below reads and prints
+
+
+def positional(*args: dict[str, Any]) -> list[dict[str, Any]]:
+    """A higher-order op's inputs as torch serializes them: positional, named ''."""
+    return [{"name": "", "arg": a, "kind": 1} for a in args]
+
+
+def hostile_callables(marker: Path) -> dict[str, tuple[str, list[dict[str, Any]]]]:
+    """Callables an upload could name as an `as_operator` argument, each with the arguments it would be called on:
+    ops.txt leaves each out on purpose. The print HOP's format string walks from the op to its module's globals and
+    prints an environment variable (when run eagerly, as the check child runs the program); os.system touches
+    `marker`."""
+    return {
+        "print": ("torch.ops.higher_order.print",
+                  [{"as_string": "LEAK {0.__init__.__globals__[torch].os.environ[" + LEAK_MARK + "]}"},
+                   {"as_operator": "torch.ops.higher_order.print"}]),
+        "triton_kernel_wrapper_mutation": ("torch.ops.higher_order.triton_kernel_wrapper_mutation",
+                                           [{"as_int": 0}, {"as_int": 0}, {"as_tensor": {"name": "x"}}]),
+        "inline_asm_elementwise": ("torch.ops.higher_order.inline_asm_elementwise",
+                                   [{"as_tensor": {"name": "x"}}, {"as_string": "mov.b32 $0, $1;"},
+                                    {"as_string": "=r,r"}]),
+        "run_const_graph": ("torch.ops.higher_order.run_const_graph", [{"as_tensor": {"name": "x"}}]),
+        "os_system": ("torch.os.system", [{"as_string": f"touch {marker}"}]),
+    }
+
+
+def call_in_grad_region(src: Path, dst: Path, name: str, args: list[dict[str, Any]]) -> Path:
+    """A copy of `src` whose first wrap_with_set_grad_enabled node calls the operator `name` on `args` where it
+    called its subgraph: wrap_with_set_grad_enabled(enable, fn, *args) calls fn(*args)."""
+
+    def edit(doc: Any) -> Any:
+        node = next(n for n in nodes(doc) if n["target"] == GRAD_REGION)
+        node["inputs"] = positional({"as_bool": True}, {"as_operator": name}, *args)
+        return doc
+
+    return edit_json(src, dst, "models/model.json", edit)
+
+
+def subgraph_nodes(doc: dict[str, Any], target: str = GRAD_REGION) -> list[dict[str, Any]]:
+    """The nodes of the subgraph that the first `target` node of the top-level graph calls."""
+    node = next(n for n in nodes(doc) if n["target"] == target)
+    return next(i["arg"]["as_graph"]["graph"]["nodes"] for i in node["inputs"] if "as_graph" in i["arg"])

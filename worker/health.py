@@ -18,6 +18,12 @@ of the model, whose bytes it had not yet read. Then:
 
 A child that got through the handshake resets the count, whatever became of its job. A child cancelled before it
 does not count.
+
+A full disk (worker.disk) is the other way a worker is unhealthy: before every claim it measures its work dir and
+its file blob store, and while one has less free than AOTC_DISK_LOW_WATER_MB it claims nothing and says so
+(`unhealthy_reason`: which path, its free bytes, the setting, and the last job that ran out of space), re-measuring
+every AOTC_POLL_MS until there is room again, by itself. A child whose failure was a full disk (its output says
+so, or a disk is below the mark when it dies) fails with `DiskFull` rather than its own error, handshake or not.
 """
 
 from __future__ import annotations
@@ -30,12 +36,15 @@ from pathlib import Path
 from typing import Any
 
 from compiler.errors import Failure
+from service.store.disk import Space, is_disk_full, mb
 from worker.child import READY
-from worker.sandbox import Outcome, excerpt, run_child
+from worker.disk import DiskWatch, says_full
+from worker.sandbox import Outcome, excerpt, read_untrusted, run_child
 
 log = logging.getLogger("aotc.worker")
 
 REASON_MAX_CHARS = 4000  # unhealthy_reason: the message, then the tail of the child's stderr
+RESULT_SCAN_BYTES = 4 * 2**20  # how much of a failed child's result.json is searched for a full disk
 STDERR_TAIL_CHARS = 2000
 
 
@@ -58,7 +67,7 @@ class Handshake:
             self.on_stage(stage)
 
 
-def cause(failure: Failure) -> str:
+def cause_of(failure: Failure) -> str:
     """What a failure before the handshake says happened, in one line."""
     if failure.type in ("Crashed", "Timeout", "LimitExceeded"):
         return failure.message  # how it died, or the limit it hit (naming the setting)
@@ -66,44 +75,112 @@ def cause(failure: Failure) -> str:
 
 
 class Health:
-    """Counts children in a row that failed before their work started, and says when the worker is unhealthy."""
+    """Counts children in a row that failed before their work started, watches the disks (`disk`, when given), and
+    says when the worker is unhealthy."""
 
-    def __init__(self, max_early_crashes: int) -> None:
+    def __init__(self, max_early_crashes: int, disk: DiskWatch | None = None) -> None:
         self.max_early_crashes = max_early_crashes
         self.early_crashes = 0  # in a row
-        self.reason: str | None = None  # set while unhealthy
+        self.reason: str | None = None  # set while the environment is broken
         self.since: float | None = None
+        self.disk = disk
+        self.disk_reason: str | None = None  # set while a disk is below the low-water mark
+        self.disk_since: float | None = None
+        self.last_full: str | None = None  # the last failure that was a full disk, for the reason
 
     @property
     def healthy(self) -> bool:
-        return self.reason is None
+        return self.reason is None and self.disk_reason is None
 
     def describe(self) -> dict[str, Any]:
         """For the worker's registry record (GET /v1/workers)."""
-        return {"healthy": self.healthy, "unhealthy_reason": self.reason, "unhealthy_since": self.since,
-                "early_crashes": self.early_crashes}
+        reasons = [r for r in (self.disk_reason, self.reason) if r]
+        since = [t for t in (self.disk_since, self.since) if t is not None]
+        return {"healthy": self.healthy, "unhealthy_reason": "\n".join(reasons)[:REASON_MAX_CHARS] or None,
+                "unhealthy_since": min(since) if since else None, "early_crashes": self.early_crashes}
+
+    # -- the disks ------------------------------------------------------------------------------------------------
+
+    def check_disk(self) -> bool:
+        """Measure the disks: unhealthy while one is below the low-water mark, healthy again once all have room.
+        Returns whether the disks have room."""
+        if self.disk is None:
+            return True
+        short = self.disk.short()
+        if short is None:
+            if self.disk_reason is not None:
+                log.info("the disks have room again (%s): this worker serves again", self.disk.reserve())
+            self.disk_reason, self.disk_since, self.last_full = None, None, None
+            return True
+        reason = printable(
+            f"disk full: {short.describe()}, below {self.disk.reserve()} ({mb(self.disk.low_water)}), so this "
+            "worker claims no jobs until there is room there; it re-measures every AOTC_POLL_MS"
+            + (f"; the last job that ran out of space: {self.last_full}" if self.last_full else ""))[:REASON_MAX_CHARS]
+        if self.disk_reason is None:
+            self.disk_since = time.time()
+            log.error("worker unhealthy: %s", reason)
+        self.disk_reason = reason
+        return False
+
+    def disk_failure(self, stage: str, e: BaseException) -> Failure:
+        """The DiskFull failure of the trusted worker's own write (fetching the model, a child's task, publishing)."""
+        assert is_disk_full(e)
+        short = self.disk.short() if self.disk is not None else None
+        cause = f"{type(e).__name__}: {e}" + (f" ({short.describe()})" if short is not None else "")
+        return self._full(Failure.disk_full(stage, cause))
+
+    def _full(self, failure: Failure) -> Failure:
+        self.last_full = failure.message[:1000]
+        log.error("%s", failure.message)
+        return failure
+
+    def _child_full(self, kind: str, failure: Failure, log_path: Path | None, childdir: Path | None) -> Failure | None:
+        """DiskFull when a failed child's output reports a full disk, or a disk is below the mark now that it is
+        dead (before its files are removed); else None. The output: its log's tail, and its whole result, whose
+        error message the job record keeps only the start of (g++ says "No space left on device" last, after pages
+        of warnings)."""
+        raw = read_untrusted(childdir, "result.json", RESULT_SCAN_BYTES) if childdir is not None else None
+        text = "\n".join((failure.message, failure.excerpt, excerpt(log_path, 64 * 1024) if log_path else "",
+                          (raw or b"").decode("utf-8", "replace")))
+        said = says_full(text)
+        short: Space | None = self.disk.short() if self.disk is not None else None
+        if said is None and short is None:
+            return None
+        where = (f"{short.describe()} ({self.disk.reserve()})" if short is not None and self.disk is not None
+                 else "")
+        cause = printable("; ".join(p for p in (f"its output says {said!r}" if said else "", where) if p))
+        return self._full(Failure.disk_full(kind, f"{cause}; the {kind} child's own error: {cause_of(failure)[:300]}",
+                                            failure.excerpt))
 
     def run_child(self, task: dict[str, Any], jobdir: Path, *, on_stage: Callable[[str], None] = lambda s: None,
                   **kwargs: Any) -> Outcome:
         """worker.sandbox.run_child, watching for the handshake: a failure before it is a BrokenEnvironment."""
         handshake = Handshake(on_stage)
         outcome = run_child(task, jobdir, on_stage=handshake, **kwargs)
-        return self.judge(task["kind"], outcome, handshake.seen, jobdir / f"{task['kind']}.log")
+        return self.judge(task["kind"], outcome, handshake.seen, jobdir / f"{task['kind']}.log",
+                          jobdir / task["kind"])
 
-    def judge(self, kind: str, outcome: Outcome, started: bool, log_path: Path | None = None) -> Outcome:
+    def judge(self, kind: str, outcome: Outcome, started: bool, log_path: Path | None = None,
+              childdir: Path | None = None) -> Outcome:
         """The outcome of a `kind` child, and whether it `started`: counted, and turned into a BrokenEnvironment
-        failure when it failed before its work started."""
+        failure when it failed before its work started, or a DiskFull one when it ran out of disk space."""
         if started or outcome.ok:
-            if not self.healthy:
+            if self.reason is not None:
                 log.info("a %s child got through its imports again: this worker serves again", kind)
             self.early_crashes, self.reason, self.since = 0, None, None
+        if outcome.ok or outcome.cancelled or outcome.failure is None:
             return outcome
-        if outcome.cancelled or outcome.failure is None:
+        # A child that filled its own sandbox's tmpfs went past AOTC_CHILD_MAX_DISK_MB: the job's fault, final, even
+        # though its output says "No space left on device" as a full host disk would.
+        if outcome.failure.type != "LimitExceeded" and \
+                (full := self._child_full(kind, outcome.failure, log_path, childdir)) is not None:
+            return Outcome(False, failure=full, seconds=outcome.seconds)
+        if started:
             return outcome
-        failure = Failure.broken_environment(kind, cause(outcome.failure), outcome.failure.excerpt)
+        failure = Failure.broken_environment(kind, cause_of(outcome.failure), outcome.failure.excerpt)
         self.early_crashes += 1
         stderr = excerpt(log_path, STDERR_TAIL_CHARS) if log_path else ""
-        if not self.healthy:  # a probe of a worker already unhealthy: its reason already says all this
+        if self.reason is not None:  # a probe of a worker already unhealthy: its reason already says all this
             log.warning("still unhealthy: %s", failure.message)
             return Outcome(False, failure=failure, seconds=outcome.seconds)
         log.error("%s (%d in a row; the worker stops claiming jobs at AOTC_WORKER_MAX_EARLY_CRASHES=%d)\n%s",

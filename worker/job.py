@@ -6,8 +6,10 @@ the model, seeds and collects the shared max-autotune timings (worker.tuning), a
 child's dir once it is dead; a checked artifact is published write-then-record, so a job delivered twice
 finds its own result. Every way an attempt ends is a job transition: succeeded, cancelled, a failure (retried or
 final, compiler.errors.Failure decides which; a retry waits out a backoff), or handed back unspent when the worker
-shuts down, loses Redis, or finds its environment broken (a child that failed before its work started:
-worker.health). A job whose lease a reaper took is abandoned: it is someone else's now.
+shuts down, loses Redis, finds its environment broken (a child that failed before its work started:
+worker.health), or runs out of disk space (ENOSPC anywhere: worker.disk; refunded at most the job's max_attempts
+times, so a job that fills any disk by itself still ends). A job whose lease a reaper took is abandoned: it is
+someone else's now.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -30,8 +32,11 @@ from compiler.errors import Failure
 from compiler.report import attach_check  # torch-free
 from compiler.signing import Signer, key_record, statement
 from service.store import Lease, Store
+from service.store.blobstore import local_root
+from service.store.disk import is_disk_full
 from worker.backoff import retry_delay, until_redis
 from worker.devlock import exclusive, lock_path
+from worker.disk import DiskWatch
 from worker.headers import Headers, header_dir
 from worker.health import Health
 from worker.isolation import Sandbox, headers_dir
@@ -41,6 +46,7 @@ from worker.settings import WorkerSettings
 from worker.tuning import GemmTimingShare
 
 log = logging.getLogger("aotc.worker")
+T = TypeVar("T")
 
 
 class JobRunner:
@@ -61,7 +67,10 @@ class JobRunner:
         self._lost: Lease | None = None  # a lease the heartbeat found taken by a reaper
         self._next_cancel_check = 0.0
         self.jobs_done = 0
-        self.health = Health(settings.worker_max_early_crashes)  # children that fail before their work starts
+        self._blob_root: Path | None = None
+        # Children that fail before their work starts, and disks without room (the work dir, a file blob store).
+        self.health = Health(settings.worker_max_early_crashes, DiskWatch(self._disk_paths, settings.disk_low_water_mb))
+        self.stage = ""  # the current job's stage, as last recorded
         self.signer: Signer | None = None  # set at start (worker.main): the key that signs each published manifest
 
     # -- the lease ----------------------------------------------------------------------------------------------
@@ -80,12 +89,50 @@ class JobRunner:
             if self.current is current:
                 log.warning("lost the lease on job %s (a reaper took it); abandoning the job", current[0])
 
-    def hand_back(self, job_id: str, lease: Lease, why: str = "shutting down") -> None:
+    def _wait_for_redis(self, delay: float) -> bool:
+        """until_redis's wait while a job is in hand: True (give up) only once the lease is lost, i.e. a reaper
+        took the job and it is someone else's. Neither the outage's length nor a shutdown ends it: the lease cannot
+        expire while Redis is down (service/store/reaper.py), and a second signal still forces the exit."""
+        time.sleep(delay)
+        return self.lease_lost
+
+    def _once_redis_answers(self, fn: Callable[[], T], what: str) -> T:
+        """`fn`, retried while Redis is down, so that a compile and check already done are published, not thrown
+        away, when Redis comes back (publishing is idempotent). ConnectionError if the lease is lost meanwhile."""
+        done = until_redis(lambda: (fn(),), what, self._wait_for_redis, cap_s=2.0)
+        if done is None:
+            raise redis.ConnectionError(f"lost the lease while waiting for Redis to {what}")
+        return done[0]
+
+    def hand_back(self, job_id: str, lease: Lease, why: str = "shutting down", **fields: Any) -> None:
         """Put a job back in line and refund the attempt it was charged: neither a shutdown nor a broken worker
-        spends one."""
+        spends one. `fields` go on the job's record."""
         if self.store.jobs.requeue(job_id, lease, refund=True, expect_state="running",
-                                   reason=f"handed back by {self.id} ({why})"):
+                                   reason=f"handed back by {self.id} ({why})", **fields):
             log.info("handed job %s back (%s)", job_id, why[:200])
+
+    def _disk_paths(self) -> list[Path]:
+        """Where this worker writes: its work dir, and a file blob store's dir once the store is known."""
+        if self._blob_root is None:
+            try:
+                self._blob_root = local_root(self.store.blobs)
+            except Exception as e:  # Redis down or no store announced yet: the work dir alone, for now
+                log.debug("blob store not known yet: %s", e)
+        return [self.settings.work_dir, *([self._blob_root] if self._blob_root is not None else [])]
+
+    def _disk_full(self, job: dict[str, Any], lease: Lease, failure: Failure) -> None:
+        """A full disk is not the job's fault: hand it back, refunded, unless it has been refunded for one as often
+        as it may be attempted; then charge it like any retryable failure, so that a job that fills every disk by
+        itself still ends."""
+        refunds, max_attempts = int(job.get("disk_full_refunds") or 0), int(job.get("max_attempts", 3))
+        if refunds < max_attempts:
+            self.hand_back(job["id"], lease, failure.message, disk_full_refunds=refunds + 1)
+            return
+        attempt = int(job["attempt"])
+        delay = retry_delay(attempt, self.settings.retry_backoff_s, self.settings.retry_backoff_max_s)
+        what = self.store.jobs.retry_or_fail(job, lease, failure, delay_s=delay)
+        log.info("job %s attempt %d: %s (refunded %d times for a full disk already: %s)", job["id"], attempt,
+                 failure.message, refunds, what)
 
     # -- one job ------------------------------------------------------------------------------------------------
 
@@ -93,21 +140,16 @@ class JobRunner:
         try:
             self._process(lease, job_id)
         except (redis.ConnectionError, redis.TimeoutError) as e:
-            # Redis went away mid-job: once it is back, hand the job back unspent (it was not the job's fault).
-            # If that cannot happen within a lease, the reaper requeues it as a lost worker's job.
+            # Redis went away in the job's bookkeeping: once it is back, hand the job back unspent (it was not the
+            # job's fault). The lease cannot expire meanwhile (the reaper waits a lease after Redis comes back).
             log.warning("lost Redis during job %s (%s); handing it back when Redis returns", job_id, e)
-            deadline = time.monotonic() + self.settings.lease_s
-
-            def give_up(delay: float) -> bool:
-                time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
-                return self.lease_lost or time.monotonic() >= deadline
 
             def hand_back_if_held() -> None:
                 if self.store.leases.renew(lease):
                     self.hand_back(job_id, lease)
 
             if not self.lease_lost:
-                until_redis(hand_back_if_held, f"hand job {job_id} back", give_up, cap_s=1.0)
+                until_redis(hand_back_if_held, f"hand job {job_id} back", self._wait_for_redis, cap_s=1.0)
         except Exception as e:
             # A fault in the worker itself, not in the compile (which runs in a child): fail this attempt with
             # what happened, rather than leaving the lease to expire as if the worker were lost.
@@ -150,8 +192,14 @@ class JobRunner:
             log.warning("job %s runs UNCONFINED: AOTC_SANDBOX=off, so its compile and check run with this worker's "
                         "uid, network and files", job_id)
         workdir = (self.settings.work_dir / f"{job_id}-{attempt}").resolve()
+        self.stage = "fetch"
         try:
-            outcome, result = self._compile_and_check(job, workdir)
+            try:
+                outcome, result = self._compile_and_check(job, workdir)
+            except Exception as e:  # the worker's own write: the model, a child's task, the outputs, publishing
+                if not is_disk_full(e):  # ENOSPC anywhere in the cause chain; else process() reports it
+                    raise
+                outcome, result = Outcome(False, failure=self.health.disk_failure(self.stage, e)), {}
             if self.lease_lost:  # a reaper requeued the job: it is someone else's now
                 log.warning("job %s: lease lost mid-job; result discarded", job_id)
             elif outcome.cancelled and self.stopping.is_set() and not jobs.cancel_requested(job_id):
@@ -159,10 +207,13 @@ class JobRunner:
             elif outcome.cancelled:
                 jobs.finish(job_id, "cancelled", lease=lease, error=outcome.failure)
             elif outcome.ok:
-                jobs.finish(job_id, "succeeded", lease=lease, artifact=result["key"], timings=result["timings"],
-                            check=result["check"])
+                self._once_redis_answers(partial(
+                    jobs.finish, job_id, "succeeded", lease=lease, artifact=result["key"], timings=result["timings"],
+                    check=result["check"]), f"record job {job_id} succeeded")
             elif outcome.failure is not None and outcome.failure.type == "BrokenEnvironment":  # not the job's fault
                 self.hand_back(job_id, lease, outcome.failure.message)
+            elif outcome.failure is not None and outcome.failure.type == "DiskFull":  # the machine's fault
+                self._disk_full(job, lease, outcome.failure)
             else:
                 assert outcome.failure is not None
                 delay = retry_delay(attempt, self.settings.retry_backoff_s, self.settings.retry_backoff_max_s)
@@ -177,6 +228,7 @@ class JobRunner:
     # -- compile, check, publish --------------------------------------------------------------------------------
 
     def _set_stage(self, job_id: str, stage: str) -> None:
+        self.stage = stage
         try:
             self.store.jobs.set_stage(job_id, self.id, stage)
         except redis.RedisError as e:  # progress is best effort: a Redis blip must not fail the compile
@@ -198,16 +250,16 @@ class JobRunner:
     # -- the sandbox's inputs ---------------------------------------------------------------------------------
 
     def limits(self) -> Limits:
-        """The children's rlimits, from the settings (0 turns one off). No address-space limit for CUDA children:
-        CUDA reserves far more address space than it uses."""
+        """The children's limits, from the settings (0 turns one off); the sandbox picks what holds each
+        (worker.isolation: a cgroup, a tmpfs, rlimits)."""
         s = self.settings
-        cuda = self.info["device"].startswith("cuda")
         return Limits(
-            memory_bytes=int(s.compile_max_memory_gb * GIB) if s.compile_max_memory_gb and not cuda else None,
+            memory_bytes=int(s.compile_max_memory_gb * GIB) if s.compile_max_memory_gb else None,
             cpu_s=s.child_max_cpu_s or None,
             file_bytes=s.child_max_file_mb * MIB if s.child_max_file_mb else None,
             procs=s.child_max_procs or None,
             open_files=s.child_max_open_files or None,
+            disk_bytes=s.child_max_disk_mb * MIB if s.child_max_disk_mb else None,
         )
 
     def _hide(self) -> list[Path]:
@@ -233,6 +285,7 @@ class JobRunner:
                 outcome = self.health.run_child({"kind": "warmup", "device": self.info["device"]}, jobdir,
                                                 sandbox=self.sandbox, timeout_s=self.settings.compile_timeout_s,
                                                 device=self.info["device"], hide=self._hide(),
+                                                keep=lambda: [f"{header_dir(Path('tmp'))}/"],
                                                 should_cancel=self.stopping.is_set)
                 if not outcome.ok:
                     assert outcome.failure is not None
@@ -286,6 +339,7 @@ class JobRunner:
             {"kind": "compile", "model_path": str(model_path), "spec": job["spec"], "options": job["options"],
              "program_inputs": model["inputs"], "device": device, "out_path": str(compile_dir / "artifact.pt2")},
             workdir, timeout_s=self.settings.compile_timeout_s, prepare=prepare,
+            keep=lambda: [*OUTPUTS.values(), *(share.files() if share is not None else [])],
         )
         if share is not None:
             share.collect(compile_dir)
@@ -330,9 +384,13 @@ class JobRunner:
             "job_id": job_id,
             "worker": {"id": self.id, "device_name": self.info["device_name"], "host": self.info["host"]},
         }
-        if outputs["package"] is not None:  # a report-only record (mode=training) has no package to sign
-            record["manifest"] = self._sign(job, outputs["package"], check)
-        artifact = store.artifacts.put(record, outputs["package"], report=report, sources=outputs["sources"])
+
+        def publish() -> dict[str, Any]:
+            if outputs["package"] is not None:  # a report-only record (mode=training) has no package to sign
+                record["manifest"] = self._sign(job, outputs["package"], check)
+            return store.artifacts.put(record, outputs["package"], report=report, sources=outputs["sources"])
+
+        artifact = self._once_redis_answers(publish, f"publish job {job_id}")
         return Outcome(True), {"key": artifact["key"], "timings": timings, "check": check}
 
     def _sign(self, job: dict[str, Any], package: Path, check: dict[str, Any] | None) -> dict[str, Any]:

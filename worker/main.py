@@ -13,7 +13,9 @@ headers (worker.headers); its registry record says whether its children are sand
 A worker knows when it is broken (worker.health): after AOTC_WORKER_MAX_EARLY_CRASHES children in a row fail
 before their work starts (in `import torch`, or before), it stops claiming jobs and says so in its registry record
 (healthy: false, unhealthy_reason), heartbeating on; the jobs those children failed went back unspent. Every
-AOTC_WORKER_REPROBE_S it runs a probe child, and serves again once one gets through.
+AOTC_WORKER_REPROBE_S it runs a probe child, and serves again once one gets through. It also claims nothing while
+its work dir or file blob store has less free than AOTC_DISK_LOW_WATER_MB, measured before every claim and every
+AOTC_POLL_MS while unhealthy, and serves again once there is room (worker.disk).
 
 Signals never interrupt Redis calls: SIGTERM/SIGINT only set a flag. The loop stops reading, the sandbox's poll
 loop sees the flag and kills the compile, and the job is handed back with its attempt refunded. A second signal
@@ -118,7 +120,8 @@ class Worker:
     def while_unhealthy(self) -> None:
         """One turn of the loop of a worker that claims nothing: the heartbeat thread goes on (so no reaper takes
         the worker for lost), this thread still reaps and promotes for the others, and every reprobe_s it runs the
-        probe child, which makes the worker healthy again once one gets through its imports."""
+        probe child, which makes the worker healthy again once one gets through its imports. A full disk needs no
+        probe: the loop measures it again each turn."""
         health = self.runner.health
         if not self._said_unhealthy:
             self._said_unhealthy = True
@@ -130,7 +133,8 @@ class Worker:
             self.store.jobs.promote_due()
         except Exception as e:  # Redis down: the heartbeat thread reports it; nothing here must stop the loop
             log.debug("while unhealthy: %s", e)
-        if self.settings.worker_reprobe_s and time.monotonic() >= self._next_probe and not self.stopping.is_set():
+        if (health.reason is not None and self.settings.worker_reprobe_s and time.monotonic() >= self._next_probe
+                and not self.stopping.is_set()):
             self._next_probe = time.monotonic() + self.settings.worker_reprobe_s
             jobdir = (self.settings.work_dir / f"probe-{os.getpid()}").resolve()
             try:
@@ -138,9 +142,9 @@ class Worker:
                              timeout_s=self.settings.compile_timeout_s, should_cancel=self.stopping.is_set)
             finally:
                 shutil.rmtree(jobdir, ignore_errors=True)
-            if health.healthy:
-                self._said_unhealthy = False
-                self._beat_now()
+        if health.check_disk() and health.healthy:
+            self._said_unhealthy = False
+            self._beat_now()
 
     def _beat_now(self) -> None:
         try:
@@ -161,7 +165,7 @@ class Worker:
         log.info("worker %s serving %s (%s)", self.id, self.target, self.info["device_name"])
         try:
             while not self.stopping.is_set():
-                if not self.runner.health.healthy:
+                if not self.runner.health.check_disk() or not self.runner.health.healthy:
                     self.while_unhealthy()
                     continue
                 try:
@@ -243,7 +247,7 @@ def signing_key(settings: WorkerSettings, sandbox: Sandbox) -> Signer:
     read it (a sandboxed child sees every path the sandbox does not hide)."""
     given = settings.signing_key_file
     path = Path(os.path.realpath(given or settings.data_dir / "signing" / "worker-ed25519.pem"))
-    if sandbox.on and not any(path.is_relative_to(h) for h in sandbox.hidden):
+    if sandbox.on and sandbox.visible(path):
         raise ValueError(f"the signing key {path} is where compile and check children could read it: put it under "
                          "AOTC_DATA_DIR or /run (e.g. /run/secrets), or add its dir to AOTC_SANDBOX_HIDE")
     if given is not None and not path.is_file():

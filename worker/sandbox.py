@@ -3,20 +3,19 @@ OOM fails a job and never the worker, and hostile code in it reaches nothing of 
 (fork+exec of a new interpreter), never forked from a process that may hold CUDA state.
 
 A job dir (JOBDIR, the worker's, read-only to children) holds the model, each child's task (KIND-task.json) and
-log (KIND.log), and the outputs the worker took (results/). Each child writes only in a fresh JOBDIR/KIND/, which
-belongs to the sandbox uid: everything in it is the child's word. The worker reads from it with O_NOFOLLOW at every
-step and caps the size, and takes outputs out of it only once the child and everything it started are dead.
+log (KIND.log), and the outputs the worker took (results/). Each child writes only in a fresh JOBDIR/KIND/, a tmpfs
+of AOTC_CHILD_MAX_DISK_MB where the worker can mount one, which belongs to the sandbox uid: everything in it is the
+child's word. The worker reads from it with O_NOFOLLOW at every step and caps the size (worker.untrusted), and
+once the child and everything it started are dead copies out what the caller keeps and drops the tmpfs.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -27,8 +26,11 @@ from typing import Any
 
 from compiler.errors import Failure
 from worker import limits as limits_mod
-from worker.isolation import Sandbox
+from worker.isolation import Cell, Sandbox
 from worker.limits import Limits
+from worker.untrusted import open_beneath, read_untrusted, take
+
+__all__ = ["Outcome", "excerpt", "open_beneath", "read_untrusted", "run_child", "take"]
 
 RESULT_MAX_BYTES = 16 * 2**20
 EVENTS_MAX_BYTES = 2**20
@@ -44,6 +46,7 @@ class Outcome:
     failure: Failure | None = None
     cancelled: bool = False
     seconds: float = 0.0
+    peaks: dict[str, int | None] = field(default_factory=dict)  # the most memory and processes it held at once
 
 
 def excerpt(log: Path, limit: int = 4000) -> str:
@@ -77,60 +80,6 @@ def _signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
-# -- reading what a child wrote ---------------------------------------------------------------------------------
-
-
-def open_beneath(base: Path, rel: str, flags: int = os.O_RDONLY) -> int:
-    """Open base/rel without following a symlink anywhere below `base` (the child may have planted one at any
-    level) and without blocking on a FIFO; OSError if anything on the way is not a plain dir or file."""
-    parts = [p for p in rel.split("/") if p]
-    if not parts or any(p in (".", "..") for p in parts):
-        raise OSError(errno.EINVAL, f"bad path {rel!r}")
-    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for part in parts[:-1]:
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        out = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-    finally:
-        os.close(fd)
-    if not stat.S_ISREG(os.fstat(out).st_mode):
-        os.close(out)
-        raise OSError(errno.EINVAL, f"{rel} is not a regular file")
-    return out
-
-
-def read_untrusted(base: Path, rel: str, cap: int, offset: int = 0) -> bytes | None:
-    """Up to `cap` bytes of base/rel from `offset` (see open_beneath); None if it cannot be read as a plain file."""
-    try:
-        fd = open_beneath(base, rel)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        f.seek(offset)
-        return f.read(cap)
-
-
-def take(childdir: Path, name: str, dest_dir: Path) -> Path | None:
-    """Move the child's output `name` (a plain file directly in childdir) into the worker's `dest_dir`, the
-    worker's and read-only to children from now on; None if it is missing or not a plain file. Call only when the
-    child is dead: nothing can swap the file between the check and the move."""
-    src = childdir / name
-    try:
-        st = os.lstat(src)
-    except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        return None
-    dest_dir.mkdir(mode=0o755, exist_ok=True)
-    dest = dest_dir / name
-    os.rename(src, dest)
-    os.chown(dest, os.getuid(), os.getgid())
-    os.chmod(dest, 0o644)
-    return dest
-
-
 # -- running one child ------------------------------------------------------------------------------------------
 
 
@@ -143,13 +92,16 @@ def run_child(
     device: str = "cpu",
     limits: Limits | None = None,
     prepare: Callable[[Path], Iterable[tuple[Path, Path]]] | None = None,
+    keep: Callable[[], Iterable[str]] = lambda: (),
     hide: Iterable[Path] = (),
     on_stage: Callable[[str], None] = lambda s: None,
     should_cancel: Callable[[], bool] = lambda: False,
     poll_s: float = 0.25,
 ) -> Outcome:
     """Run `task` (its "kind": compile, check, warmup) in a fresh JOBDIR/KIND. `prepare(childdir)` may seed the
-    fresh dir before the child owns it, and returns (trusted file, path in childdir) pairs to bind read-only."""
+    fresh dir before the child owns it, and returns (trusted file, path in childdir) pairs to bind read-only.
+    `keep()`, called once the child is dead, names the files (relative to childdir; "dir/" for a dir's files) the
+    caller reads afterwards: where childdir is a tmpfs (the disk bound) only those are copied out before it goes."""
     kind = task["kind"]
     jobdir.mkdir(parents=True, exist_ok=True)
     os.chmod(jobdir, 0o755)
@@ -157,10 +109,21 @@ def run_child(
     if childdir.exists():
         shutil.rmtree(childdir)  # an earlier child's dir: rmtree never follows its symlinks
     childdir.mkdir(mode=0o755)
-    for sub in LAYOUT:
-        (childdir / sub).mkdir(mode=0o755)
-    ro_files = list(prepare(childdir)) if prepare else []
-    sandbox.own(childdir)
+    with sandbox.cell(limits, device) as cell:
+        cell.scratch(childdir)
+        for sub in LAYOUT:
+            (childdir / sub).mkdir(mode=0o755)
+        ro_files = list(prepare(childdir)) if prepare else []
+        cell.sandbox.own(childdir)
+        outcome = _run(task, jobdir, childdir, cell, timeout_s, ro_files, hide, on_stage, should_cancel, poll_s)
+        cell.keep = list(keep())
+        return outcome
+
+
+def _run(task: dict[str, Any], jobdir: Path, childdir: Path, cell: Cell, timeout_s: float,
+         ro_files: list[tuple[Path, Path]], hide: Iterable[Path], on_stage: Callable[[str], None],
+         should_cancel: Callable[[], bool], poll_s: float) -> Outcome:
+    kind, sandbox, limits = task["kind"], cell.sandbox, cell.limits
     task = {**task, "dir": str(childdir)}
     if not sandbox.on:
         task["parent_pid"] = os.getpid()  # the child dies with its parent (see worker.child)
@@ -170,14 +133,12 @@ def run_child(
     os.chmod(tmp, 0o644)
     tmp.rename(task_path)
     log_path = jobdir / f"{kind}.log"
-    argv, popen_kw = sandbox.command([sys.executable, "-P", "-m", "worker.child", str(jobdir), kind],
-                                     jobdir=jobdir, childdir=childdir, device=device, limits=limits,
-                                     ro_files=ro_files, hide=hide)
     t0 = time.monotonic()
     with open(log_path, "ab") as log:
         os.chmod(log_path, 0o644)
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, **popen_kw)
+        proc = cell.spawn([sys.executable, "-P", "-m", "worker.child", str(jobdir), kind], jobdir=jobdir,
+                          childdir=childdir, ro_files=ro_files, hide=hide, stdout=log, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, start_new_session=True)
         events = _Events(childdir, on_stage)
         try:
             while True:
@@ -199,6 +160,7 @@ def run_child(
             _kill(proc)  # the worker is going down (SIGTERM, Ctrl-C): never leave an orphan compile behind
             raise
     seconds = time.monotonic() - t0
+    peaks = cell.peaks()
     # bwrap reports a child killed by signal N as exit status 128+N; a plain child as -N. A sandbox is gone with
     # its first process (pid namespace), so nothing the child started can still touch its dir.
     assert rc is not None
@@ -209,7 +171,7 @@ def run_child(
         try:
             out = json.loads(raw)
             if out.get("ok") is True and isinstance(out.get("result") or {}, dict):
-                return Outcome(True, out.get("result") or {}, seconds=seconds)
+                return Outcome(True, out.get("result") or {}, seconds=seconds, peaks=peaks)
             failure = _reported(out.get("error"), kind)
         except (ValueError, AttributeError, RecursionError):
             failure = Failure.crashed(kind, f"{kind} child wrote an unreadable result", excerpt(log_path))
@@ -221,9 +183,9 @@ def run_child(
         failure = Failure.crashed(kind, f"{kind} child exited with status {rc} without a result",
                                   crash_excerpt(log_path), None)
     text = "\n".join((failure.message, failure.excerpt, excerpt(log_path, 64 * 1024)))
-    if (hit := limits_mod.breach(limits, died_of, text)) is not None:
+    if (hit := limits_mod.breach(limits, died_of, text, cell.counted())) is not None:
         failure = Failure.limit_exceeded(kind, hit.what, hit.setting, failure.excerpt or excerpt(log_path))
-    return Outcome(False, failure=failure, seconds=seconds)
+    return Outcome(False, failure=failure, seconds=seconds, peaks=peaks)
 
 
 def _reported(error: Any, kind: str) -> Failure:

@@ -78,21 +78,56 @@ class WorkerSettings(StorageSettings):
     )
     sandbox_bwrap: str = Field(default="bwrap", description="The bubblewrap binary: a path, or a name on PATH.")
     sandbox_uid: int = Field(
-        default=65534, ge=1, description="The uid children run as when the worker runs as root. RLIMIT_NPROC counts "
-        "per uid: give workers on one host their own uids to keep their counts apart."
+        default=65534, ge=1, description="The uid children run as when the worker runs as root (with "
+        "AOTC_SANDBOX_BOUNDS=uid, the pool AOTC_SANDBOX_UID_POOL_START.. instead)."
     )
     sandbox_gid: int | None = Field(default=None, ge=1, description="The children's gid (default: the uid's group).")
     sandbox_hide: list[Path] = Field(
         default_factory=list, description="More paths to hide from children (an empty tmpfs over each), e.g. where "
-        "keys live. /tmp, /run, the work, data and headers dirs and the worker's home are always hidden."
+        "keys live. Children see only the system dirs, Python, this checkout, PYTHONPATH and AOTC_SANDBOX_MOUNT; "
+        "this hides what lies under those. The work, data and headers dirs and the worker's home are always hidden."
+    )
+    sandbox_mount: list[Path] = Field(
+        default_factory=list, description="More paths children may read (bound read-only), besides /usr, /lib*, "
+        "/bin, /sbin, a few files of /etc, Python, this checkout, PYTHONPATH, and for CUDA children /usr/local/cuda*, "
+        "/dev/nvidia* and the GPUs' /sys dirs (docs/security.md lists them). E.g. a CUDA toolkit elsewhere."
+    )
+    sandbox_bounds: Literal["auto", "cgroup", "uid"] = Field(
+        default="auto", description="How memory and processes are bounded per sandbox. cgroup: one cgroup per child "
+        "(v2 where a subtree with the memory and pids controllers is delegated, else v1 where root can create "
+        "groups), every process of the sandbox in it; the worker refuses to start without one. uid: each concurrent "
+        "child runs as its own uid from AOTC_SANDBOX_UID_POOL_START (root only), so RLIMIT_NPROC counts per "
+        "sandbox; memory is then RLIMIT_AS per process. auto: cgroup where possible, else uid, else the shared uid; "
+        "the worker says at start which mechanism bounds what."
+    )
+    sandbox_cgroup: Path | None = Field(
+        default=None, description="cgroup v2: the delegated cgroup (writable, memory and pids in its "
+        "cgroup.subtree_control) that children's groups are made in; default: this worker's own cgroup. cgroup v1: "
+        "unused (groups go to /sys/fs/cgroup/{memory,pids}/aotc/)."
+    )
+    sandbox_uid_pool_start: int = Field(
+        default=200000, ge=1, description="With AOTC_SANDBOX_BOUNDS=uid (or auto without cgroups): the first uid of "
+        "the pool children take their own uid from (host-wide, by a lock file in AOTC_SANDBOX_UID_LOCK_DIR)."
+    )
+    sandbox_uid_pool_size: int = Field(default=256, ge=1, description="How many uids that pool holds.")
+    sandbox_uid_lock_dir: Path = Field(
+        default=Path("/run/aotc-sandbox-uids"), description="Where workers on one host lock the pool's uids: the "
+        "same dir for every worker of the host."
+    )
+    sandbox_seccomp: bool = Field(
+        default=True, description="A seccomp filter in every child: namespace creation, mount, ptrace, bpf, keyctl, "
+        "perf_event_open, io_uring, kexec, module loading and the like fail with EPERM (needs libseccomp). Off only "
+        "to find out whether the filter breaks a toolchain."
     )
     headers_dir: Path | None = Field(
         default=None, description="Where the trusted precompiled headers live, built at start by a sandboxed "
         "compile of a built-in model and bound read-only into every compile (default: AOTC_WORK_DIR/headers)."
     )
     compile_max_memory_gb: float = Field(
-        default=16.0, ge=0, description="Address space (RLIMIT_AS) of each CPU compile or check child and of each "
-        "process it starts; 0: none. CUDA children get none: CUDA reserves far more address space than it uses."
+        default=16.0, ge=0, description="Memory of each compile or check sandbox, all its processes together "
+        "(cgroup memory.max or memory.limit_in_bytes; its tmpfs counts too), CUDA children included; 0: none. "
+        "Without cgroups: the address space (RLIMIT_AS) of each process of a CPU child, none for CUDA children "
+        "(CUDA reserves far more address space than it uses)."
     )
     child_max_cpu_s: int = Field(
         default=36000, ge=0, description="CPU seconds (RLIMIT_CPU) of each process a compile or check child runs, "
@@ -101,9 +136,16 @@ class WorkerSettings(StorageSettings):
     child_max_file_mb: int = Field(
         default=16384, ge=0, description="Largest file a compile or check child may write (RLIMIT_FSIZE); 0: none."
     )
+    child_max_disk_mb: int = Field(
+        default=16384, ge=0, description="All a compile or check child writes, its files together: its writable dir "
+        "is a tmpfs of this size (in memory, so it counts against AOTC_COMPILE_MAX_MEMORY_GB too), mounted by the "
+        "worker when it runs as root with CAP_SYS_ADMIN; else only AOTC_CHILD_MAX_FILE_MB holds. 0: no tmpfs."
+    )
     child_max_procs: int = Field(
-        default=4096, ge=0, description="Processes and threads (RLIMIT_NPROC) of the sandbox's uid, counted host-wide "
-        "(Inductor's compile workers, g++ and every thread count); 0: none."
+        default=4096, ge=0, description="Processes and threads of each compile or check sandbox, all together "
+        "(cgroup pids.max; Inductor's compile workers, g++ and every thread count); without cgroups RLIMIT_NPROC of "
+        "the children's uid (per sandbox with AOTC_SANDBOX_BOUNDS=uid, else shared by every child of that uid on "
+        "the host); 0: none."
     )
     child_max_open_files: int = Field(
         default=8192, ge=0, description="Open files per process (RLIMIT_NOFILE) in compile and check children; 0: none."

@@ -1,13 +1,16 @@
-"""The first program to run in a compile or check child's sandbox (worker.isolation), before the child itself:
+"""The exec shim around a compile or check child's sandbox (worker.isolation), in two places:
 
+    python -I -S worker/shim.py [--cgroup PROCS]... [--uid U --gid G] -- bwrap ...
     python -I -S worker/shim.py [--uid U --gid G] [--no-new-privs] [--as B] [--cpu S] [--fsize B] [--nproc N]
                                 [--nofile N] -- CMD...
 
-It sets the rlimits (worker.limits), drops to the sandbox's uid where the sandbox leaves that to it (setgroups,
-setgid, setuid: from root to another uid, which clears every capability), sets no_new_privs if asked (bwrap already
-has), and execs CMD. So no `preexec_fn` runs in the worker's forked, threaded process, and nothing an upload shaped
-runs before the limits hold. It runs with `-I -S` (no PYTHONPATH, no site) and imports only os, sys and resource:
-about 20 ms.
+Outside, as the launcher: it writes its own pid into each cgroup.procs file (the sandbox's cgroup, worker.cgroups),
+so bwrap and all it starts are counted from their first instruction, then drops to the uid if asked (userns mode)
+and execs bwrap. Inside, the first program to run in the sandbox: it sets the rlimits (worker.limits), drops to the
+sandbox's uid where the sandbox leaves that to it (setgroups, setgid, setuid: from root to another uid, which clears
+every capability), sets no_new_privs if asked (bwrap already has), and execs CMD. So no `preexec_fn` runs in the
+worker's forked, threaded process, and nothing an upload shaped runs before the limits hold. It runs with `-I -S`
+(no PYTHONPATH, no site) and imports only os, sys and resource: about 20 ms.
 """
 
 import os
@@ -40,6 +43,10 @@ def main(argv: list[str]) -> None:
     flags = {o for o in opts if o == "--no-new-privs"}
     pairs = [o for o in opts if o not in flags]
     values = dict(zip(pairs[::2], pairs[1::2]))
+    for flag, value in zip(pairs[::2], pairs[1::2]):
+        if flag == "--cgroup":  # one per controller hierarchy (cgroup v1), or the one group (v2)
+            with open(value, "w") as f:
+                f.write(str(os.getpid()))
     for flag, value in values.items():  # still root where the sandbox drops privileges here: hard limits can rise
         if flag in RLIMITS:
             _set(RLIMITS[flag], int(value))

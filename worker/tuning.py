@@ -107,6 +107,10 @@ class GemmTimingShare:
             self.stats["shared"] = caches.merge_gemm_timings(path, remote)
         self._seeded = set(remote)
 
+    def files(self) -> list[str]:
+        """The timings file, relative to the child's dir, once seeded: what the worker keeps of the child's dir."""
+        return [self._rel] if self._rel is not None else []
+
     def collect(self, childdir: Path) -> None:
         """Publish the well-formed timings the compile added to its file; count the rest as refused."""
         from compiler.compat import caches

@@ -6,7 +6,8 @@ every `expr_str` to `sympy.sympify` (an `eval`), and `exec`s `guards_code` when 
 worker ever loads an upload, this checks every one of those inputs statically: the zip's entry names and sizes
 (compiler.archive.container), pickles against an allow-list (compiler.archive.pickles), symbolic expressions,
 guards and tree specs against whitelist grammars, parsed with `ast` and never evaluated (compiler.archive.exprs),
-and the program's node targets (compiler.archive.program). It also reads what the API needs to answer: user
+and the program against torch's export schema, every callable it names against the operator list
+(compiler.archive.program, schema, ops). It also reads what the API needs to answer: user
 inputs with dtypes and dynamic ranges, the output count, the weight size.
 
 Everything that goes wrong is one of compiler.errors' classes; hostile bytes never surface as a raw exception.
@@ -31,7 +32,6 @@ from compiler.archive.container import (
     require,
     scan_pickle_entry,
 )
-from compiler.archive.exprs import check_guard, check_treespec
 from compiler.archive.limits import DEFAULT_LIMITS, Limits
 from compiler.archive.program import check_payload_config, storage_bytes, user_inputs, walk_program
 from compiler.errors import AotcError, Unprocessable, UnsafeArchive, UnsupportedMedia
@@ -101,19 +101,7 @@ def _inspect(zf: zipfile.ZipFile, root: str, limits: Limits) -> dict[str, Any]:
     require(doc, "opset_version", dict, where)
     torch_version = doc.get("torch_version")
     major, minor = require(schema, "major", int, "schema_version"), require(schema, "minor", int, "schema_version")
-    walk_program(doc, where, limits)
-    guards = doc.get("guards_code", [])
-    if not isinstance(guards, list):
-        raise Unprocessable(f"{where}: guards_code is not a list")
-    for g in guards:
-        check_guard(g, f"{where} guards_code")
-    calls = gm.get("module_call_graph", [])
-    for entry in calls if isinstance(calls, list) else []:
-        sig = entry.get("signature") if isinstance(entry, dict) else None
-        if isinstance(sig, dict):
-            for key in ("in_spec", "out_spec"):
-                if sig.get(key) is not None:
-                    check_treespec(sig[key], f"{where} module_call_graph {key}", limits)
+    walk_program(doc, where, limits)  # guards and tree specs too: each field by the grammar of where it sits
 
     inputs = user_inputs(gm, rc)
     out_specs = require(require(gm, "signature", dict, "graph_module"), "output_specs", list, "signature")

@@ -1,22 +1,39 @@
-"""The serialized program (models/model.json): node targets, every string, every int, the user inputs and weights.
+"""The serialized program (models/model.json): a walk driven by the export schema, and what the API reads from it.
 
-torch/_export/serde/schema.py describes the layout. The walk checks what torch would resolve or evaluate (node
-targets by getattr chains, against ops.txt; `expr_str` by sympify), every other string against the grammar of
-where it sits (compiler.archive.strings: codegen pastes names and string arguments into C++ and Python source),
-and every int against int64. It reads what the API answers with: each user input's name, dtype and shape, a dim
-being an int or a symbol or expression with its range; and each weight's view, checked against its file.
+compiler.archive.schema tables every type torch.export's serializer writes; `walk_program` walks a document with
+it, so every field is checked by the grammar of where it sits or refused: an unknown key, a value of another type
+or a missing required field is refused with its path. Where torch would resolve or evaluate a string, the grammar
+is that check: node targets against the operator list (compiler.archive.ops), `expr_str` against the
+symbolic-expression grammar, guards and tree specs against theirs (compiler.archive.exprs); names and string
+arguments against the grammars of where they sit (compiler.archive.strings: codegen pastes them into C++ and
+Python source); every int against int64. The callables a program can name are held to the operator list by
+meaning, not by field: a node's target must be on it, a higher-order op must be one of compiler.archive.ops.HOPS
+and each argument it calls must be a subgraph (`as_graph`), walked with the same rules; a subgraph anywhere else,
+an operator-valued argument (`as_operator`) and a custom object are refused wherever they stand.
+
+It also reads what the API answers with: each user input's name, dtype and shape, a dim being an int or a symbol or
+expression with its range; and each weight's view, checked against its file.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from compiler.archive.container import require
-from compiler.archive.exprs import Bounds, check_sym_expr, expr_bounds, parse_expr, sym_to_text
+from compiler.archive.exprs import (
+    Bounds,
+    check_guard,
+    check_sym_expr,
+    check_treespec,
+    expr_bounds,
+    parse_expr,
+    sym_to_text,
+)
 from compiler.archive.limits import DEFAULT_LIMITS, Limits
-from compiler.archive.ops import is_operator_target
+from compiler.archive.ops import HOP_PREFIX, HOPS, Hop, is_operator_target
+from compiler.archive.schema import ENUMS, REFUSED, UNIONS, Field, Type, fields
 from compiler.archive.strings import check, shown
 from compiler.errors import Unprocessable, UnsafeArchive
 from compiler.shapes import DTYPE_BYTES
@@ -50,16 +67,8 @@ SCALAR_TYPES: dict[int, str] = {
 
 
 INT64 = (-(2**63), 2**63 - 1)
-
-# Where a string sits decides its grammar (compiler.archive.strings). Strings under these keys have grammars of
-# their own (compiler.archive.exprs), checked where they are read; node metadata is free text, dropped by the
-# worker after loading (compiler.loading) and never pasted by it.
-_OWN_GRAMMAR = frozenset({"expr_str", "guards_code", "in_spec", "out_spec"})
-_TEXT_KEYS = frozenset({"as_string", "as_strings"})
-_IDENT_KEYS = frozenset({"name", "as_name", "as_names", "forward_arg_names", "user_input_name", "arg_name"})
-_FQN_KEYS = frozenset({"parameter_name", "buffer_name", "tensor_constant_name", "custom_obj_name", "fqn"})
-_IDENT_MAPS = frozenset({"tensor_values", "sym_int_values", "sym_bool_values", "sym_float_values",
-                         "custom_obj_values"})
+_OPS_TXT = "compiler/archive/ops.txt lists them"
+_CHEAP = frozenset({"ident", "fqn", "text", "token"})  # grammars whose verdict on a string is cached per walk
 
 _Path = tuple[object, ...]  # (parent path, key): rendered only for an error message
 
@@ -73,76 +82,239 @@ def _render(path: _Path | None) -> str:
     return "".join(reversed(keys)).lstrip(".")
 
 
-def _node_target(target: object, where: str, node: str) -> None:
-    if not isinstance(target, str) or not is_operator_target(target):
-        raise UnsafeArchive(
-            f"{where}: node {node} calls {shown(target, 120)}, which is not a torch operator this service "
-            "compiles (compiler/archive/ops.txt lists them)", node=node)
+class _At(NamedTuple):
+    """Where the walk stands, for the checks that depend on it and the words of a refusal: the node and argument
+    (names as written), and, at a position a higher-order op calls, that op and the position."""
+
+    node: object = None
+    arg: object = None
+    hop: str | None = None
+    position: int = -1
 
 
-def walk_program(doc: Any, where: str, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Check the whole serialized program: every node target against the operator list, every `expr_str` against
-    the symbolic-expression grammar, every other string (values and keys) against the grammar of where it sits,
-    and every integer against int64. Refusals name the node and the argument, or the path to the value."""
-    stack: list[tuple[Any, Any, _Path | None, object, object]] = [(doc, "", None, None, None)]
-    passed: set[tuple[str, str]] = set()  # (grammar, string) already checked: programs repeat names and keys
-    while stack:
-        value, key, path, node, arg = stack.pop()
-        if isinstance(value, dict):
-            if "target" in value and "inputs" in value and "outputs" in value:  # a graph node
-                node, arg = value.get("name"), None
-                _node_target(value["target"], where, shown(node))
-                check(node, "ident", lambda: f"{where}: node {shown(node)} name", limits, node=shown(node))
-            elif "name" in value and "arg" in value and node is not None:  # a node's named argument
-                arg = value.get("name")
-            for k, v in value.items():
+_NOWHERE = _At()
+
+
+class _Walk:
+    def __init__(self, where: str, limits: Limits) -> None:
+        self.where, self.limits = where, limits
+        self.fields = fields()
+        self.required = {name: frozenset(k for k, f in table.items() if f.required)
+                         for name, table in self.fields.items()}
+        self.passed: set[tuple[str, str]] = set()  # (grammar, string) already checked: programs repeat names
+
+    # -- refusals ---------------------------------------------------------------------------------------------
+
+    def _words(self, path: _Path | None, at: _At) -> str:
+        if at.node is None:
+            return f"{self.where}: {_render(path)}"
+        return (f"{self.where}: node {shown(at.node)}" + (f" argument {shown(at.arg)}" if at.arg is not None else "")
+                + f" ({_render(path)})")
+
+    def _refuse(self, path: _Path | None, at: _At, why: str) -> UnsafeArchive:
+        detail: dict[str, Any] = {"path": _render(path)}
+        if at.node is not None:
+            detail.update(node=shown(at.node), argument=shown(at.arg) if at.arg is not None else "")
+        return UnsafeArchive(f"{self._words(path, at)} {why}", **detail)
+
+    # -- values by type ---------------------------------------------------------------------------------------
+
+    def value(self, v: Any, t: Type, path: _Path | None, at: _At) -> None:
+        if v is None:
+            if not t.nullable:
+                raise self._refuse(path, at, f"is null; the export schema has {t.text} there")
+            return
+        kind = t.kind
+        if kind == "ref":
+            if t.arg in REFUSED:
+                raise self._refuse(path, at, f"is a {t.arg}: {REFUSED[t.arg]}")
+            self.union(v, t.arg, path, at) if t.arg in UNIONS else self.struct(v, t.arg, path, at)
+        elif kind == "list":
+            if not isinstance(v, list):
+                raise self._refuse(path, at, f"is a {_json_type(v)}; the export schema has {t.text} there")
+            item = t.item
+            assert item is not None
+            plain_int = item.kind == "int"
+            for i, x in enumerate(v):
+                if plain_int and type(x) is int and INT64[0] <= x <= INT64[1]:
+                    continue  # the common case, without a call
+                self.value(x, item, (path, i), at)
+        elif kind == "dict":
+            if not isinstance(v, dict):
+                raise self._refuse(path, at, f"is a {_json_type(v)}; the export schema has {t.text} there")
+            item = t.item
+            assert item is not None
+            for k, x in v.items():
                 here = (path, k)
-                # keys of value maps are names; range_constraints keys are symbols or expressions ('2*s77')
-                kind = "ident" if key in _IDENT_MAPS else "text" if key == "range_constraints" else "token"
-                if (kind, k) not in passed:
-                    check(k, kind, lambda: f"{where}: {_render(here)} key", limits)
-                    passed.add((kind, k))
-                if k == "expr_str":
-                    check_sym_expr(v, where)
-                elif k == "metadata" and node is not None and "target" in value:
-                    continue
-                elif k not in _OWN_GRAMMAR:
-                    stack.append((v, k, here, node, arg))
-        elif isinstance(value, list):
-            stack.extend((v, key, (path, i), node, arg) for i, v in enumerate(value))
-        elif isinstance(value, str):
-            if key == "target" and node is not None:
-                continue  # checked against the operator list above
-            # '' fits no identifier but can close nothing: a higher-order op's positional arguments (the grad-mode
-            # and autocast regions export makes of `with torch.no_grad()`) have the name ''. A node's own name is
-            # checked as an identifier above.
-            grammar = ("text" if key in _TEXT_KEYS else "ident" if key in _IDENT_KEYS and value != ""
-                       else "fqn" if key in _FQN_KEYS and value != "" else "token")
-            if (grammar, value) in passed:
-                continue
+                self.string(k, t.arg, here, at, key=True)
+                self.value(x, item, here, at)
+        elif kind == "str":
+            if not isinstance(v, str):
+                raise self._refuse(path, at, f"is a {_json_type(v)}; the export schema has {t.text} there")
+            self.string(v, t.arg, path, at)
+        elif kind == "int" or kind == "enum":
+            if type(v) is not int:
+                raise self._refuse(path, at, f"is a {_json_type(v)}; the export schema has {t.text} there")
+            if not INT64[0] <= v <= INT64[1]:
+                raise Unprocessable(f"{self.where}: {_render(path)} is {v}, which does not fit in int64")
+            if kind == "enum" and v not in ENUMS[t.arg]:
+                raise self._refuse(path, at, f"is {v}, which is no {t.arg} torch writes")
+        elif kind == "float":
+            if type(v) not in (int, float):
+                raise self._refuse(path, at, f"is a {_json_type(v)}; the export schema has {t.text} there")
+        elif type(v) is not bool:  # bool
+            raise self._refuse(path, at, f"is a {_json_type(v)}; the export schema has {t.text} there")
+
+    def _fields(self, v: Any, name: str, path: _Path | None, at: _At) -> dict[str, Field]:
+        """The fields of struct `name` after checking that `v` has no key the schema lacks and every required one."""
+        table = self.fields[name]
+        if not isinstance(v, dict):
+            raise self._refuse(path, at, f"is a {_json_type(v)}; the export schema has a {name} there")
+        if not v.keys() <= table.keys():
+            k = next(k for k in v if k not in table)
+            raise self._refuse((path, k), at, f"is not a field of {name} in the export schema this service "
+                                              "knows (compiler/archive/schema.py); it is refused unread")
+        if not self.required[name] <= v.keys():
+            k = min(self.required[name] - v.keys())
+            raise self._refuse(path, at, f"has no {k!r}, which a {name} must have")
+        return table
+
+    def struct(self, v: Any, name: str, path: _Path | None, at: _At) -> None:
+        table = self._fields(v, name, path, at)
+        if name == "Node":
+            self.node(v, path)
+            return
+        for k, x in v.items():
+            self.value(x, table[k].type, (path, k), at)
+
+    def union(self, v: Any, name: str, path: _Path | None, at: _At) -> None:
+        table = self.fields[name]
+        if not isinstance(v, dict) or len(v) != 1:
+            got = f"{len(v)} keys" if isinstance(v, dict) else f"a {_json_type(v)}"
+            raise self._refuse(path, at, f"is {got}; a {name} is an object of exactly one of {sorted(table)}")
+        ((member, x),) = v.items()
+        here = (path, member)
+        if member not in table:
+            raise self._refuse(here, at, f"is not a member of {name} in the export schema this service knows "
+                                         "(compiler/archive/schema.py); it is refused unread")
+        t = table[member].type
+        if name == "Argument":
+            self.argument(member, x, t, here, at)
+        elif not (t.kind == "int" and type(x) is int and INT64[0] <= x <= INT64[1]):  # SymInt's as_int, mostly
+            self.value(x, t, here, at)
+
+    # -- what the callables of a program may be --------------------------------------------------------------
+
+    def node(self, v: dict[str, Any], path: _Path | None) -> None:
+        name, target = v.get("name"), v.get("target")
+        at = _At(node=name)
+        check(name, "ident", lambda: f"{self.where}: node {shown(name)} name", self.limits, node=shown(name))
+        if not isinstance(target, str) or not is_operator_target(target):
+            raise UnsafeArchive(
+                f"{self.where}: node {shown(name)} calls {shown(target, 120)}, which is not a torch operator this "
+                f"service compiles ({_OPS_TXT})", node=shown(name), path=_render((path, "target")))
+        hop = HOPS.get(target)
+        if target.startswith(HOP_PREFIX) and hop is None:
+            raise UnsafeArchive(
+                f"{self.where}: node {shown(name)} calls {target}, a higher-order op whose callables this service "
+                f"does not know how to check (it checks {', '.join(sorted(h.signature for h in HOPS.values()))})",
+                node=shown(name), path=_render((path, "target")))
+        table = self.fields["Node"]
+        for k, x in v.items():
+            if k == "inputs":
+                self.inputs(x, target, hop, (path, k), at)
+            elif k not in ("name", "target"):
+                self.value(x, table[k].type, (path, k), at)
+
+    def inputs(self, v: Any, target: str, hop: Hop | None, path: _Path, at: _At) -> None:
+        if not isinstance(v, list):
+            raise self._refuse(path, at, f"is a {_json_type(v)}; the export schema has list[NamedArgument] there")
+        named = self.fields["NamedArgument"]
+        position, called = 0, set()
+        for i, inp in enumerate(v):
+            here = (path, i)
+            self._fields(inp, "NamedArgument", here, at)
+            arg_name = inp.get("name")
+            # torch 2.13's deserializer passes a higher-order op's input positionally when its kind is POSITIONAL
+            # (1) or its name is '', torch 2.11's when its name is '': count positions the same way, and refuse
+            # an input the two would place differently
+            positional = inp.get("kind") == 1 or arg_name == ""
+            if hop is not None and positional != (arg_name == ""):
+                raise self._refuse(here, at, f"is named {shown(arg_name)} but marked positional; a higher-order "
+                                             "op's positional inputs are named '' (torch 2.11 reads this one as a "
+                                             "keyword, torch 2.13 as positional)")
+            slot = _At(at.node, arg_name if arg_name != "" else f"#{position}")
+            if hop is not None and positional and position in hop.graphs:
+                slot = slot._replace(hop=hop.signature, position=position)
+                called.add(position)
+            position += positional
+            for k, x in inp.items():
+                self.value(x, named[k].type, (here, k), slot)
+        if hop is not None and called != set(hop.graphs):
+            missing = sorted(set(hop.graphs) - called)
+            raise self._refuse(path, at, f"calls {target} with {position} positional argument(s); {hop.signature} "
+                                         f"calls its argument(s) {missing}, which must be subgraphs")
+
+    def argument(self, member: str, x: Any, t: Type, path: _Path, at: _At) -> None:
+        if at.hop is not None:  # a position the higher-order op calls
+            if member != "as_graph":
+                what = f"an operator-valued argument naming {shown(x, 120)}" if member == "as_operator" else member
+                raise self._refuse(path, at, f"is {what}, but {at.hop} calls its argument {at.position}: it must "
+                                             "be a subgraph (as_graph), checked like the program")
+            self.value(x, t, path, _NOWHERE)  # a graph of its own: its nodes are checked as nodes
+            return
+        if member == "as_graph":
+            raise self._refuse(path, at, "is a subgraph, but not at a position that a higher-order op this service "
+                                         "compiles calls; a subgraph is accepted only there")
+        if member == "as_operator":
+            named = shown(x, 120)
+            why = ("an operator passed as a value is called by the op that takes it, and no operator this service "
+                   "compiles takes one" if isinstance(x, str) and is_operator_target(x)
+                   else f"which is not a torch operator this service compiles ({_OPS_TXT}); and an operator passed "
+                        "as a value is called by the op that takes it, which no operator this service compiles does")
+            raise self._refuse(path, at, f"is an operator-valued argument naming {named}: {why}")
+        self.value(x, t, path, at._replace(hop=None, position=-1))
+
+    # -- strings ----------------------------------------------------------------------------------------------
+
+    def string(self, s: str, grammar: str, path: _Path | None, at: _At, key: bool = False) -> None:
+        if grammar in _CHEAP or grammar in ("ident0", "fqn0"):
+            if grammar in ("ident0", "fqn0"):
+                if s == "":
+                    return
+                grammar = grammar[:-1]
+            if (grammar, s) in self.passed:
+                return
             try:
-                check(value, grammar, _Where(where, path, node, arg), limits)
-                passed.add((grammar, value))
+                check(s, grammar, lambda: self._words(path, at) + (" key" if key else " string"), self.limits)
             except UnsafeArchive as e:
-                if node is not None:
-                    e.detail.update(node=shown(node), argument=shown(arg) if arg is not None else "")
+                e.detail.setdefault("path", _render(path))
+                if at.node is not None:
+                    e.detail.update(node=shown(at.node), argument=shown(at.arg) if at.arg is not None else "")
                 raise
-        elif isinstance(value, int) and not isinstance(value, bool):
-            if not INT64[0] <= value <= INT64[1]:
-                raise Unprocessable(f"{where}: {_render(path)} is {value}, which does not fit in int64")
+            self.passed.add((grammar, s))
+        elif grammar == "expr":
+            check_sym_expr(s, self.where)
+        elif grammar == "guard":
+            check_guard(s, f"{self.where}: {_render(path)}")
+        elif grammar == "treespec":
+            check_treespec(s, f"{self.where}: {_render(path)}", self.limits)
+        elif grammar == "free":
+            return  # node metadata: never resolved by the worker's loader, never kept (compiler.compat.safe_load)
+        else:  # target and operator stand only where node() and argument() read them first
+            raise self._refuse(path, at, f"is a string of kind {grammar!r} where the walk did not expect one")
 
 
-class _Where:
-    """Words where a string sits, only when a refusal needs them."""
+def _json_type(v: object) -> str:
+    return {dict: "JSON object", list: "JSON array", str: "string", bool: "boolean", int: "number",
+            float: "number", type(None): "null"}.get(type(v), type(v).__name__)
 
-    def __init__(self, where: str, path: _Path | None, node: object, arg: object) -> None:
-        self.where, self.path, self.node, self.arg = where, path, node, arg
 
-    def __call__(self) -> str:
-        if self.node is None:
-            return f"{self.where}: {_render(self.path)}"
-        return (f"{self.where}: node {shown(self.node)}"
-                + (f" argument {shown(self.arg)}" if self.arg is not None else "") + " string")
+def walk_program(doc: Any, where: str, limits: Limits = DEFAULT_LIMITS, root: str = "ExportedProgram") -> None:
+    """Check a whole serialized document against the export schema (compiler.archive.schema), from its `root`
+    type: every key known, every value of its type and grammar, every callable on the operator list and in a
+    place that may hold one. Refusals name the path, and the node and argument where there is one."""
+    _Walk(where, limits).value(doc, Type("ref", root, text=root), None, _NOWHERE)
 
 
 ITEMSIZE = DTYPE_BYTES
@@ -153,7 +325,7 @@ def check_payload_config(doc: Any, where: str, limits: Limits = DEFAULT_LIMITS) 
     """A weights or constants config ({"config": {fqn: payload}}): every name in the FQN grammar (AOTInductor
     writes constant names into its C++ wrapper), plain file names, and the generic string and int checks."""
     config = require(doc, "config", dict, where)
-    walk_program(doc, where, limits)
+    walk_program(doc, where, limits, root="PayloadConfig")
     for fqn, meta in config.items():
         check(fqn, "fqn", f"{where}: name", limits)
         if not isinstance(meta, dict):

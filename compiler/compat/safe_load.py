@@ -1,9 +1,18 @@
 """Safe loading of untrusted exported programs.
 
 torch.export.load trusts its archive: it unpickles with weights_only=False, pickle.loads opaque constants,
-loads torchbind objects, loads AOTInductor shared libraries and sympify()s (evals) expression strings.
-compiler.loading validates the archive first; this guard is the second line, patching those call sites for
-the duration of one load. Every lookup is defensive: torch 2.11 may lack some of these attributes.
+loads torchbind objects, loads AOTInductor shared libraries, sympify()s (evals) expression strings, and resolves
+every node target, operator-valued argument and `source_fn_stack` metadata entry by a getattr chain under `torch`,
+`_operator` or `math`. compiler.loading validates the archive first; this guard is the second line, patching those
+call sites for the duration of one load. Every lookup is defensive: torch 2.11 may lack some of these attributes.
+
+What the deserializer does with a name, in torch 2.11 and 2.13 alike (torch/_export/serde/serialize.py,
+`GraphModuleDeserializer.deserialize_operator` and `deserialize_metadata`, the same code in both): it looks each
+dotted part up with hasattr/getattr and never calls what it finds; a node whose target resolves to a callable gets
+`graph.create_node`, which stores it. Nothing the upload names runs during the load. The lookups themselves can run
+torch's own module `__getattr__` hooks (lazy imports, a deprecated alias's getter), so the guard narrows them too:
+a name off the operator list is refused before its first getattr, and node metadata is not read at all (the worker
+drops it after the load anyway, compiler.loading), so `source_fn_stack` resolves nothing.
 """
 
 from __future__ import annotations
@@ -42,14 +51,17 @@ class _RefusingPickle(types.ModuleType):
 
 
 @contextlib.contextmanager
-def guarded_export_load(check_expr: Callable[[str], None] | None = None) -> Iterator[list[str]]:
+def guarded_export_load(check_expr: Callable[[str], None] | None = None,
+                        is_operator: Callable[[str], bool] | None = None) -> Iterator[list[str]]:
     """Context for calling torch.export.load on an untrusted archive.
 
     Inside it: every torch.load runs with weights_only=True whatever its caller asked (an unpickling error then
     becomes DeserializationRefused); pickle.loads in torch's pt2 reader, torch._C._pickle_load_obj (torchbind)
     and the AOTInductor loader raise DeserializationRefused; each expression string reaching the serde
-    deserializer's _parse_sym_expr is passed to `check_expr` first. Yields a list that collects a line for every
-    refused or overridden call, so a refusal that torch swallows internally is still seen by the caller.
+    deserializer's _parse_sym_expr is passed to `check_expr` first; each name reaching its deserialize_operator
+    (node targets and operator-valued arguments) must pass `is_operator` before it is looked up; node metadata is
+    not deserialized (each node gets none). Yields a list that collects a line for every refused or overridden
+    call, so a refusal that torch swallows internally is still seen by the caller.
     Holds a process-wide lock: the patches are global while it is active.
     """
     events: list[str] = []
@@ -107,6 +119,19 @@ def guarded_export_load(check_expr: Callable[[str], None] | None = None) -> Iter
                     return original_parse(self, expr_str, *args, **kwargs)
 
                 patch(deserializer, "_parse_sym_expr", parse_sym_expr)
+            original_operator = getattr(deserializer, "deserialize_operator", None)
+            if is_operator is not None and original_operator is not None:
+
+                @functools.wraps(original_operator)
+                def deserialize_operator(self: Any, serialized_target: Any, *args: Any, **kwargs: Any) -> Any:
+                    if not isinstance(serialized_target, str) or not is_operator(serialized_target):
+                        refuse(f"resolving {str(serialized_target)[:200]!r}, which is not on the operator list")
+                    return original_operator(self, serialized_target, *args, **kwargs)
+
+                patch(deserializer, "deserialize_operator", deserialize_operator)
+            # Free text the worker drops after the load (compiler.loading.KEPT_META); torch would resolve its
+            # source_fn_stack entries by getattr and json.loads the rest.
+            patch(deserializer, "deserialize_metadata", lambda self, metadata, *args, **kwargs: {})
             yield events
         finally:
             for owner, name, value in reversed(undo):

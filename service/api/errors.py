@@ -7,6 +7,10 @@ never a plain-text 500.
     AotcError (compiler.errors) ............... its status and code (app.py)
     Redis unreachable or too slow ............. 503 redis_unavailable, Retry-After
     Redis out of memory ....................... 507 insufficient_storage, Retry-After
+    Redis cannot write its disk (MISCONF) ..... 507 insufficient_storage, Retry-After
+    a disk or blob store with no room ......... 507 disk_full, Retry-After (service/api/disk.py: ENOSPC, EDQUOT,
+                                                an S3 store's refusal), naming the disk, its free space and
+                                                AOTC_DISK_LOW_WATER_MB
     Redis refused a command (WRONGTYPE, ...) .. 503 redis_error, Retry-After, logged under a request id
     anything else ............................. 500 internal, logged (with its traceback) under a request id
 
@@ -34,14 +38,19 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from compiler.errors import AotcError, Unavailable
-from service.api.schemas import ID_PARAMS
+from service.api.disk import full_disk
+from service.api.schemas import ID_PARAMS, INT64_MAX, PATTERN_RULES, UNION_TAGS
+from service.api.settings import Settings
 from service.store import Store
+from service.store.disk import is_disk_full
 from service.store.memory import is_out_of_memory, oom_message, out_of_memory
 
 log = logging.getLogger("aotc.api")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _ID_MISMATCH = {"string_pattern_mismatch", "string_too_long", "string_too_short"}
-_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+_MISCONF = re.compile(r"^MISCONF |of pipeline caused error: MISCONF ")  # alone, or inside a pipeline's error
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
+               413: "too_large"}
 
 
 class InsufficientStorage(AotcError):
@@ -52,6 +61,11 @@ class InsufficientStorage(AotcError):
 
 def insufficient_storage(message: str) -> JSONResponse:
     return JSONResponse(InsufficientStorage(message).to_json(), status_code=507, headers={"Retry-After": "30"})
+
+
+def cannot_persist(exc: BaseException) -> bool:
+    """Redis refuses writes because it cannot write its AOF or RDB file (a full disk, most often): MISCONF."""
+    return isinstance(exc, redis.ResponseError) and _MISCONF.search(str(exc)) is not None
 
 
 def request_id(request: Request) -> str:
@@ -77,16 +91,27 @@ def _unknown_id(problems: Sequence[Any]) -> str | None:
     return "; ".join(found) if found else None
 
 
+def _explained(e: Any) -> str:
+    """Pydantic's message, or for a value outside one of the API's grammars or past int64, what the rule is."""
+    ctx = e.get("ctx") or {}
+    if e.get("type") == "string_pattern_mismatch" and ctx.get("pattern") in PATTERN_RULES:
+        return PATTERN_RULES[ctx["pattern"]].format(value=_shown(e.get("input")))
+    if e.get("type") == "less_than_equal" and ctx.get("le") == INT64_MAX:
+        return f"{_shown(e.get('input'))} does not fit in int64 (at most {INT64_MAX})"
+    return str(e.get("msg"))
+
+
 def _validation_answer(exc: RequestValidationError) -> JSONResponse:
     problems = exc.errors()
     if (missing := _unknown_id(problems)) is not None:
         return JSONResponse({"error": {"code": "not_found", "message": missing}}, status_code=404)
-    parts = []
+    parts, issues = [], []
     for e in problems:
-        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
-        parts.append(f"{where}: {e.get('msg')}" if where else str(e.get("msg")))
-    body = {"error": {"code": "invalid", "message": "; ".join(parts), "errors": [
-        {"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in problems]}}
+        loc = [p for p in e.get("loc", ()) if p not in UNION_TAGS]
+        where, msg = ".".join(str(p) for p in loc if p != "body"), _explained(e)
+        parts.append(f"{where}: {msg}" if where else msg)
+        issues.append({"loc": loc, "msg": msg})
+    body = {"error": {"code": "invalid", "message": "; ".join(parts), "errors": issues}}
     return JSONResponse(body, status_code=422)
 
 
@@ -124,6 +149,11 @@ def install(app: FastAPI) -> None:
         if is_out_of_memory(exc):
             store: Store = request.app.state.store
             return insufficient_storage(await run_in_threadpool(oom_message, store.r))
+        if cannot_persist(exc):
+            said = str(exc)[str(exc).find("MISCONF"):][:300]
+            return insufficient_storage(f"Redis refuses writes: it cannot write to its disk ({said}). "
+                                        "Free space where Redis keeps its data (the embedded Redis: "
+                                        "AOTC_DATA_DIR/redis); it takes writes again once a write of its file works")
         answer = _logged(request, 503, "redis_error", f"Redis refused a command this request needed "
                          f"({str(exc)[:100] or type(exc).__name__}); try again shortly, and report it if it "
                          "persists", **{"Retry-After": "2"})
@@ -151,13 +181,28 @@ def install(app: FastAPI) -> None:
                                         "looks live.)")
         return JSONResponse(exc.to_json(), status_code=exc.status, headers=getattr(exc, "headers", None))
 
+    @app.exception_handler(OSError)
+    async def _os_error(request: Request, exc: OSError) -> JSONResponse:
+        # A write anywhere in a request that failed for want of room (the upload's own path says more, in
+        # service/api/disk.py); any other OSError is a failure of ours, as below.
+        if not is_disk_full(exc):
+            return _internal_error(request, exc)
+        settings: Settings = request.app.state.settings
+        full = full_disk(settings.data_dir, settings, exc, f"answering {request.method} {request.url.path[:80]}")
+        log.warning("%s %s: %s", request.method, request.url.path[:80], full.message)
+        return JSONResponse(full.to_json(), status_code=full.status, headers=full.headers)
+
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        # The last resort (Starlette's ServerErrorMiddleware calls it, then re-raises for the server's own log).
-        # It should never run: every failure a request can meet has its answer above.
-        # Connection: close, since the server closes the connection after this (its error handling re-raises):
-        # a client that reused it would meet a reset.
-        answer = _logged(request, 500, "internal", "the server failed to answer this request", Connection="close")
-        log.error("request %s: %s %s failed", answer.headers["x-request-id"], request.method, request.url.path,
-                  exc_info=exc)
-        return answer
+        return _internal_error(request, exc)
+
+
+def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    # The last resort (Starlette's ServerErrorMiddleware calls it, then re-raises for the server's own log).
+    # It should never run: every failure a request can meet has its answer above.
+    # Connection: close, since the server closes the connection after this (its error handling re-raises):
+    # a client that reused it would meet a reset.
+    answer = _logged(request, 500, "internal", "the server failed to answer this request", Connection="close")
+    log.error("request %s: %s %s failed", answer.headers["x-request-id"], request.method, request.url.path,
+              exc_info=exc)
+    return answer

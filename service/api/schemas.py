@@ -19,9 +19,11 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from fastapi import Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag, with_config
+from pydantic_core import PydanticCustomError
+from typing_extensions import TypedDict
 
-from compiler.options import CompileOptions
+from compiler.options import JSON_INT, CompileOptions
 
 
 class Record(BaseModel):
@@ -41,7 +43,7 @@ class ValidationIssue(BaseModel):
 class ErrorDetail(Record):
     code: str = Field(description="bad_request, unauthorized, forbidden, not_found, conflict, too_large, not_a_zip, "
                       "invalid, unsafe_archive, range_not_satisfiable, quota_jobs, internal, unavailable, "
-                      "redis_unavailable, redis_error, insufficient_storage, quota_storage (docs/api.md)")
+                      "redis_unavailable, redis_error, insufficient_storage, quota_storage, disk_full (docs/api.md)")
     message: str = Field(description="What was wrong and, where it can say, what would be right.")
     request_id: str | None = Field(default=None, description="internal and redis_error: the id the server logged "
                                    "the failure under (also the X-Request-ID header).")
@@ -62,13 +64,16 @@ _WHY = {
     401: "No API key, or one the service does not know (send `Authorization: Bearer <key>`)",
     403: "The key's scope does not allow this request",
     404: "Not found (an id that cannot name a record, too: it does not match its pattern)",
+    408: "The request body stalled or came too slowly (AOTC_BODY_IDLE_TIMEOUT_S, AOTC_BODY_MIN_RATE_KBPS); the "
+         "connection is closed",
     409: "Conflicts with the current state",
     413: "Over the size limit (AOTC_MAX_UPLOAD_MB)",
     415: "Not a zip archive",
     422: "The request does not validate: `error.message` names each parameter and its bound",
     429: "The namespace has as many queued and running jobs as its quota allows (retry after Retry-After seconds)",
     503: "The service cannot reach its Redis, or Redis refused the command (retry after Retry-After seconds)",
-    507: "Redis is out of memory, or the namespace's stored bytes would pass its quota",
+    507: "Redis is out of memory or cannot write its disk, a disk or the blob store is full, or the namespace's "
+         "stored bytes would pass its quota",
 }
 _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again", "schema": {"type": "integer"}}}
 _HEADERS: dict[int, dict[str, Any]] = {
@@ -102,6 +107,58 @@ MAX_TARGET = 64
 MAX_SHAPE_ARG = 256  # one ?shape=NAME=SHAPE
 MAX_SHAPE_ARGS = 64  # ?shape= given at most this often (one per input)
 STREAM_ID = r"^[0-9]{1,19}(-[0-9]{1,19})?$"  # a Redis stream entry id (Last-Event-ID), each part below 2**64
+INT64_MAX = 2**63 - 1  # compiler.shapes.INT64_MAX: every size fits in int64
+# Grammars that pydantic enforces on the parameters and fields that carry them (Rust's regex engine, as the
+# validators that read the published schema do), so the schema says exactly what is accepted. Each is no wider
+# than the parser behind it (compiler.shapes, compiler.targets), which then never refuses a value that got this far.
+IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"  # an input name: inputs are FX placeholders, named by identifiers
+# Characters no name may hold: controls (Cc), format characters (Cf: bidi overrides, zero-width ones), private use
+# (Co) and separators but the space (Zs, Zl, Zp), as Unicode 16 lists them: no terminal escapes, no text that reads
+# backwards, no line breaks. Spelled out rather than as \p{C}: Python's str.isprintable() and the engines that read
+# \p{...} know different Unicode versions (a letter of Unicode 15 was "unprintable" to Python 3.11), and schemathesis
+# reads \p{C} as the controls alone; explicit ranges mean the same to all of them. Unassigned code points pass.
+_NOT_IN_NAMES = (
+    (0x0, 0x1F), (0x7F, 0xA0), (0xAD, 0xAD), (0x600, 0x605), (0x61C, 0x61C), (0x6DD, 0x6DD), (0x70F, 0x70F),
+    (0x890, 0x891), (0x8E2, 0x8E2), (0x1680, 0x1680), (0x180E, 0x180E), (0x2000, 0x200F), (0x2028, 0x202F),
+    (0x205F, 0x2064), (0x2066, 0x206F), (0x3000, 0x3000), (0xE000, 0xF8FF), (0xFEFF, 0xFEFF), (0xFFF9, 0xFFFB),
+    (0x110BD, 0x110BD), (0x110CD, 0x110CD), (0x13430, 0x1343F), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
+    (0xE0001, 0xE0001), (0xE0020, 0xE007F), (0xF0000, 0xFFFFD), (0x100000, 0x10FFFD),
+)
+
+
+def _char_class(ranges: tuple[tuple[int, int], ...]) -> str:
+    # \uXXXX reads the same in ECMA, Rust and Python; past the BMP only the character itself does.
+    def one(c: int) -> str:
+        return f"\\u{c:04X}" if c <= 0xFFFF else chr(c)
+
+    return "".join(one(a) if a == b else f"{one(a)}-{one(b)}" for a, b in ranges)
+
+
+_NAME_CHAR = f"[^{_char_class(_NOT_IN_NAMES)}]"
+# Printable text that is not blank (it starts, after any spaces, with a visible character), or nothing.
+NAME_TEXT = f"^(?: *[^ {_char_class(_NOT_IN_NAMES)}]{_NAME_CHAR}*)?$"
+TARGET = r"^(?:[Cc][Pp][Uu]|[Cc][Uu][Dd][Aa])(?:-[A-Za-z0-9_]+)*$"  # compiler.targets, in ASCII letters of any case
+_DIM = r"[0-9]{1,19}(?:\.\.[0-9]{1,19})?"  # a size or a range; 19 digits at most, as compiler.shapes reads them
+ONE_DIM = rf"^{_DIM}$"
+_SHAPE = rf"(?:|scalar|\(\)|{_DIM}(?:[xX]{_DIM})*)"
+SHAPE = rf"^{_SHAPE}$"  # '8x3x224x224', '1..32x3', '' or 'scalar' for a 0-d input
+SHAPE_ARG = rf"^[A-Za-z_][A-Za-z0-9_]*={_SHAPE}$"  # ?shape=NAME=SHAPE
+# What a value outside each grammar is told (service/api/errors.py), `{value}` standing for the value.
+PATTERN_RULES = {
+    NAME_TEXT: "{value} is not printable text: a name may hold letters, digits, punctuation and spaces, but no "
+               "control or formatting characters, and is not blank",
+    TARGET: "unknown target {value}: use 'cpu', 'cuda', or a concrete target such as 'cuda-sm90' or "
+            "'cpu-x86_64-avx512'",
+    ONE_DIM: "cannot read dim {value}: a dim is a size (8) or a range (1..32) of at most 19 digits (sizes fit in "
+             "int64)",
+    SHAPE: "cannot read shape {value}: each dim is a size (8) or a range (1..32) of at most 19 digits (sizes fit "
+           "in int64), joined by 'x'",
+    SHAPE_ARG: "cannot read {value}: write NAME=SHAPE, e.g. x=8x3x224x224 or x=1..32x3x224x224; NAME is an "
+               "identifier, each dim at most 19 digits (sizes fit in int64)",
+    IDENT: "{value} is not an input name: inputs are named by identifiers (letters, digits and '_')",
+    STREAM_ID: "{value} is not an event id: send back the `id:` of an event this stream sent (digits, or "
+               "digits-digits)",
+}
 # Parameters that name a record, and the rule each must meet: a value outside it names none, so the answer is the
 # 404 an unknown id gets (service/api/errors.py), never a Redis read of some other key.
 ID_PARAMS = {
@@ -312,18 +369,69 @@ class JobList(BaseModel):
 # -- compilations ------------------------------------------------------------------------------------------------
 
 
-class CompilationRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+# What a compile request's `shapes` may hold, enforced by pydantic so the schema says it: per input (by its name),
+# a list of dims or one string for the whole shape; each dim a size, a {min, max} range or a string. Whether they fit
+# the program (the names, ranks, ranges, min <= max) only compiler.shapes can tell, against the stored model: a 422.
+# Each union picks its branch by the value's JSON type (`Discriminator`), so a refusal names that branch's problem
+# alone; the branch tags (UNION_TAGS) are left out of the error's location.
+Size = Annotated[int, Field(ge=0, le=INT64_MAX), JSON_INT]
 
-    model_id: str = Field(pattern=MODEL_ID, description="The id POST /v1/models returned (the sha256 of the "
-                          "archive), or a unique prefix of it (8+ hex digits).")
-    shapes: dict[str, Any] = Field(
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, (bool, str, bytes)):  # pydantic's lax floats take true and "1.5"; JSON Schema does not
+        raise PydanticCustomError("float_type", "Input should be a valid number")
+    return value
+
+
+JSON_NUMBER = BeforeValidator(_json_number)  # after the bounds, as compiler.options.JSON_INT
+
+
+@with_config(ConfigDict(extra="forbid"))
+class DimRange(TypedDict):
+    """A dynamic dim: every size from min to max. Validated into a plain dict, the form compiler.shapes reads."""
+
+    min: Size
+    max: Size
+
+
+def _json_kind(value: Any) -> str | None:
+    if isinstance(value, bool):  # JSON's true is no size, though Python's bool is an int
+        return None
+    if isinstance(value, float) and value.is_integer():  # 8.0 is an integer to JSON Schema
+        return "<size>"
+    return {int: "<size>", dict: "<range>", str: "<text>", list: "<list>"}.get(type(value))
+
+
+UNION_TAGS = frozenset({"<size>", "<range>", "<text>", "<list>"})  # no input name: those are identifiers
+Dim = Annotated[
+    Annotated[Size, Tag("<size>")] | Annotated[DimRange, Tag("<range>")]
+    | Annotated[str, StringConstraints(pattern=ONE_DIM), Tag("<text>")],
+    Discriminator(_json_kind, custom_error_type="invalid_dim",
+                  custom_error_message="a dim is a size (8), a range ({'min': 1, 'max': 32}) or a string ('1..32')"),
+]
+Dims = Annotated[
+    Annotated[list[Dim], Tag("<list>")] | Annotated[str, StringConstraints(pattern=SHAPE), Tag("<text>")],
+    Discriminator(_json_kind, custom_error_type="invalid_dims",
+                  custom_error_message="an input's dims are a list or a string such as '8x3x224x224'"),
+]
+InputName = Annotated[str, StringConstraints(pattern=IDENT)]
+# pydantic writes the key pattern as `patternProperties`, which leaves other keys free: say they are not.
+Shapes = Annotated[dict[InputName, Dims], Field(min_length=1, json_schema_extra={"additionalProperties": False})]
+
+
+class CompilationRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: no "8" for 8, no true for 1
+
+    model_id: str = Field(pattern=MODEL_ID, max_length=64, description="The id POST /v1/models returned (the sha256 "
+                          "of the archive), or a unique prefix of it (8+ hex digits).")
+    shapes: Shapes = Field(
         description="Per input, its dims: a size (8), a range ({'min': 1, 'max': 32}), or a string '1..32x3x224x224'.",
         examples=[{"x": [8, 3, 224, 224]}, {"x": [{"min": 1, "max": 32}, 3, 224, 224]}],
     )
-    target: str = Field(default="cpu", description="'cpu', 'cuda', or a concrete target such as 'cuda-sm90'.")
+    target: str = Field(default="cpu", pattern=TARGET, max_length=MAX_TARGET,
+                        description="'cpu', 'cuda', or a concrete target such as 'cuda-sm90'.")
     options: CompileOptions = Field(default_factory=CompileOptions)
-    buckets: list[dict[str, Any]] = Field(
+    buckets: list[Shapes] = Field(
         default_factory=list,
         max_length=16,
         description="Extra static shape buckets, each {input: dims} like `shapes` (e.g. batch 1, 8, 32). Each gets "

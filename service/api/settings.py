@@ -24,6 +24,20 @@ class Settings(StorageSettings):
         default=None, description="A file holding Redis's password (e.g. a Docker secret), for an AOTC_REDIS_URL "
         "without one; a password in the URL wins.")
     data_dir: Path = Field(default=Path(".aotc"), description="Embedded Redis data and scratch space.")
+    # aotc-server's supervision of its embedded Redis (service/store/embedded.py, RedisSupervisor).
+    redis_restart_backoff_s: float = Field(
+        default=0.5, gt=0, description="aotc-server: wait this long before starting its embedded redis-server again "
+        "after it died, doubled per failed try up to AOTC_REDIS_RESTART_BACKOFF_MAX_S.")
+    redis_restart_backoff_max_s: float = Field(
+        default=5.0, gt=0, description="aotc-server: the longest wait between two restarts of its embedded Redis.")
+    redis_restart_giveup_s: float = Field(
+        default=60.0, gt=0, description="aotc-server: when its embedded Redis has not answered this long after it "
+        "died (or at start), aotc-server stops its API and workers and exits 1, naming why, for systemd, compose "
+        "or Kubernetes to restart it.")
+    liveness_stall_s: float = Field(
+        default=120.0, gt=0, description="/healthz fails when this API process has made no progress for this long: "
+        "a background task (the reaper) has not finished a round, or every thread of its pool has been held by the "
+        "same requests. Keep it above the longest a Redis call can take (about 45 s).")
     max_upload_mb: int = Field(default=4096, gt=0, description="Largest accepted .pt2 upload.")
     # Bounds on the work one upload may cost the API (compiler.archive.limits; each refusal names its setting).
     max_zip_entries: int = Field(default=20_000, gt=0, description="Most entries in an uploaded zip.")
@@ -65,6 +79,25 @@ class Settings(StorageSettings):
                              "(429 past it). An admin sets another per namespace.")
     ns_max_stored_gb: float = Field(default=100.0, gt=0, description="Default quota: bytes a namespace's models "
                                     "and their artifacts hold (507 past it).")
+    # What one API key may hold open at once, counted across every API process through Redis (service/api/slots.py).
+    max_streams_per_key: int = Field(default=64, gt=0, description="Most job event streams (GET /v1/jobs/{id}/"
+                                     "events) one API key may hold open at once, over all API processes (429 past "
+                                     "it).")
+    max_uploads_per_key: int = Field(default=8, gt=0, description="Most model uploads (POST /v1/models) one API "
+                                     "key may have in progress at once, over all API processes (429 past it).")
+    slot_lease_s: float = Field(default=30.0, gt=0, le=3600, description="How long a stream or upload slot lasts "
+                                "unless its API process renews it (every third of this): the slots of an API "
+                                "process that died come back within this.")
+    # Clients that send slowly hold a connection and a task: they are cut off (service/api/http.py).
+    header_timeout_s: float = Field(default=10.0, gt=0, description="A connection whose request headers are not "
+                                    "complete within this (from its start, or from the end of the previous answer "
+                                    "on a kept-alive connection) is closed, with a 408 if it sent part of them. "
+                                    "Applies where aotc-server runs the API.")
+    body_idle_timeout_s: float = Field(default=30.0, gt=0, description="A request body that sends no bytes for "
+                                       "this long is answered 408 and its connection closed.")
+    body_min_rate_kbps: float = Field(default=8.0, ge=0, description="The slowest a request body may arrive, in "
+                                      "KiB/s, averaged over each AOTC_BODY_IDLE_TIMEOUT_S of waiting for it (408 "
+                                      "below it); 0: no minimum.")
 
     def bootstrap_admin_key(self) -> str | None:
         """AOTC_ADMIN_KEY, else the contents of AOTC_ADMIN_KEY_FILE; None: no keys (open mode)."""

@@ -12,25 +12,39 @@ It is never open: it requires a password, random and made once per data folder, 
 (mode 0600) and reused on every restart, so the AOF's clients (a restarted API, workers) keep working. The
 password reaches redis-server on its stdin, never on its command line (which `ps` shows to every user), and `url`
 carries it (`redis://:PASSWORD@127.0.0.1:PORT/0`), so whoever is handed the URL connects; print `masked(url)`.
+
+`RedisSupervisor` keeps it running for `aotc-server`: a redis-server that dies (a crash, the OOM killer, `kill -9`)
+is started again from its AOF, on the same port with the same password, so the API processes and workers that hold
+its URL reconnect by themselves; one that cannot come back within a bound is reported to the caller, which exits
+(docs/queue.md, "When Redis is down").
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import signal
 import socket
 import stat
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from service.procs import DirLock, LockHeld, dying_with_this_process
 from service.store.redis_url import read_password, with_password
 
 PASSWORD_FILE = "password"
+LOG_TAIL_LINES = 6  # how much of redis.log a crash or a failed start quotes
+LOG_TAIL_BYTES = 16384
+
+log = logging.getLogger("aotc.redis")
 
 
 def redis_server_binary() -> str:
@@ -66,6 +80,18 @@ def ensure_password(path: Path) -> str:
     return read_password(path, f"the embedded Redis's password file {path}")
 
 
+def exit_status(returncode: int | None) -> str:
+    """A Popen returncode in words: `status 1`, `SIGKILL (signal 9)`."""
+    if returncode is None:
+        return "no status (still running)"
+    if returncode < 0:
+        try:
+            return f"{signal.Signals(-returncode).name} (signal {-returncode})"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"status {returncode}"
+
+
 def _quoted(value: str) -> str:
     """A redis.conf string argument."""
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -89,9 +115,16 @@ class EmbeddedRedis:
         url = f"redis://127.0.0.1:{self.port}/0"
         return with_password(url, self.password) if self.password else url
 
-    def start(self, timeout_s: float = 10.0, lock_wait_s: float = 5.0) -> EmbeddedRedis:
-        """Start redis-server; waits up to `lock_wait_s` for one on its way out (a restart right after a kill)."""
+    def start(self, timeout_s: float = 10.0, lock_wait_s: float = 5.0,
+              cancelled: Callable[[], bool] = lambda: False) -> EmbeddedRedis:
+        """Start redis-server; waits up to `lock_wait_s` for one on its way out (a restart right after a kill), and
+        up to `timeout_s` for it to answer (loading a large AOF takes a while). Again after it died: same port,
+        same password, same AOF. `cancelled` ends the wait early (RuntimeError)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # A restart: our own descriptor still holds the lock the dead redis-server shared, and a second descriptor
+        # of this process would be refused by it. Dropping it is safe: a redis-server still alive (or a child it
+        # forked) keeps the lock through its own copy, and the acquire below waits for it or refuses.
+        self.lock.release()
         try:
             self.lock.acquire(wait_s=lock_wait_s)
         except LockHeld:
@@ -114,8 +147,11 @@ class EmbeddedRedis:
         assert self.lock.fd is not None
         if self.die_with_parent:
             args = dying_with_this_process(args, signal.SIGTERM)
+        # umask 077: the AOF holds every record, key hash and manifest; it and its dir are the owner's alone.
+        # A session of its own: a terminal's Ctrl-C (SIGINT to the whole foreground group) stops aotc-server's API and
+        # workers, which hand their jobs back to this Redis before aotc-server stops it, last, with stop().
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     pass_fds=(self.lock.fd,))
+                                     pass_fds=(self.lock.fd,), umask=0o077, start_new_session=True)
         assert self.proc.stdin is not None
         try:
             with self.proc.stdin:
@@ -123,27 +159,47 @@ class EmbeddedRedis:
         except BrokenPipeError:  # it exited at once: the loop below reports why
             pass
         self.lock.note(f"redis-server pid {self.proc.pid} on port {self.port}, started by pid {os.getpid()}")
-        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.5)
+        # One try per ping (redis-py's default retries for seconds): this loop is the retry, and it must see an
+        # exit at once.
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.5,
+                             retry=Retry(NoBackoff(), 0))
         deadline = time.monotonic() + timeout_s
         try:
             while True:
                 if self.proc.poll() is not None:
-                    err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                    log = (self.data_dir / "redis.log")
-                    tail = log.read_text()[-2000:] if log.exists() else ""
+                    err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
                     self.lock.release()
-                    raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {err}{tail}")
+                    raise RuntimeError(f"redis-server exited with {exit_status(self.proc.returncode)}: "
+                                       f"{err.strip() or self.log_tail(self.proc.pid, 2)}")
                 try:
                     if client.ping():
                         return self
-                except redis.ConnectionError:
+                except redis.ConnectionError:  # not listening yet, or still loading its AOF (BusyLoadingError)
                     pass
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or cancelled():
+                    pid = self.proc.pid
                     self.stop()
-                    raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout_s} s")
+                    raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout_s:.0f} s; "
+                                       f"the end of its log: {self.log_tail(pid, 2)}")
                 time.sleep(0.05)
         finally:
             client.close()
+
+    def log_tail(self, pid: int | None = None, lines: int = LOG_TAIL_LINES) -> str:
+        """The last `lines` lines of redis.log (those of redis-server `pid` only, when given: it starts each line
+        with its pid), with anything that could drive a terminal escaped."""
+        try:
+            with open(self.data_dir / "redis.log", "rb") as f:
+                start = max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES)
+                f.seek(start)
+                text = f.read().decode(errors="replace").splitlines()[1 if start else 0:]  # whole lines only
+        except OSError:
+            return ""
+        # Not the advice redis-server logs at every start on a host without vm.overcommit_memory=1: it would crowd
+        # out the line that says why it stopped.
+        found = [ln for ln in text if (pid is None or ln.startswith(f"{pid}:"))
+                 and "vm.overcommit_memory" not in ln][-lines:]
+        return "\n".join("".join(c if c.isprintable() else repr(c)[1:-1] for c in ln) for ln in found)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -161,3 +217,111 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class RedisSupervisor:
+    """Runs an EmbeddedRedis and starts it again whenever it dies, until `stop()`.
+
+    One thread starts redis-server, watches it and restarts it: the kernel's parent-death signal
+    (service/procs.py) is tied to the thread that started a child, so that thread must outlive it. A restart waits
+    `backoff_s`, doubling up to `backoff_max_s` while tries fail, and logs the exit status and the end of
+    redis.log. When it has not answered `giveup_s` after it died (restarts that keep failing: a corrupt AOF, its
+    port taken, a full disk), the supervisor stops trying and calls `on_give_up` with the reason: aotc-server then
+    exits non-zero, for systemd, compose or Kubernetes to restart it whole. One that keeps dying young is started
+    again further apart (the delay keeps doubling); one that ran for `giveup_s` starts again from `backoff_s`."""
+
+    def __init__(self, redis_server: EmbeddedRedis, *, backoff_s: float, backoff_max_s: float, giveup_s: float,
+                 on_give_up: Callable[[str], None]) -> None:
+        self.redis = redis_server
+        self.backoff_s, self.backoff_max_s, self.giveup_s = backoff_s, backoff_max_s, giveup_s
+        self.on_give_up = on_give_up
+        self.gave_up: str | None = None  # the reason, once it has
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._first_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="redis-supervisor", daemon=True)
+
+    def start(self) -> RedisSupervisor:
+        """Start redis-server (RuntimeError, saying why, when the first start fails) and supervise it."""
+        self._thread.start()
+        self._ready.wait()
+        if self._first_error is not None:
+            self._thread.join()
+            raise RuntimeError(self._first_error)
+        return self
+
+    def stop(self) -> None:
+        """Stop supervising and stop redis-server (SIGTERM: it flushes its AOF)."""
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        try:
+            self.redis.start(timeout_s=self.giveup_s, cancelled=self._stop.is_set)
+        except RuntimeError as e:
+            self._first_error = str(e)
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            up_since, delay = time.monotonic(), self.backoff_s
+            while (proc := self.redis.proc) is not None and not self._stop.is_set():
+                try:
+                    proc.wait(0.25)
+                except subprocess.TimeoutExpired:
+                    continue
+                if self._stop.is_set():
+                    break
+                died = time.monotonic()
+                if died - up_since >= self.giveup_s:  # it ran a good while: a fresh crash, not a loop
+                    delay = self.backoff_s
+                log.error("the embedded redis-server (pid %d, port %d) exited with %s; starting it again in %.1f s "
+                          "from its AOF in %s. The end of redis.log:\n%s", proc.pid, self.redis.port,
+                          exit_status(proc.returncode), delay, self.redis.data_dir,
+                          self.redis.log_tail(proc.pid) or "(nothing)")
+                next_delay = self._bring_back(died, delay)
+                if next_delay is None:
+                    break
+                up_since, delay = time.monotonic(), next_delay
+        except Exception as e:  # never leave Redis unsupervised without saying so
+            self._give_up(f"the embedded redis-server's supervisor failed: {e!r}")
+        finally:
+            self.redis.stop()
+
+    def _bring_back(self, died: float, delay: float) -> float | None:
+        """Restart redis-server, retrying with backoff; the delay for its next crash, or None to stop (told to, or
+        given up)."""
+        tries, last = 0, "it was not started again"
+        while True:
+            left = self.giveup_s - (time.monotonic() - died)
+            if left <= 0:
+                self._give_up(
+                    f"the embedded redis-server (port {self.redis.port}, data in {self.redis.data_dir}) did not come "
+                    f"back within AOTC_REDIS_RESTART_GIVEUP_S={self.giveup_s:g} s of dying ({tries} restart(s) "
+                    f"tried); the last: {last}")
+                return None
+            if self._stop.wait(min(delay, left)):
+                return None
+            tries += 1
+            try:
+                # At least a few seconds a try, so that the last one can still say why it failed (its exit
+                # status and log), not only that the time was up.
+                self.redis.start(timeout_s=max(5.0, self.giveup_s - (time.monotonic() - died)),
+                                 lock_wait_s=min(5.0, max(left, 0.1)), cancelled=self._stop.is_set)
+            except RuntimeError as e:
+                if self._stop.is_set():
+                    return None
+                last = str(e)
+                delay = min(delay * 2, self.backoff_max_s)
+                log.error("restart %d of the embedded redis-server failed: %s", tries, last)
+                continue
+            assert self.redis.proc is not None
+            log.warning("the embedded redis-server is back: pid %d on port %d, %.1f s after it died (%d %s), "
+                        "its data loaded from the AOF", self.redis.proc.pid, self.redis.port,
+                        time.monotonic() - died, tries, "try" if tries == 1 else "tries")
+            return min(delay * 2, self.backoff_max_s)
+
+    def _give_up(self, reason: str) -> None:
+        self.gave_up = reason
+        log.error("%s", reason)
+        self.on_give_up(reason)

@@ -49,11 +49,17 @@ All keys live under one prefix so a shared Redis can host aotc beside other tena
     ns:{ns}:jobs                  zset  job id -> when this namespace asked for it
     ns:{ns}:active                set   job ids this namespace may have queued or running (its job quota)
     ns:{ns}:quota                 hash  an admin's quotas for this namespace: max_jobs, max_stored_gb
+    ns:{ns}:reserved              zset  job slots a compile request has taken against max_jobs and not yet filled
+                                        -> when (ms, Redis's clock) the reservation lapses (scripts.py, ADMIT)
     job:{id}:namespaces           set   the namespaces whose requests share this job
     tuning:gemm:{target}:{system} hash  max-autotune matmul/conv timings shared by workers (worker/tuning.py):
                                         field JSON [op, inputs, precision, choice] -> milliseconds
     signing:keys                  hash  kid -> the public record (JSON) of a key workers sign manifests with:
                                         kid, algorithm, public_key (base64 raw), created, revoked_at (or null)
+    slots:{kind}:{key id}         zset  what one API key holds open (kind `streams` or `uploads`): lease token ->
+                                        when (ms, Redis's clock) it lapses unless its API process renews it
+    api:{instance}:wake           stream one API process's wake-up call to its event reader (service/api/events.py);
+                                        expires soon after its last use
 
 Inductor's own remote caches write `pt2:*` keys outside this prefix (Triton autotune results) when a worker's
 torch is pointed here; aotc no longer does, but `GET/DELETE /v1/caches` still count and drop any a Redis holds.
@@ -180,6 +186,15 @@ def ns(namespace: str, what: str) -> str:
 
 def job_namespaces(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:namespaces"
+
+
+def slots(kind: str, key_id: str) -> str:
+    """The leases of what one API key holds open: `kind` is streams or uploads."""
+    return f"{PREFIX}slots:{kind}:{key_id}"
+
+
+def api_wake(instance: str) -> str:
+    return f"{PREFIX}api:{instance}:wake"
 
 
 GEMM_TUNING_PATTERN = f"{PREFIX}tuning:gemm:*"

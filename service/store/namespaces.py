@@ -10,22 +10,28 @@ one compile and one package. What belongs to a namespace is an index beside them
     ns:{ns}:active      set   job ids this namespace may have queued or running; ended ones are pruned when
                               the quota is counted
     ns:{ns}:quota       hash  an admin's quotas for it (max_jobs, max_stored_gb); unset: the defaults
+    ns:{ns}:reserved    zset  job slots compile requests have been admitted for and have not filled yet
     job:{id}:namespaces set   the namespaces that share the job
 
 An artifact belongs to every namespace that holds its model: it is a function of the model's bytes, the shapes,
 the target and the toolchain, all of which that namespace already has.
+
+The job quota is admitted atomically (`admit`, the ADMIT script): a compile request reserves the jobs it may add
+before it submits them, and each `add_job` fills one reservation in the same transaction that counts the job, so
+concurrent requests never pass max_jobs together. A reservation left by an API process that died lapses by itself.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
 
-from service.store import keys
+from service.store import keys, scripts
 from service.store.models import ID_LEN, lex_range
 
 GB = 2**30
@@ -41,9 +47,23 @@ class Quota:
         return {"max_jobs": self.max_jobs, "max_stored_gb": round(self.max_stored_bytes / GB, 6)}
 
 
+@dataclass(frozen=True)
+class Admission:
+    """The answer of `admit`: whether the jobs were admitted, what the namespace had, and the reservations to fill
+    (one per job wanted; empty when refused)."""
+
+    admitted: bool
+    active: int  # queued plus running jobs
+    reserved: int  # jobs other requests are being admitted for
+    reservations: tuple[str, ...] = ()
+
+
 class Namespaces:
+    RESERVATION_MS = 60_000  # a compile request submits its jobs within a second or two; a dead API's lapse then
+
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
+        self._admit = r.register_script(scripts.ADMIT)
 
     # -- models --------------------------------------------------------------------------------------------------
 
@@ -96,14 +116,31 @@ class Namespaces:
 
     # -- jobs ----------------------------------------------------------------------------------------------------
 
-    def add_job(self, ns: str, job_id: str) -> bool:
-        """Record that `ns` asked for `job_id`; False when it had already."""
+    def add_job(self, ns: str, job_id: str, reservation: str | None = None) -> bool:
+        """Record that `ns` asked for `job_id`, filling `reservation` (from `admit`) in the same transaction; False
+        when it had already."""
         pipe = self.r.pipeline()
         pipe.zadd(keys.ns(ns, "jobs"), {job_id: time.time()}, nx=True)
         pipe.sadd(keys.ns(ns, "active"), job_id)
         pipe.sadd(keys.job_namespaces(job_id), ns)
         pipe.zadd(keys.NAMESPACES, {ns: time.time()}, nx=True)
+        if reservation is not None:
+            pipe.zrem(keys.ns(ns, "reserved"), reservation)
         return bool(pipe.execute()[0])
+
+    def admit(self, ns: str, wanted: int, max_jobs: int) -> Admission:
+        """Reserve `wanted` jobs against `max_jobs`, atomically with every other request of the namespace."""
+        token = secrets.token_hex(8)
+        ok, active, reserved = cast(list[int], self._admit(
+            keys=[keys.ns(ns, "active"), keys.ns(ns, "reserved")],
+            args=[keys.job(""), wanted, max_jobs, self.RESERVATION_MS, token]))
+        held = tuple(f"{token}:{i}" for i in range(1, wanted + 1)) if ok else ()
+        return Admission(bool(ok), int(active), int(reserved), held)
+
+    def release(self, ns: str, reservations: tuple[str, ...]) -> None:
+        """Give back what `add_job` did not fill (a request that failed or joined fewer jobs); filled ones are gone."""
+        if reservations:
+            self.r.zrem(keys.ns(ns, "reserved"), *reservations)
 
     def has_job(self, ns: str, job_id: str) -> bool:
         return self.r.zscore(keys.ns(ns, "jobs"), job_id) is not None

@@ -5,12 +5,21 @@ The reaper takes such entries with XAUTOCLAIM (service.store.leases), which hand
 so any number of reapers (every API process and every worker runs one) can run at once: a reaper that took an
 entry owns it for another whole lease, long enough to requeue or fail the job. A job whose worker was lost is put
 back in line (the failure is recorded as "worker lost"), or fails for good once it has used its attempts.
+
+A lease's idle time is Redis's: the time since the entry was delivered or last renewed, by Redis's clock, and the
+AOF keeps that instant, so it runs on while Redis is down. A worker cannot renew through a dead Redis, and after a
+Redis restart every lease held through the outage would look expired at once, although its worker is compiling on.
+So the reaper takes nothing until Redis has been up for a lease (`uptime_in_seconds`, whole seconds): every live
+worker has renewed by then (a heartbeat is under half a lease), and an entry still idle belongs to a worker that is
+gone.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+
+import redis
 
 from compiler.errors import Failure
 from service.store import Store
@@ -43,8 +52,19 @@ def _settle(store: Store, lease: Lease, job_id: str | None, lease_s: float) -> s
     return store.jobs.retry_or_fail(job, lease, failure)
 
 
+def redis_uptime_s(store: Store) -> float | None:
+    """How long this Redis has run; None when it will not say (INFO disabled, as some hosted Redis do)."""
+    try:
+        return float(store.r.info("server")["uptime_in_seconds"])
+    except (redis.ResponseError, KeyError, ValueError):
+        return None
+
+
 def reap_all(store: Store, lease_s: float, streams: list[str] | None = None) -> list[tuple[str, str]]:
-    """Reap every queue stream (or the given ones)."""
+    """Reap every queue stream (or the given ones); nothing while Redis has been up for less than a lease."""
+    uptime = redis_uptime_s(store)
+    if uptime is not None and uptime + 1 < lease_s:  # Redis counts whole seconds
+        return []
     done: list[tuple[str, str]] = []
     for stream in streams if streams is not None else store.queues.all():
         try:

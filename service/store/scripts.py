@@ -378,3 +378,56 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('SADD', KEYS[2], ARGV[1])
 return 1
 """
+
+# -- admission: what one API key holds open, and the job quota ----------------------------------------------------
+# Counted in Redis, so every API process sees the same numbers, and held as leases that lapse on Redis's clock
+# (TIME): what an API process that died held comes back by itself, and API hosts' clocks do not matter.
+
+# KEYS: the key's slots zset (token -> lapse time, ms). ARGV: the cap, lease ms, token.
+# Takes a slot if fewer than the cap are held (lapsed ones are dropped first). Returns the slots held with this one,
+# or minus the number held when the cap is reached.
+SLOT_TAKE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local n = redis.call('ZCARD', KEYS[1])
+if n >= tonumber(ARGV[1]) then return -n end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return n + 1
+"""
+
+# KEYS: slots zsets, one per lease. ARGV: lease ms, then each lease's token in KEYS' order.
+# Extends every lease this API process still holds open. One that lapsed meanwhile (Redis was unreachable for longer
+# than a lease) is taken again: its stream or upload is still open, so it still counts. Returns how many.
+SLOT_RENEW = """
+local t = redis.call('TIME')
+local until_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+for i = 1, #KEYS do
+  redis.call('ZADD', KEYS[i], until_ms, ARGV[i + 1])
+  redis.call('PEXPIRE', KEYS[i], ARGV[1])
+end
+return #KEYS
+"""
+
+# KEYS: the namespace's active set, its reserved zset. ARGV: job key prefix, jobs wanted, max_jobs, lease ms, token.
+# Admits a compile request against the namespace's job quota in one step: its queued and running jobs (ended ones
+# leave the active set here) plus the reservations other requests hold, plus `wanted`, must fit max_jobs. Admitted,
+# it reserves `wanted` slots (token:1..token:wanted), which Namespaces.add_job fills as it records each job, in the
+# same transaction. Returns {1 admitted | 0 refused, active jobs, reserved by others}.
+ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local active = 0
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local st = redis.call('HGET', ARGV[1] .. id, 'state')
+  if st == 'queued' or st == 'running' then active = active + 1 else redis.call('SREM', KEYS[1], id) end
+end
+local reserved = redis.call('ZCARD', KEYS[2])
+local wanted = tonumber(ARGV[2])
+if active + reserved + wanted > tonumber(ARGV[3]) then return {0, active, reserved} end
+for i = 1, wanted do redis.call('ZADD', KEYS[2], now + tonumber(ARGV[4]), ARGV[5] .. ':' .. i) end
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return {1, active, reserved}
+"""

@@ -9,15 +9,36 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch.export import Dim
 
-from archives import ConvBNReLU, TinyMLP, exec_pickle, read_json, rewrite, system_pickle, torch_zip_with
+from archives import (
+    GRAD_REGION,
+    LEAK_MARK,
+    ConvBNReLU,
+    Mixed,
+    TinyMLP,
+    call_in_grad_region,
+    edit_json,
+    exec_pickle,
+    hostile_callables,
+    nodes,
+    positional,
+    read_json,
+    rewrite,
+    subgraph_nodes,
+    system_pickle,
+    torch_zip_with,
+)
 from compiler.archive.exprs import check_sym_expr
 from compiler.archive.inspect import inspect_archive
 from compiler.compat.safe_load import DeserializationRefused, guarded_export_load
@@ -43,6 +64,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ("mlp", TinyMLP(), (torch.randn(4, 16),), None),
         ("conv", ConvBNReLU(), (torch.randn(2, 3, 16, 16),), {"x": {0: Dim("batch", min=1, max=64)}}),
         ("pair", Pair(), (torch.randn(3, 5), torch.randn(3, 5)), {"a": {0: Dim("n")}, "b": {0: Dim("n")}}),
+        ("mixed", Mixed(), (torch.randn(4, 8),), None),
     ]:
         ep = torch.export.export(model.eval(), args, dynamic_shapes=dyn)
         torch.export.save(ep, str(d / f"{name}.pt2"))
@@ -313,3 +335,127 @@ def test_loaded_strings_are_checked_again(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(loading, "_validate", lambda path: [])
     with pytest.raises(UnsafeModel, match="_assert_async"):
         load_program(str(tmp_path / "evil.pt2"))  # the check on the loaded graph
+
+
+# -- callables: the guard during the load and the walk of the loaded graph -----------------------------------------
+
+CALLABLES = ["print", "triton_kernel_wrapper_mutation", "inline_asm_elementwise", "run_const_graph", "os_system"]
+
+
+def _skip_static_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from compiler import loading
+
+    monkeypatch.setattr(loading, "_validate", lambda path: [])
+
+
+def test_grad_autocast_and_cond_regions_load(models: dict[str, Path]) -> None:
+    ep = load_program(str(models["mixed"]))
+    targets = {f"{n.target.__module__}.{n.target.__name__}" for gm in ep.graph_module.modules()
+               if isinstance(gm, torch.fx.GraphModule) for n in gm.graph.nodes if n.op == "call_function"}
+    hops = {t for t in targets if "higher_order" in t}
+    assert hops == {f"torch.ops.higher_order.{h}" for h in ("wrap_with_set_grad_enabled", "wrap_with_autocast",
+                                                             "cond")}, hops
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(ep.module()(x), torch.export.load(str(models["mixed"])).module()(x))
+
+
+@pytest.mark.parametrize("variant", CALLABLES)
+def test_hostile_callables_refused_by_the_loader(variant: str, models: dict[str, Path], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """By the static re-check, and without it by the guard: the name is refused before torch looks it up."""
+    marker = tmp_path / "PWNED"
+    name, args = hostile_callables(marker)[variant]
+    path = call_in_grad_region(models["mixed"], tmp_path / "evil.pt2", name, args)
+    with pytest.raises(UnsafeModel, match="must be a subgraph"):
+        load_program(str(path))
+    _skip_static_checks(monkeypatch)
+    with pytest.raises(UnsafeModel, match="not on the operator list") as info:
+        load_program(str(path))
+    assert name in str(info.value)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("variant", ["print", "triton_kernel_wrapper_mutation", "inline_asm_elementwise",
+                                     "run_const_graph"])
+def test_the_loaded_graph_walk_alone_refuses_them(variant: str, models: dict[str, Path], tmp_path: Path) -> None:
+    """The last line: a program plain torch.export.load built (no static check, no guard) is refused by the walk of
+    its graph before anything calls it."""
+    from compiler.loading import _check_callables
+
+    name, args = hostile_callables(tmp_path / "PWNED")[variant]
+    ep = torch.export.load(str(call_in_grad_region(models["mixed"], tmp_path / "evil.pt2", name, args)))
+    with pytest.raises(UnsafeModel, match="it must be a subgraph of the program"):
+        _check_callables(ep)
+
+
+def test_an_allowed_operator_as_a_callable_is_refused_on_the_loaded_graph(
+        models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """aten.sin is on the list, so the guard resolves it; the graph walk still refuses it where the op calls it, and
+    as a plain argument too."""
+    called = call_in_grad_region(models["mixed"], tmp_path / "a.pt2", "torch.ops.aten.sin.default",
+                                 [{"as_tensor": {"name": "x"}}])
+
+    def as_data(doc: Any) -> Any:
+        next(n for n in nodes(doc) if n["target"] == GRAD_REGION)["inputs"].append(
+            positional({"as_operator": "torch.ops.aten.sin.default"})[0])
+        return doc
+
+    passed = edit_json(models["mixed"], tmp_path / "b.pt2", "models/model.json", as_data)
+    _skip_static_checks(monkeypatch)
+    with pytest.raises(UnsafeModel, match="OpOverload.*as argument 1.*must be a subgraph"):
+        load_program(str(called))
+    with pytest.raises(UnsafeModel, match="argument 3 holds OpOverload"):
+        load_program(str(passed))
+
+
+@pytest.mark.parametrize("target", ["torch.ops.higher_order.print", "torch.os.system"])
+def test_a_subgraph_with_a_refused_target(target: str, models: dict[str, Path], tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    def swap(doc: Any) -> Any:
+        subgraph_nodes(doc)[0]["target"] = target
+        return doc
+
+    path = edit_json(models["mixed"], tmp_path / "sub.pt2", "models/model.json", swap)
+    with pytest.raises(UnsafeModel, match="not a torch operator this service compiles"):
+        load_program(str(path))
+    _skip_static_checks(monkeypatch)
+    with pytest.raises(UnsafeModel, match="not on the operator list"):
+        load_program(str(path))
+
+
+def test_metadata_names_are_not_looked_up_during_the_guarded_load(models: dict[str, Path], tmp_path: Path) -> None:
+    """torch resolves each source_fn_stack entry by getattr chains; under the guard no metadata is read at all."""
+    import operator
+
+    def annotate(doc: Any) -> Any:
+        nodes(doc)[0]["metadata"]["source_fn_stack"] = "mul,_operator.mul;lin,torch.nn.modules.linear.Linear"
+        return doc
+
+    path = edit_json(models["mixed"], tmp_path / "meta.pt2", "models/model.json", annotate)
+    plain = next(n for n in torch.export.load(str(path)).graph.nodes if n.op == "call_function")
+    assert plain.meta["source_fn_stack"] == [("mul", operator.mul), ("lin", torch.nn.Linear)]  # looked up
+    with guarded_export_load(check_sym_expr, lambda name: True):
+        guarded = torch.export.load(str(path))
+    assert not any("source_fn_stack" in n.meta or "stack_trace" in n.meta for n in guarded.graph.nodes)
+
+
+_EAGER = """
+import sys, torch
+ep = torch.export.load(sys.argv[1])
+print("LOADED", flush=True)
+ep.module()(torch.randn(4, 8))
+"""
+
+
+def test_control_plain_torch_runs_the_print_variant_eagerly(models: dict[str, Path], tmp_path: Path) -> None:
+    """What the check child would have done with the print variant on the tree before the fix (it loads the program
+    and runs it eagerly): plain torch loads it without running anything, then the first call prints a secret from
+    the environment. The refusals above are not vacuous."""
+    name, args = hostile_callables(tmp_path / "PWNED")["print"]
+    path = call_in_grad_region(models["mixed"], tmp_path / "print.pt2", name, args)
+    secret = "s3cr3t-" + os.urandom(4).hex()
+    run = subprocess.run([sys.executable, "-c", _EAGER, str(path)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, LEAK_MARK: secret})
+    before, _, after = run.stdout.partition("LOADED")
+    assert secret not in before, "the load itself ran the callable"
+    assert f"LEAK {secret}" in after, (run.stdout[-2000:], run.stderr[-2000:])

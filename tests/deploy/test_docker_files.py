@@ -191,3 +191,11 @@ def test_compose_runs_the_api_with_keys_and_prometheus_scrapes_with_the_admin_ke
         data = services[name]["environment"]["AOTC_DATA_DIR"]
         assert any(v.split(":")[1] == data and v.split(":")[0] in compose["volumes"]
                    for v in services[name]["volumes"]), name
+
+
+def test_compose_restarts_redis_the_api_and_the_workers_when_they_exit():
+    # Docker's healthchecks restart nothing: a process that dies (a Redis crash, an API process or a worker that
+    # exits) comes back only through a restart policy.
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    for name in ("redis", "api", "worker-gpu", "worker-cpu"):
+        assert services[name].get("restart") == "unless-stopped", name

@@ -5,9 +5,10 @@ That code comes from tests/worker/faultops (on the workers' PYTHONPATH; see aotc
 the check child of a model whose input is named `probe`, it connects to Redis's, the API's and a test listener's
 ports, writes files outside its dir, reads files only the worker may read, and reports its uid and the rest to the
 child's log. Everything is asserted from the outside: the files do not exist, the listener saw nobody, the secrets
-appear in no record and no log, and the uid is not 0. The cluster lives outside /tmp (which the sandbox hides
-wholesale), so the secrets are hidden by what the sandbox hides on purpose (the data and work dirs) or kept from
-the child by its uid (a root 0600 file beside them that is not hidden).
+appear in no record and no log, and the uid is not 0. The cluster lives outside /tmp (the child's /tmp is its own),
+so the secrets are hidden by what the sandbox hides on purpose (the data and work dirs under the bound job dir's
+path) or not mounted at all (a root 0600 file beside them); the probe's plan beside them is bound in with
+AOTC_SANDBOX_MOUNT.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 from modelzoo import MLP, export, seeded
 from procs import HEADERS_DIR, ROOT, Cluster, api, stop
 from service.store import keys
-from worker.limits import Limits, breach
+from worker.limits import Counted, Limits, breach
 from worker.sandbox import read_untrusted, take
 
 FAULTOPS = Path(__file__).resolve().parent / "faultops"
@@ -123,7 +124,7 @@ def test_code_in_the_compile_and_check_children_reaches_nothing_of_the_workers(c
     secret_files = {
         "data dir": cluster.base / "secret.txt",  # AOTC_DATA_DIR, beside the embedded Redis's data: hidden
         "work dir": cluster.base / "work" / "secret.txt",  # AOTC_WORK_DIR: hidden
-        "beside": outside / "secret-beside.txt",  # not hidden: root's 0600 file
+        "beside": outside / "secret-beside.txt",  # root's 0600 file, not mounted (the plan beside it is)
     }
     contents = {}
     for where, path in secret_files.items():
@@ -141,7 +142,8 @@ def test_code_in_the_compile_and_check_children_reaches_nothing_of_the_workers(c
     (outside / "probe-plan.json").write_text(json.dumps(plan))
     os.chmod(outside / "probe-plan.json", 0o644)
     try:
-        proc, wid = cluster.start_worker(AOTC_KEEP_WORK="1")
+        proc, wid = cluster.start_worker(AOTC_KEEP_WORK="1",
+                                         AOTC_SANDBOX_MOUNT=json.dumps([str(outside / "probe-plan.json")]))
         record = _record(cluster, wid)
         headers = [p for p in HEADERS_DIR.glob("*/*.h*")]
         before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in headers}
@@ -188,8 +190,10 @@ def test_code_in_the_compile_and_check_children_reaches_nothing_of_the_workers(c
     for m in markers:
         for where in ("compile", "check"):
             assert not Path(f"{m}-{where}").exists(), f"{m}-{where}"
-    # What the children wrote is the sandbox uid's outside; what the worker took out of it is the worker's.
-    assert (jobdir / "compile" / "tmp").stat().st_uid == record["sandbox_uid"]
+    # Each child wrote in a tmpfs of its own, gone with it: the worker copied out what it uses (the package, the
+    # report, the sources) and took it into its results, where it is the worker's.
+    assert "tmpfs" in record["sandbox_bounds"]["disk"] and "cgroup" in record["sandbox_bounds"]["memory"], record
+    assert not (jobdir / "compile" / "tmp").exists() and not (jobdir / "check" / "tmp").exists()
     assert (jobdir / "results" / "artifact.pt2").stat().st_uid == os.getuid()
     # The secrets appear nowhere: not in the job, the artifact, its report, the logs.
     artifact = api.get(f"{cluster.url}/v1/artifacts/{done['artifact']}/meta", timeout=30).text
@@ -224,11 +228,12 @@ def test_a_job_over_a_limit_fails_naming_the_setting_and_the_worker_takes_the_ne
     assert proc.poll() is None
     stop(proc)
 
-    # RLIMIT_AS and RLIMIT_CPU: too little to even import torch. Nothing of the model ran, so the worker's setting
+    # The sandbox's memory (its cgroup: importing torch takes some 150 MiB of its own) and RLIMIT_CPU: too little to
+    # even import torch. Nothing of the model ran, so the worker's setting
     # is at fault, not the job (worker.health): the worker stops claiming and says why, naming the setting, and the
     # job keeps its attempts.
     for seed, setting, value, what in (
-            (3, "AOTC_COMPILE_MAX_MEMORY_GB", "0.25", "used more than 0.25 GiB of memory"),
+            (3, "AOTC_COMPILE_MAX_MEMORY_GB", "0.1", "used more than 0.1 GiB of memory"),
             (4, "AOTC_CHILD_MAX_CPU_S", "1", "used more than 1 s of CPU time")):
         proc, wid = cluster.start_worker(**{setting: value}, AOTC_WORKER_MAX_EARLY_CRASHES="1")
         model = cluster.upload(export(seeded(MLP, seed, d_in=4, hidden=8, d_out=4).eval(), (torch.randn(2, 4),),
@@ -330,6 +335,14 @@ def test_a_limit_breach_is_recognised_from_the_signal_or_what_the_child_said():
     assert breach(limits, None, "RuntimeError: can't start new thread").limit == "procs"
     assert breach(limits, 11, "Segmentation fault") is None
     assert breach(Limits(), None, "MemoryError") is None  # no limit set: a real out-of-memory, not a breach
+    # What the sandbox's cgroup and tmpfs counted comes first: an OOM kill (SIGKILL, nothing said), a refused fork.
+    assert breach(limits, 9, "", Counted(oom_kills=1)).setting == "AOTC_COMPILE_MAX_MEMORY_GB"
+    assert breach(limits, 9, "") is None  # a SIGKILL the cgroup did not count is a crash
+    assert breach(limits, None, "RuntimeError: the compile failed", Counted(forks_refused=2)).setting == \
+        "AOTC_CHILD_MAX_PROCS"
+    disk = Limits(disk_bytes=64 * 2**20)
+    assert breach(disk, None, "", Counted(disk_full=True)).what == "wrote more than 64 MiB in its dir"
+    assert breach(disk, None, "OSError: [Errno 28] No space left on device").setting == "AOTC_CHILD_MAX_DISK_MB"
 
 
 def test_limits_hold_in_the_exec_shim_before_the_command_runs(tmp_path):

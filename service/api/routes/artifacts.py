@@ -21,6 +21,8 @@ from service.api.schemas import (
     MAX_SOURCE_PATH,
     MAX_TARGET,
     MODEL_ID,
+    SHAPE_ARG,
+    TARGET,
     V1_ERRORS,
     ArtifactList,
     ArtifactRecord,
@@ -57,9 +59,10 @@ async def lookup(
     who: Pull,
     model_id: Annotated[str, Query(pattern=MODEL_ID, max_length=64,
                                    description="The model's id, or a unique prefix of it (8+ hex digits).")],
-    target: Annotated[str, Query(max_length=MAX_TARGET, description="'cpu', 'cuda', or a concrete target.")] = "cpu",
+    target: Annotated[str, Query(max_length=MAX_TARGET, pattern=TARGET,
+                                 description="'cpu', 'cuda', or a concrete target.")] = "cpu",
     *,
-    shape: Annotated[list[Annotated[str, StringConstraints(max_length=MAX_SHAPE_ARG)]], Query(
+    shape: Annotated[list[Annotated[str, StringConstraints(max_length=MAX_SHAPE_ARG, pattern=SHAPE_ARG)]], Query(
         default_factory=list, max_length=MAX_SHAPE_ARGS, description="NAME=SHAPE, once per input, e.g. "
         "x=8x3x224x224; each dim fits in int64 (at most 19 digits)")],
     mode: Annotated[Mode | None, Query(description="Only artifacts compiled in this mode.")] = None,

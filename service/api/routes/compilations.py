@@ -30,10 +30,12 @@ def _find(store: Store, model: dict[str, Any], spec: list[dict[str, Any]], worke
 
 
 def _answer(store: Store, settings: Settings, who: Principal, model: dict[str, Any], spec: list[dict[str, Any]],
-            found: Found, worker: dict[str, Any], options: dict[str, Any], priority: str) -> dict[str, Any]:
+            found: Found, worker: dict[str, Any], options: dict[str, Any], priority: str,
+            reservation: str | None = None) -> dict[str, Any]:
     """The answer for one spec: {"status": "cached", "key", "artifact"} or
     {"status": "queued"|"joined", "key", "job"}. "joined" only when the caller's namespace already asked for
-    that job: a job another namespace asked for first answers "queued", as a new one would."""
+    that job: a job another namespace asked for first answers "queued", as a new one would. A new job fills
+    `reservation` (the job quota's, from `_admit_jobs`)."""
     factors, key, artifact = found
     if artifact:
         return {"status": "cached", "key": key, "artifact": artifact}
@@ -50,19 +52,22 @@ def _answer(store: Store, settings: Settings, who: Principal, model: dict[str, A
         },
         priority=priority,
     )
-    new_here = store.namespaces.add_job(who.namespace, job_id)
+    new_here = store.namespaces.add_job(who.namespace, job_id, reservation)
     return {"status": "queued" if created or new_here else "joined", "key": key, "job": store.jobs.get(job_id)}
 
 
-def _check_jobs_quota(store: Store, settings: Settings, ns: str, wanted: int) -> None:
-    """429 when `wanted` more jobs would take the namespace past its quota of queued plus running jobs."""
+def _admit_jobs(store: Store, settings: Settings, ns: str, wanted: int) -> tuple[str, ...]:
+    """Reserve `wanted` more jobs of the namespace's quota of queued plus running jobs, atomically with every other
+    request (service/store/namespaces.py); 429 when they would pass it. Returns the reservations to fill."""
     quota = store.namespaces.quota(ns, settings.default_quota())
-    active = store.namespaces.active_jobs(ns)
-    if active + wanted > quota.max_jobs:
+    got = store.namespaces.admit(ns, wanted, quota.max_jobs)
+    if not got.admitted:
+        pending = f" (and {got.reserved} being admitted for requests in flight)" if got.reserved else ""
         raise TooManyJobs(
-            f"namespace {ns!r} has {active} jobs queued or running and asks for {wanted} more; its quota is "
-            f"{quota.max_jobs} (max_jobs): wait for some to end, or ask an admin to raise it",
-            quota="max_jobs", active=active, limit=quota.max_jobs)
+            f"namespace {ns!r} has {got.active} jobs queued or running{pending} and asks for {wanted} more; its "
+            f"quota is {quota.max_jobs} (max_jobs): wait for some to end, or ask an admin to raise it",
+            quota="max_jobs", active=got.active, limit=quota.max_jobs)
+    return got.reservations
 
 
 def _bucket_specs(model: dict[str, Any], buckets: list[dict[str, Any]],
@@ -82,7 +87,7 @@ def _bucket_specs(model: dict[str, Any], buckets: list[dict[str, Any]],
 
 @router.post("", status_code=202, response_model=CompilationAnswer, response_model_exclude_unset=True, responses={
     200: {"model": CompilationAnswer, "description": "Matching artifacts are cached"},
-    **errors(400, 404, 422, 429, 503, why={
+    **errors(400, 404, 408, 422, 429, 503, why={
         404: "No such model",
         422: "The shapes contradict the exported program, or the target or options do not validate",
         503: "No live worker serves the target (error.live_targets lists those served), or Redis is unreachable",
@@ -121,10 +126,16 @@ def request_compilation(req: CompilationRequest, response: Response, store: Stor
         wanted = [spec, *bucket_specs]
         found = [_find(store, model, s, worker, options) for s in wanted]
         uncached = sum(1 for _, _, artifact in found if artifact is None)
-        if uncached and who.ns is not None:  # admins (operators, and open mode) have no quota
-            _check_jobs_quota(store, settings, who.ns, uncached)
-        answers = [_answer(store, settings, who, model, s, f, worker, options, req.priority)
-                   for s, f in zip(wanted, found, strict=True)]
+        # Admins (operators, and open mode) have no quota.
+        held = _admit_jobs(store, settings, who.ns, uncached) if uncached and who.ns is not None else ()
+        slots = iter(held)
+        try:
+            answers = [_answer(store, settings, who, model, s, f, worker, options, req.priority,
+                               None if f[2] else next(slots, None))
+                       for s, f in zip(wanted, found, strict=True)]
+        finally:
+            if held and who.ns is not None:
+                store.namespaces.release(who.ns, held)  # what is left unfilled: a failure, or jobs joined
 
     body = dict(answers[0])
     if req.buckets:

@@ -1,16 +1,19 @@
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from compiler.errors import Conflict
 from service.api.auth import Compile, needs
-from service.api.deps import JobDep, StoreDep
+from service.api.deps import JobDep, SettingsDep, StoreDep
 from service.api.events import job_stream
 from service.api.schemas import STREAM_ID, V1_ERRORS, JobList, JobRecord, JobState, Limit, errors
+from service.api.slots import Slots
 from service.store import TERMINAL
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=V1_ERRORS, dependencies=needs("compile"))
@@ -42,26 +45,47 @@ def get_job(job: JobDep) -> dict[str, Any]:
     return job
 
 
+class EventStream(StreamingResponse):
+    """An event stream that gives its key's stream slot back however it ends: `end`, a shutdown, or a client gone."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+            # A client that left while the stream waited to send leaves the generator at a `yield`: close it now,
+            # so its watch on the job ends with the request (its cleanup does not wait on anything).
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
 @router.get("/{job_id}/events", response_class=StreamingResponse, responses={
     200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"},
-    **errors(404, 422, why={404: "No such job"}),
+    **errors(404, 422, 429, why={404: "No such job", 429: "The key has AOTC_MAX_STREAMS_PER_KEY streams open"}),
 })
-async def job_events(job: JobDep, request: Request, store: StoreDep,
+async def job_events(job: JobDep, request: Request, store: StoreDep, settings: SettingsDep, who: Compile,
                      last_event_id: Annotated[str | None, Header(
                          pattern=STREAM_ID, description="Resume after this event id (`id:` of an event sent)")]
                      = None) -> StreamingResponse:
     """A job's state and stage changes as Server-Sent Events (`event: state`), from its start, or after
-    `Last-Event-ID`; then `event: end` with the whole job record once it has ended."""
+    `Last-Event-ID`; then `event: end` with the whole job record once it has ended. A key may hold at most
+    AOTC_MAX_STREAMS_PER_KEY streams open at once (429 past it)."""
     job_id = job["id"]
 
     async def load_job() -> Any:
         return await run_in_threadpool(store.jobs.get, job_id)
 
-    draining = request.app.state.draining
-    stream = job_stream(request.app.state.aredis, job_id, load_job, after=last_event_id or "0-0",
-                        stopping=draining.is_set)
-    return StreamingResponse(stream, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    slots: Slots = request.app.state.slots
+    slot = await slots.take("streams", who, settings.max_streams_per_key)
+    stream = job_stream(request.app.state.events, request.app.state.aredis, job_id, load_job,
+                        after=last_event_id or "0-0", stopping=request.app.state.draining.is_set)
+    return EventStream(stream, lambda: slots.release(slot))
 
 
 @router.delete("/{job_id}", status_code=202, response_model=JobRecord, response_model_exclude_unset=True,

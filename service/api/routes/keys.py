@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from compiler.errors import NotFound, Unprocessable
+from compiler.errors import NotFound
+from compiler.options import JSON_INT
 from service.api.auth import Admin, Caller
 from service.api.deps import SettingsDep, StoreDep
-from service.api.schemas import V1_ERRORS, errors
+from service.api.schemas import JSON_NUMBER, NAME_TEXT, V1_ERRORS, errors
 from service.store.apikeys import DEFAULT_NAMESPACE, NAMESPACE
 
 router = APIRouter(prefix="/v1", tags=["keys"], responses=V1_ERRORS)
@@ -21,9 +22,12 @@ _NS = Field(pattern=NS_PATTERN, max_length=63, description="1-63 lowercase lette
 
 
 class KeyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     scope: Scope
     namespace: Annotated[str, _NS] = DEFAULT_NAMESPACE
-    name: str = Field(default="", max_length=200, description="What the key is for (printable text).")
+    name: str = Field(default="", max_length=200, pattern=NAME_TEXT, description="What the key is for (printable "
+                      "text).")
 
 
 class KeyRecord(BaseModel):
@@ -49,8 +53,12 @@ class Quota(BaseModel):
 
 
 class QuotaRequest(BaseModel):
-    max_jobs: int | None = Field(default=None, ge=1, le=1_000_000)
-    max_stored_gb: float | None = Field(default=None, gt=0, le=1_000_000)
+    model_config = ConfigDict(extra="forbid")
+
+    # The bounds go on the number, inside the Optional: on the union pydantic would publish them as "ge" and "gt",
+    # which JSON Schema does not know.
+    max_jobs: Annotated[int, Field(ge=1, le=1_000_000), JSON_INT] | None = None
+    max_stored_gb: Annotated[float, Field(gt=0, le=1_000_000), JSON_NUMBER] | None = None
 
 
 class Usage(BaseModel):
@@ -78,8 +86,6 @@ _KEY_ID = Path(pattern=r"^[0-9a-f]{12}$", description="The key's id (`aotc keys 
 @router.post("/keys", status_code=201, response_model=KeyCreated, responses=errors(400, 422))
 def create_key(req: KeyRequest, store: StoreDep, _: Admin) -> dict[str, Any]:
     """A new API key of `scope` in `namespace`. The answer is the only place the key itself appears."""
-    if req.name and not req.name.isprintable():
-        raise Unprocessable("the key's name must be printable text")
     record, token = store.apikeys.create(req.scope, req.namespace, req.name)
     return {**record, "key": token}
 

@@ -29,7 +29,7 @@ from service.store.blobstore.settings import StorageSettings
 
 log = logging.getLogger("aotc.store")
 
-__all__ = ["BlobError", "BlobStore", "StorageOptions", "open_blob_store"]
+__all__ = ["BlobError", "BlobStore", "StorageOptions", "local_root", "open_blob_store"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,15 @@ def announce(r: redis.Redis, store: BlobStore) -> None:
 def announced(r: redis.Redis) -> dict[str, Any] | None:
     raw = r.get(keys.BLOB_STORE)
     return json.loads(raw) if raw else None
+
+
+def local_root(store: BlobStore) -> Path | None:
+    """The local dir a file store writes to (whose free space the API and the workers watch), else None. An
+    announced store is opened to find out: that reads Redis."""
+    if isinstance(store, Announced):
+        store = store.store
+    primary = store.primary if isinstance(store, WithRedisFallback) else store
+    return primary.root if isinstance(primary, FileBlobs) else None
 
 
 def check_same_volume(store: BlobStore, r: redis.Redis) -> str | None:

@@ -9,6 +9,10 @@ do not pass through the API: it answers with a redirect to a presigned GET.
 
 The endpoint, region and presigned-URL lifetime come from settings (AOTC_S3_*); credentials come the way boto3
 finds them (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, an instance role).
+
+A store that refuses a write for lack of room (a 507 from the endpoint, or an error code that says so) raises
+service.store.disk.NoSpace, an ENOSPC OSError: the API answers it with a 507 and a worker hands its job back, as for a
+full local disk.
 """
 
 from __future__ import annotations
@@ -20,8 +24,13 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from service.store.blobs import PIECE, BlobError, Manifest, Reads, check_id, clamp
+from service.store.disk import NoSpace
 
 _MANIFEST = ".manifest.json"
+# Error codes S3-protocol stores give when they have no room: AWS's 507 InsufficientStorage, MinIO's drive and
+# bucket-quota refusals, the generic quota code some stores use. EntityTooLarge: an object over what the store takes.
+_NO_ROOM = frozenset({"InsufficientStorage", "XMinioStorageFull", "XMinioAdminBucketQuotaExceeded", "QuotaExceeded",
+                      "EntityTooLarge"})
 
 
 class _Hashing:
@@ -43,6 +52,24 @@ class _Hashing:
 def _missing(e: Exception) -> bool:
     err = getattr(e, "response", {}).get("Error", {})
     return str(err.get("Code")) in ("NoSuchKey", "404", "NotFound", "NoSuchBucket")
+
+
+def _no_room(e: BaseException) -> str | None:
+    """What a store's refusal for lack of room said ("InsufficientStorage: ..."), else None. boto3 hands a multipart
+    failure over as S3UploadFailedError, whose text carries the code; the cause chain may hold the ClientError."""
+    seen: BaseException | None = e
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            err = response.get("Error", {})
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = str(err.get("Code") or "")
+            if status == 507 or code in _NO_ROOM:
+                return f"{code or 'HTTP 507'}: {str(err.get('Message') or '')[:200]}".rstrip(": ")
+        seen = seen.__cause__ or seen.__context__
+    text = str(e)
+    hit = next((c for c in sorted(_NO_ROOM) if f"({c})" in text), None)
+    return f"{hit}: {text[:300]}" if hit else None
 
 
 class S3Blobs(Reads):
@@ -102,10 +129,16 @@ class S3Blobs(Reads):
     def put(self, kind: str, blob_id: str, src: BinaryIO) -> Manifest:
         key = self._key(kind, blob_id)
         reader = _Hashing(src)
-        self.s3.upload_fileobj(reader, self.bucket, key, Config=self.transfer)
-        manifest: Manifest = {"size": reader.size, "sha256": reader.digest.hexdigest()}
-        self.s3.put_object(Bucket=self.bucket, Key=key + _MANIFEST, Body=json.dumps(manifest).encode(),
-                           ContentType="application/json")
+        try:
+            self.s3.upload_fileobj(reader, self.bucket, key, Config=self.transfer)
+            manifest: Manifest = {"size": reader.size, "sha256": reader.digest.hexdigest()}
+            self.s3.put_object(Bucket=self.bucket, Key=key + _MANIFEST, Body=json.dumps(manifest).encode(),
+                               ContentType="application/json")
+        except Exception as e:
+            if (said := _no_room(e)) is None:
+                raise
+            raise NoSpace(f"the S3 store {self.url}", f"it refused {kind} {blob_id[:12]} ({reader.size} bytes "
+                          f"sent) with {said}") from e
         return manifest
 
     def manifest(self, kind: str, blob_id: str) -> Manifest | None:

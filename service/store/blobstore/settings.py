@@ -1,5 +1,5 @@
-"""The storage settings the API and the workers share (AOTC_BLOB_STORE, AOTC_CHUNK_MB, AOTC_STORE_MAX_GB, AOTC_S3_*):
-both settings classes derive from this one, so each setting is declared once."""
+"""The storage settings the API and the workers share (AOTC_BLOB_STORE, AOTC_CHUNK_MB, AOTC_STORE_MAX_GB, AOTC_S3_*,
+AOTC_DISK_LOW_WATER_MB): both settings classes derive from this one, so each setting is declared once."""
 
 from __future__ import annotations
 
@@ -23,3 +23,8 @@ class StorageSettings(BaseSettings):
         default="", description="S3 endpoint in the presigned URLs clients are sent to; empty: AOTC_S3_ENDPOINT_URL.")
     s3_region: str = Field(default="", description="S3 region; empty: AWS_REGION, else us-east-1.")
     s3_presign_s: int = Field(default=900, gt=0, description="How long a presigned download URL works.")
+    disk_low_water_mb: int = Field(
+        default=512, ge=0, description="Free space kept in reserve on the local disks aotc writes to. The API refuses "
+        "an upload (507) that would leave less free where it spools uploads (AOTC_DATA_DIR/uploads) or, with a file "
+        "blob store, where blobs go; a worker claims no job while its work dir or its file blob store has less "
+        "free, and says so (unhealthy), until there is room again. 0: only a write that fails for want of room.")

@@ -449,6 +449,8 @@ def test_json_structure_mutations_fail_cleanly(zoo: dict[str, Path], tmp_path: P
 def test_api_modules_do_not_import_torch() -> None:
     code = ("import compiler.archive, compiler.archive.container, compiler.archive.exprs, compiler.archive.inspect, "
             "compiler.archive.pickles, compiler.archive.program, compiler.archive.strings, compiler.archive.ops, "
+            "compiler.archive.schema, "
             "compiler.archive.limits, compiler.shapes, sys; compiler.archive.ops.known_targets(); "
+            "compiler.archive.schema.fields(); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})

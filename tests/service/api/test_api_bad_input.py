@@ -143,7 +143,7 @@ def test_bad_target_or_option_is_422(api_url, two_input_model, patch, needle):
 
 
 def test_unknown_things_are_404(api_url):
-    assert api.post(f"{api_url}/v1/compilations", json={"model_id": "0" * 64, "shapes": {}}).status_code == 404
+    assert api.post(f"{api_url}/v1/compilations", json={"model_id": "0" * 64, "shapes": {"x": [1]}}).status_code == 404
     for path in ("/v1/models/nope", "/v1/jobs/nope", "/v1/artifacts/nope", "/v1/artifacts/nope/meta"):
         r = api.get(api_url + path)
         assert r.status_code == 404 and "nope" in r.json()["error"]["message"], path
