@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from compiler.archive.ops import UNBOUNDED
 from compiler.errors import BadModel
 
 aten = torch.ops.aten
@@ -157,15 +158,8 @@ def _rules() -> dict[str, Rule]:
     }
 
 
-SPARSE_UNSAFE = ("coo", "csr", "csc", "bsr", "bsc", "compressed")
-REFUSED: dict[str, str] = {
-    **{f"aten._sparse_{k}_tensor_unsafe.default": (
-        "builds a sparse tensor from indices nothing validates (eager code then writes where they point); aotc "
-        "compiles no sparse tensors") for k in SPARSE_UNSAFE},
-    **{f"aten.{op}.out": "is the out= form of an op that aotc compiles only in its checked functional form; "
-       "export never writes it" for op in ("max_unpool2d", "max_unpool3d", "as_strided_copy", "as_strided_scatter",
-                                          "_index_put_impl")},
-}
+# Refused at upload too (compiler.archive.ops, torch-free): serialized names there, OpOverload names here.
+REFUSED: dict[str, str] = {k.removeprefix("torch.ops."): why for k, why in UNBOUNDED.items()}
 
 
 @dataclass

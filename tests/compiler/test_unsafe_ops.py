@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import torch
 
+from compiler.archive.inspect import inspect_archive
 from compiler.bounds import bound_program
-from compiler.errors import BadModel
+from compiler.errors import BadModel, UnsafeArchive
 
 aten = torch.ops.aten
 
@@ -119,14 +120,21 @@ def test_index_put_impl_loses_its_unsafe_flag():
     assert outcome(bounded, torch.zeros(8), torch.tensor([1, 8])) in (IndexError, RuntimeError)
 
 
-def test_a_sparse_tensor_built_from_unchecked_indices_is_refused():
+def test_a_sparse_tensor_built_from_unchecked_indices_is_refused_at_upload_and_by_the_worker(tmp_path):
     ep = exported(lambda i, v: aten._sparse_coo_tensor_unsafe.default(i, v, [10]).to_dense(),
                   torch.tensor([[1, 2]]), torch.ones(2))
-    with pytest.raises(BadModel) as info:
+    path = tmp_path / "sparse.pt2"
+    torch.export.save(ep, str(path))
+    with pytest.raises(UnsafeArchive) as upload:  # the API's check, no torch
+        inspect_archive(str(path))
+    assert "calls torch.ops.aten._sparse_coo_tensor_unsafe.default, which builds a sparse tensor from indices " \
+           "nothing validates (eager code then writes where they point); aotc compiles no sparse tensors" \
+           in upload.value.message
+    with pytest.raises(BadModel) as worker:
         bound_program(ep)
-    assert info.value.stage == "capture"
+    assert worker.value.stage == "capture"
     assert "calls aten._sparse_coo_tensor_unsafe.default, which builds a sparse tensor from indices nothing " \
-           "validates" in info.value.message
+           "validates" in worker.value.message
 
 
 def test_programs_without_unsafe_ops_are_left_alone():
