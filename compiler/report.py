@@ -81,6 +81,9 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 after = _nodes(s, "graph")
                 dyn = s.get("dynamic_dims") or []
                 detail = f"{len(dyn)} dynamic dim(s)" if dyn else "static shapes"
+                rewritten = (s.get("bounds") or {}).get("rewritten")
+                if rewritten:
+                    detail += f"; {rewritten} unchecked op(s) rewritten to checked forms"
             elif name == "autograd":
                 before, after = _nodes(st.get("capture", {}), "graph"), _nodes(s, "graph")
                 detail = f"{s.get('inplace_removed', 0)} in-place op(s) functionalised"

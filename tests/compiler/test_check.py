@@ -204,6 +204,8 @@ def test_the_bounded_package_raises_where_eager_raises_and_the_check_records_wha
 
     capture = unsafe_index["report"]["stages"]["capture"]
     assert capture["bounds"]["ops"] == {"aten._unsafe_index.Tensor": 1}
+    row = next(r for r in rep.summary_rows(unsafe_index["report"]) if r["stage"] == "capture")
+    assert row["detail"] == "static shapes; 1 unchecked op(s) rewritten to checked forms"
     assert unsafe_index["report"]["stages"]["package"]["scan"]["findings"] == []
     package = aoti_load_package(unsafe_index["result"]["package"], "cpu")
     x = torch.randn(16, 4)
