@@ -143,3 +143,23 @@ def test_programs_without_unsafe_ops_are_left_alone():
     before = ep.graph_module.code
     assert bound_program(ep).facts() == {"rewritten": 0, "ops": {}, "nodes": []}
     assert ep.graph_module.code == before
+
+
+def test_a_decomposed_upsample_keeps_working_through_the_rewrite():
+    """What a user's own run_decompositions leaves for upsample_nearest: _unsafe_index over computed indices. The
+    rewrite keeps its values, and the re-export (what the compile sees) holds only checked indexing."""
+    from torch._decomp import get_decompositions
+
+    class Up(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest")
+
+    x = torch.randn(2, 3, 5, 7)
+    table = get_decompositions([aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default])
+    ep = torch.export.export(Up(), (x,)).run_decompositions(table)
+    assert "aten._unsafe_index.Tensor" in ops(ep)
+    assert bound_program(ep).facts()["ops"] == {"aten._unsafe_index.Tensor": 1}
+    bounded = ep.module()
+    assert torch.equal(bounded(x), Up()(x))
+    again = torch.export.export(bounded, (x,))
+    assert "aten.index.Tensor" in ops(again) and not any("_unsafe" in op for op in ops(again))
