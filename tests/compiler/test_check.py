@@ -316,3 +316,14 @@ def test_the_adversarial_check_passes_the_bounded_divergent_ops(divergent):
     assert set(adv["inputs"]) == {"ind", "idx", "j"}  # not the bool mask
     assert adv["outcomes"]["refused"] > 0 and adv["outcomes"]["agreed"] > 0
     assert set(adv["outcomes"]) <= {"refused", "agreed"}
+
+
+@pytest.mark.slow
+def test_cases_left_when_the_adversarial_budget_is_spent_are_recorded_as_not_run(unsafe_index, monkeypatch):
+    from compiler import adversarial
+
+    monkeypatch.setattr(adversarial, "BUDGET_S", 0.0)  # spent before the first probe
+    check = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")
+    adv = check["adversarial"]
+    assert adv["outcomes"] == {"not run": 26} and adv["probes"] == 0 and adv["failures"] == []
+    assert all(r["outcome"] == "not run" for r in adv["results"])
