@@ -2,6 +2,12 @@
 
 A factor left out of the key is the classic bug (the wrong artifact loads and crashes), so the factors are
 stored beside each artifact and anyone can see why two keys differ.
+
+Format 3 added the `bounds` factor: what every compile does to bound its memory accesses, whatever the request
+asked (Inductor's index asserts, forced on; compiler.bounds's rewrites of ops that skip bounds checks; the
+error-code check on ATen fallbacks). Artifacts of formats 1 and 2 were built without any of it. A request never
+computes their keys again, so it compiles anew, and `bounded` tells deploy-time lookup not to serve them; they stay
+readable by their key, as published, with their factors saying what they are.
 """
 
 from __future__ import annotations
@@ -10,7 +16,16 @@ import hashlib
 import json
 from typing import Any
 
-KEY_FORMAT = 2  # bump when what a key covers changes (2: options gained precision, freezing, inductor, prims_view)
+from compiler.options import BOUNDS_REVISION, FORCED_INDUCTOR_CONFIGS
+
+# bump when what a key covers changes (2: options gained precision, freezing, inductor, prims_view; 3: bounds)
+KEY_FORMAT = 3
+FIRST_BOUNDED_FORMAT = 3
+
+
+def bounds_factor() -> dict[str, Any]:
+    """The bounds every compile applies, as they enter the key."""
+    return {"inductor": dict(FORCED_INDUCTOR_CONFIGS), "revision": BOUNDS_REVISION}
 
 
 def factors(
@@ -23,7 +38,15 @@ def factors(
         "target": target,
         "toolchain": toolchain,
         "options": options,
+        "bounds": bounds_factor(),
     }
+
+
+def bounded(f: dict[str, Any]) -> bool:
+    """Whether the artifact these factors describe was built with today's bounds (forced index asserts and the
+    rewrites), so it may be served to a caller who did not name its key."""
+    fmt = f.get("format")
+    return isinstance(fmt, int) and fmt >= FIRST_BOUNDED_FORMAT and f.get("bounds") == bounds_factor()
 
 
 def canonical_json(value: Any) -> str:

@@ -1,8 +1,10 @@
 """The artifact check: load the package, run it on random inputs of the requested shapes, compare with the
-exported program run eagerly, and time both. On CUDA it also captures the package's run in a CUDA graph
-(compiler/cudagraphs.py, what `Client.load(..., cuda_graphs=True)` replays), checks the replay against eager and
-times it, so the artifact's record says whether graphs pay for this model and shape. Run it in a fresh process: a
-package can crash whoever loads it.
+exported program run eagerly, and time both; then try what an attacker would feed it (compiler.adversarial: every
+integer input at its boundaries and out of range, where the package must raise exactly where eager raises). On
+CUDA it also captures the package's run in a CUDA graph (compiler/cudagraphs.py, what
+`Client.load(..., cuda_graphs=True)` replays), checks the replay against eager and times it, so the artifact's
+record says whether graphs pay for this model and shape. Run it in a fresh process: a package can crash whoever
+loads it.
 
 Timings (`measure`) are what `triton.testing.do_bench` would report: on CUDA, CUDA events around each call, after a
 warm-up by time, with L2 flushed before each call, over enough calls to fill a time budget; on a CPU, wall-clock per
@@ -12,6 +14,7 @@ device's name and clocks beside them: lookup compares only figures taken the sam
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import statistics
@@ -22,6 +25,7 @@ from typing import Any
 import torch
 
 from compiler import inputs as inputs_mod
+from compiler.adversarial import check_adversarial
 from compiler.compat import pytree
 from compiler.compat.aoti import aoti_load_package, load_for_graphs, native_graph_support
 from compiler.device import cpu_name
@@ -197,10 +201,14 @@ GRAPH_PAYS = 0.95
 
 
 def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, seed: int = 0,
-                   precision: str = "keep", allow_nonfinite: bool = False, graphs: bool = True) -> dict[str, Any]:
+                   precision: str = "keep", allow_nonfinite: bool = False, graphs: bool = True,
+                   adversarial: bool = True) -> dict[str, Any]:
     """Run the package and the program eagerly at every point of `spec` and compare (see `compare`). Raises
     CheckFailed when they disagree, or when any output holds NaN or inf and `allow_nonfinite` is not set. On CUDA
-    (unless `graphs=False`) the package's run is also captured in a CUDA graph per point, checked and timed."""
+    (unless `graphs=False`) the package's run is also captured in a CUDA graph per point, checked and timed. Then
+    (unless `adversarial=False`, which only tests use) the adversarial cases at the smallest point, in probe
+    processes (compiler.adversarial): CheckFailed, naming the input and the value, where the package returns what
+    eager refuses or disagrees with what eager returns. The summary's `adversarial` says what ran."""
     ep = load_program(model_path)
     eager = ep.module()
     eager.to(device)
@@ -221,12 +229,13 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     for label, shapes, args, kwargs, expected, eager_t in cases:
         with torch.inference_mode():
             cmp = compare(expected, compiled(*args, **kwargs), tolerance, allow_nonfinite)
-            compiled_t = measure(lambda: compiled(*args, **kwargs), device)
+            compiled_t = measure(functools.partial(compiled, *args, **kwargs), device)
         eager_ms, compiled_ms = eager_t["median_ms"], compiled_t["median_ms"]
         results.append({"point": label, "shapes": {i["name"]: s for i, s in zip(spec, shapes)}, **cmp,
                         "eager_ms": round(eager_ms, 4), "compiled_ms": round(compiled_ms, 4),
                         "speedup": round(eager_ms / compiled_ms, 3) if compiled_ms > 0 else None,
                         "latency": {"eager": eager_t, "compiled": compiled_t}})
+    del compiled  # one copy of the weights at a time: the graph check and the probes load their own
     failed = [r for r in results if not r["ok"]]
     graph_summary: dict[str, Any] = {"impl": None, "captured": False}
     if not device.startswith("cuda"):
@@ -236,7 +245,6 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     elif failed:
         graph_summary["reason"] = "the plain run disagrees with eager"
     else:
-        del compiled  # one copy of the weights at a time
         torch.cuda.empty_cache()
         graph_summary = _check_graphs(package_path, device, cases, results, tolerance, allow_nonfinite)
     first = results[0]
@@ -261,6 +269,19 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     if failed:
         raise CheckFailed(f"artifact disagrees with eager at {failed[0]['point']} shapes: {failed[0]['why']}",
                           stage="check", excerpt=str(summary))
+    if adversarial:
+        label, shapes = next(iter(inputs_mod.points(spec).items()))
+        base = inputs_mod.random_inputs(spec, shapes, "cpu", ranges, seed)
+        del eager, cases  # the probes load their own copies
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        found = check_adversarial(model_path, package_path, spec, device, ep, base, shapes, ranges, tolerance)
+        summary["adversarial"] = {"point": label, **found}
+        if found["failures"]:
+            more = len(found["failures"]) - 1
+            raise CheckFailed(f"artifact fails the adversarial check at {label} shapes: {found['failures'][0]}"
+                              + (f"; and {more} more case(s), in the excerpt" if more else ""),
+                              stage="check", excerpt="\n".join(found["failures"]))
     return summary
 
 

@@ -1,7 +1,9 @@
-"""Inputs of requested shapes: example inputs for re-export and random inputs for the artifact check."""
+"""Inputs of requested shapes: example inputs for re-export, random inputs for the artifact check, and the
+adversarial integer inputs the check also tries (`adversarial_cases`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -83,3 +85,117 @@ def call_args(ep: torch.export.ExportedProgram, flat: list[Any]) -> tuple[tuple[
     """Rebuild (args, kwargs) in the structure the program was exported with from the flat user inputs."""
     args, kwargs = pytree.tree_unflatten(flat, ep.call_spec.in_spec)
     return tuple(args), dict(kwargs)
+
+
+# -- adversarial integer inputs ---------------------------------------------------------------------------------
+
+# Far past any small tensor, yet near enough to land in mapped memory: an index of +-400000 read back a tensor
+# its consumer held elsewhere in its process (issue 18).
+FAR = 400_000
+MAX_DIM_SIZES = 6  # the largest distinct dim sizes of the program tried as values (n and -n-1)
+
+
+@dataclass(frozen=True)
+class Poison:
+    """One adversarial case: integer input `input` (its position in the spec) holding `value`, either as one element
+    among in-range values (`whole=False`) or as every element."""
+
+    input: int
+    name: str
+    value: int
+    whole: bool
+    why: str  # where the value comes from: "int64 max", "dim size 16", "sample range low", ...
+
+    def describe(self, numel: int | None = None) -> str:
+        where = "every element" if self.whole else (f"one element of {numel}" if numel else "one element")
+        return f"input {self.name!r} = {self.value} ({where}; {self.why})"
+
+
+def integer_inputs(spec: Spec) -> list[int]:
+    """Positions of the integer inputs (bool excluded: it has no out-of-range value)."""
+    out = []
+    for k, inp in enumerate(spec):
+        dtype = getattr(torch, inp["dtype"], None)
+        if isinstance(dtype, torch.dtype) and dtype != torch.bool and not dtype.is_floating_point \
+                and not dtype.is_complex:
+            out.append(k)
+    return out
+
+
+def dim_sizes(ep: torch.export.ExportedProgram, shapes: list[list[int]]) -> list[int]:
+    """The distinct dim sizes of the program at these input shapes, largest first: the inputs' own, every weight's
+    and constant's, and every static dim of the graph's values (an index into any of them is bounded by one)."""
+    sizes: set[int] = {d for shape in shapes for d in shape}
+    tensors = [*ep.state_dict.values(), *ep.constants.values()]
+    sizes.update(int(d) for t in tensors if isinstance(t, torch.Tensor) for d in t.shape)
+    for gm in ep.graph_module.modules():
+        if not isinstance(gm, torch.fx.GraphModule):
+            continue
+        for node in gm.graph.nodes:
+            val = node.meta.get("val")
+            for d in getattr(val, "shape", ()):
+                if isinstance(d, int):
+                    sizes.add(d)
+    return sorted((n for n in sizes if n > 1), reverse=True)
+
+
+def adversarial_values(dtype: torch.dtype, sample: tuple[int, int] | None, sizes: list[int]) -> list[tuple[int, str]]:
+    """Values an attacker would feed an integer input, most dangerous first, each once and only if the dtype holds
+    it: the dtype's extremes, +-FAR, -1, each dim size n and -n-1 (the first index past either end), the sample
+    range's ends and the value just past it, 0."""
+    info = torch.iinfo(dtype)
+    name = str(dtype).removeprefix("torch.")
+    values: list[tuple[int, str]] = [(info.max, f"{name} max"), (info.min, f"{name} min"), (FAR, "far past the end"),
+                                     (-FAR, "far before the start"), (-1, "-1")]
+    for n in sizes[:MAX_DIM_SIZES]:
+        values += [(n, f"dim size {n}"), (-n - 1, f"-(dim size {n})-1")]
+    if sample is not None:
+        lo, hi = sample
+        values += [(lo, "sample range low"), (hi - 1, "sample range high"), (hi, "just past the sample range")]
+    values.append((0, "0"))
+    out: list[tuple[int, str]] = []
+    seen: set[int] = set()
+    for v, why in values:
+        if info.min <= v <= info.max and v not in seen:
+            seen.add(v)
+            out.append((v, why))
+    return out
+
+
+def adversarial_cases(spec: Spec, shapes: list[list[int]], ranges: list[tuple[int, int] | None], sizes: list[int],
+                      limit: int) -> list[Poison]:
+    """At most `limit` cases over the integer inputs, taken in turn from each input's values (most dangerous
+    first), each value as one element and as the whole tensor (once for a tensor of one element)."""
+    per_input: list[list[Poison]] = []
+    for k in integer_inputs(spec):
+        numel = 1
+        for d in shapes[k]:
+            numel *= d
+        if numel == 0:
+            continue
+        dtype = getattr(torch, spec[k]["dtype"])
+        sample = ranges[k] if k < len(ranges) else None
+        cases = []
+        for value, why in adversarial_values(dtype, sample, sizes):
+            cases.append(Poison(k, spec[k]["name"], value, numel == 1, why))
+            if numel > 1:
+                cases.append(Poison(k, spec[k]["name"], value, True, why))
+        per_input.append(cases)
+    out: list[Poison] = []
+    depth = 0
+    while len(out) < limit and any(depth < len(c) for c in per_input):
+        out += [c[depth] for c in per_input if depth < len(c)]
+        depth += 1
+    return out[:limit]
+
+
+def poisoned(flat: list[torch.Tensor], case: Poison) -> list[torch.Tensor]:
+    """The flat inputs with `case` applied: a copy of its input, one element (the middle one) or all set."""
+    out = list(flat)
+    t = flat[case.input].clone()
+    if case.whole:
+        t.fill_(case.value)
+    else:
+        t.view(-1)[t.numel() // 2] = case.value
+    out[case.input] = t
+    return out

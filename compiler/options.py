@@ -3,6 +3,10 @@
 This module imports no torch, so the API can validate options and hash them into cache keys. Every option is part
 of the cache key (with its default spelled out). Inductor settings beyond `mode` are reachable only through the
 small allow-list in `InductorSettings`: a user never passes config strings through to torch.
+
+Some Inductor settings are not options: `FORCED_INDUCTOR_CONFIGS` is set in every compile, whatever was asked, and
+is a factor of every cache key (compiler.cachekey), so an artifact built without them is never served as one built
+with them.
 """
 
 from __future__ import annotations
@@ -56,6 +60,19 @@ class InductorSettings(BaseModel):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+# Set in every compile (docs/security.md, "No compiled memory access without a bound"). Inductor bounds-checks an
+# indirect index only where a lowering asks for it (`check=True`); `_unsafe_index`, `_unsafe_index_put`,
+# `_unsafe_masked_index` and decompositions such as max_unpool2d's and masked_scatter's ask for none, so an
+# out-of-range index reads or writes memory the kernel does not own. `debug_index_asserts` makes every indirect
+# index assert its bounds (torch/_inductor/utils.py `generate_assert`: `(check or debug_index_asserts) and
+# assert_indirect_indexing`); range analysis still drops the asserts it proves unnecessary (an upsample's computed
+# indices). `assert_indirect_indexing` also compiles Triton kernels with `debug`, which is what makes
+# `tl.device_assert` fire. Both names and their meaning are the same in torch 2.11 and 2.13.
+FORCED_INDUCTOR_CONFIGS: dict[str, Any] = {"assert_indirect_indexing": True, "debug_index_asserts": True}
+# Bump when what compiler.bounds rewrites or refuses, or how compiler.compat.shims patches codegen, changes: it is a
+# cache-key factor, so artifacts built under the old rules are compiled again rather than served.
+BOUNDS_REVISION = 1
+
 # Options newer than the cache key's format 2: spelled out in the canonical form (and so in the key) only when set.
 ADDED_AFTER_FORMAT_2 = ("allow_nonfinite",)
 
@@ -105,11 +122,13 @@ class CompileOptions(BaseModel):
         return self.mode == "training"
 
     def inductor_configs(self) -> dict[str, Any]:
-        """The `inductor_configs` passed to aoti_compile_and_package. Global torch config is never touched."""
+        """The `inductor_configs` passed to aoti_compile_and_package. Global torch config is never touched. The
+        forced settings come last: no option can turn them off."""
         configs: dict[str, Any] = {}
         if self.mode == "max-autotune":
             configs["max_autotune"] = True
         if self.freezing:
             configs["freezing"] = True
         configs.update(self.inductor.configs())
+        configs.update(FORCED_INDUCTOR_CONFIGS)
         return configs

@@ -49,8 +49,9 @@ def attach_check(report: dict[str, Any], check: dict[str, Any] | None) -> dict[s
             pkg["check"]["nonfinite"] = check["nonfinite"]
         pkg["check"]["points"] = [{k: p.get(k) for k in ("point", "shapes", "max_rel_err", "eager_ms", "compiled_ms",
                                                          "speedup")} for p in check.get("points", [])]
-        # Timings with their spread and the device they were taken on; the CUDA-graph run where one was captured.
-        for k in ("latency", "device_info", "graph_ms", "graphs"):
+        # Timings with their spread and the device they were taken on; the CUDA-graph run where one was captured;
+        # the adversarial integer inputs tried, and how each ended.
+        for k in ("latency", "device_info", "graph_ms", "graphs", "adversarial"):
             if check.get(k) is not None:
                 pkg["check"][k] = check[k]
         for mine, theirs in zip(pkg["check"]["points"], check.get("points", []), strict=False):
@@ -80,6 +81,9 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 after = _nodes(s, "graph")
                 dyn = s.get("dynamic_dims") or []
                 detail = f"{len(dyn)} dynamic dim(s)" if dyn else "static shapes"
+                rewritten = (s.get("bounds") or {}).get("rewritten")
+                if rewritten:
+                    detail += f"; {rewritten} unchecked op(s) rewritten to checked forms"
             elif name == "autograd":
                 before, after = _nodes(st.get("capture", {}), "graph"), _nodes(s, "graph")
                 detail = f"{s.get('inplace_removed', 0)} in-place op(s) functionalised"

@@ -1,9 +1,12 @@
 """A second line after codegen: scan the generated sources for calls a kernel never makes, before anything runs them.
 
 The upload checks (compiler/archive, compiler/loading.py) keep hostile programs out; this scan catches what got
-through anyway, in what Inductor wrote: the package's C++ (wrapper and kernels) and, on GPUs, the Python wrapper
-and the Triton kernels of AOTInductor's first codegen pass. A hit fails the compile (`UnsafeCode`, final) and the
-package is never checked or published.
+through anyway, in what Inductor wrote, on every backend: the package's C++ (wrapper and kernels); on GPUs the
+Triton kernels, from three places that each see them all (every source the compile handed `async_compile.triton`,
+recorded as it happened; the `/* ... */` copy of each kernel that AOTInductor writes into the GPU wrapper .cpp,
+which a C++ lexer would skip as a comment; the Python wrapper and autotune code of the first codegen pass, where
+this torch shows them). A hit fails the compile (`UnsafeCode`, final) and the package is never checked or
+published.
 
 C++ is lexed the way the compiler reads it: backslash-newlines spliced first (so a `//` comment ending in `\\`
 swallows the next line, as it does for g++), then comments, string, character and raw-string literals skipped,
@@ -11,15 +14,22 @@ then every identifier outside them checked. Python is parsed with `ast`, so comm
 the kernel sources a Python wrapper hands to `async_compile.triton(...)` / `.cpp(...)` are scanned in turn.
 
 What counts as a hit:
-  C++     a forbidden name anywhere except as a member (`x.clone()`): `system`, `std::system`, `::popen`,
+  any     inline assembly in the raw text, comments and literals included: `asm volatile`/`__asm__ (`,
+          `inline_asm_elementwise` or any `inline_asm*` name, PTX directives (`.version`, `.target sm_`,
+          `.entry`) at the start of a line
+  C++     a call of an AOTInductor C shim (`aoti_torch_*`) as a statement of its own, so that its error code is
+          dropped (the package would return where eager raises; compiler.compat.shims makes torch's own
+          fallbacks check it); a block comment holding Triton source, scanned as Python;
+          a forbidden name anywhere except as a member (`x.clone()`): `system`, `std::system`, `::popen`,
           `&dlopen` alike; inline asm; an `#include` outside the allow-list or not of a plain <...>/"..." header;
           token pasting (`##`, which can assemble a name this scan never sees); a backslash outside a literal
           (universal character names); a `//` comment continued onto the next line; an unterminated comment or
           raw string
-  Python  an import outside the allow-list; a forbidden builtin (`eval`, `exec`, `open`, `__import__`, ...);
-          a forbidden attribute (`os.system`, `subprocess.Popen`, `ctypes.CDLL`, ...) or dunder, also when
-          looked up by name (`getattr(os, "system")`, `globals()["exec"]`, a computed getattr); source that does
-          not parse
+  Python  an import outside the allow-list (a Triton kernel's module: torch, triton, math); inline assembly
+          (`tl.inline_asm_elementwise`, any `inline_asm*` name); a forbidden builtin (`eval`, `exec`, `open`,
+          `__import__`, ...); a forbidden attribute (`os.system`, `subprocess.Popen`, `ctypes.CDLL`, ...) or
+          dunder, also when looked up by name (`getattr(os, "system")`, `globals()["exec"]`, a computed getattr);
+          source that does not parse
 Torch-free: it reads text and zip entries only.
 """
 
@@ -28,6 +38,7 @@ from __future__ import annotations
 import ast
 import bisect
 import re
+import textwrap
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -48,6 +59,25 @@ CPP_FORBIDDEN = frozenset({
     "ptrace", "syscall", "prctl", "mprotect",
 })
 CPP_ASM = frozenset({"asm", "__asm", "__asm__"})
+# The C shims that run an ATen op, which raises on bad data (an index out of range): a call of one must check the
+# error code it returns (AOTI_TORCH_ERROR_CODE_CHECK), or the package returns where eager raises. Handle and
+# bookkeeping shims (aoti_torch_clone, aoti_torch_new_tensor_handle, ...) are written bare by torch itself.
+SHIM_OP_CALL = re.compile(
+    r"aoti_torch_(?:cpu|cuda|mps|xpu)_\w+|aoti_torch_index_put_out|aoti_torch_call_dispatcher"
+    r"|aoti_torch_proxy_executor_call_function")  # fullmatch
+_STATEMENT_START = frozenset({";", "{", "}", ")", "else", ""})
+
+# Inline assembly and PTX in any source, read as raw text: comments and literals are where a Triton kernel's copy
+# (the GPU wrapper's comments) and a PTX payload (a string) would sit.
+RAW_ASM = (
+    (re.compile(r"\binline_asm\w*"), "inline assembly (Triton)"),
+    (re.compile(r"\b(?:__)?asm(?:__)?\s+(?:volatile|__volatile__|goto|inline)\b|\b__asm__\s*\("), "inline assembly"),
+    (re.compile(r"(?m)^[ \t]*(?:\.version[ \t]+\d|\.target[ \t]+sm_\d|\.address_size[ \t]+\d"
+                r"|(?:\.visible[ \t]+|\.weak[ \t]+)?\.entry[ \t]+\w)"),
+     "PTX text"),
+)
+# A block comment that holds Python source: AOTInductor's copy of a Triton kernel in the GPU wrapper.
+_TRITON_IN_COMMENT = re.compile(r"async_compile\.triton\s*\(|@triton\.jit|\bimport\s+triton\b")
 
 # Headers generated code includes: torch's own headers, and the C and C++ standard headers that Inductor's C++ and
 # AOTInductor codegen write (torch 2.11-2.13, CPU and CUDA; read off torch/_inductor and off real packages). Anything
@@ -63,6 +93,7 @@ INCLUDE_STANDARD = frozenset({
 PY_WRAPPER_IMPORTS = frozenset({"torch", "triton", "math", "cmath", "random", "os", "tempfile", "__future__"})
 PY_KERNEL_IMPORTS = frozenset({"torch", "triton", "math", "__future__"})
 PY_CTYPES_NAMES = re.compile(r"c_[a-z0-9_]+\Z")
+PY_ASM = re.compile(r"inline_asm\w*|asm\Z")  # tl.inline_asm_elementwise, triton_helpers.inline_asm_pack, ...
 PY_FORBIDDEN_NAMES = frozenset({
     "eval", "exec", "compile", "open", "__import__", "breakpoint", "vars", "__builtins__", "builtins",
     "subprocess", "socket", "ctypes", "importlib", "pickle", "marshal", "shutil",
@@ -83,7 +114,7 @@ _PY_FORBIDDEN_ANY = PY_FORBIDDEN_NAMES | PY_FORBIDDEN_ATTRS
 PY_NESTED = {"triton": "python", "cpp": "cpp", "cpp_pybinding": "cpp"}
 
 SOURCE_SUFFIXES = {".cpp": "cpp", ".cc": "cpp", ".cxx": "cpp", ".c": "cpp", ".h": "cpp", ".hpp": "cpp",
-                   ".cu": "cpp", ".py": "python"}
+                   ".cu": "cpp", ".py": "python", ".ptx": "ptx", ".s": "ptx"}
 
 
 @dataclass(frozen=True)
@@ -113,6 +144,17 @@ class ScanResult:
 def _line_text(lines: list[str], n: int) -> str:
     text = lines[n - 1].strip() if 0 < n <= len(lines) else ""
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+def scan_raw(text: str, file: str, line_offset: int = 0) -> list[Finding]:
+    """Inline assembly and PTX anywhere in a source's text, comments and literals included."""
+    lines = text.split("\n")
+    found: list[Finding] = []
+    for pattern, why in RAW_ASM:
+        for m in pattern.finditer(text):
+            n = text.count("\n", 0, m.start()) + 1
+            found.append(Finding(file, n + line_offset, m.group().strip(), why, _line_text(lines, n)))
+    return found
 
 
 # -- C++ ---------------------------------------------------------------------------------------------------------
@@ -191,6 +233,13 @@ def scan_cpp(text: str, file: str) -> list[Finding]:
             if close < 0:
                 hit(pos, "/*", "unterminated comment")
                 break
+            body = src[m.end():close]
+            if _TRITON_IN_COMMENT.search(body):
+                # AOTInductor's copy of a Triton kernel (cpp_wrapper_gpu: "Emit the original Triton kernel"): the
+                # kernel that was compiled into the package's cubin, read here as the Python it is.
+                first = line_of(m.end()) - 1
+                found += [Finding(f.file, f.line + first, f.call, f.why, f.source)
+                          for f in scan_python(textwrap.dedent(body), f"{file} > Triton kernel in a comment")]
             pos = close + 2
             continue
         if kind == "line":
@@ -232,6 +281,10 @@ def scan_cpp(text: str, file: str) -> list[Finding]:
                 hit(pos, tok, "inline assembly")
             elif tok in CPP_FORBIDDEN and prev not in (".", "->"):
                 hit(pos, tok, "a call no generated kernel makes")
+            elif (prev in _STATEMENT_START and SHIM_OP_CALL.fullmatch(tok)
+                  and src[m.end():m.end() + 64].lstrip().startswith("(")):
+                hit(pos, tok, "an ATen fallback whose error code is dropped: the package would return where "
+                              "eager raises")
         line_start = False
         prev = tok
         pos = m.end()
@@ -280,6 +333,10 @@ def scan_python(text: str, file: str, role: str = "wrapper", line_offset: int = 
                 for a in node.names:
                     if a.name in PY_FORBIDDEN_ATTRS or a.name in PY_FORBIDDEN_NAMES:
                         hit(node, f"from {mod} import {a.name}", "a forbidden name")
+        elif isinstance(node, ast.Name) and PY_ASM.fullmatch(node.id):
+            hit(node, node.id, "inline assembly")
+        elif isinstance(node, ast.Attribute) and PY_ASM.fullmatch(node.attr):
+            hit(node, f".{node.attr}", "inline assembly")
         elif isinstance(node, ast.Name) and node.id in PY_FORBIDDEN_NAMES:
             hit(node, node.id, "a builtin no generated code uses")
         elif isinstance(node, ast.Attribute) and node.attr in PY_FORBIDDEN_ATTRS:
@@ -301,7 +358,7 @@ def scan_python(text: str, file: str, role: str = "wrapper", line_offset: int = 
                         where = f"{file} > async_compile.{f.attr} source"
                         offset = line_offset + arg.lineno - 1
                         if PY_NESTED[f.attr] == "python":
-                            found += scan_python(arg.value, where, "kernel", offset)
+                            found += scan_python(textwrap.dedent(arg.value), where, "kernel", offset)
                         else:
                             found += [Finding(x.file, x.line + offset, x.call, x.why, x.source)
                                       for x in scan_cpp(arg.value, where)]
@@ -317,15 +374,22 @@ def language_of(name: str) -> str | None:
 
 
 def scan_sources(sources: dict[str, tuple[str, str]], result: ScanResult | None = None) -> ScanResult:
-    """Scan {name: (language, text)}; language "cpp", "python" (a wrapper) or "kernel" (a Triton kernel)."""
+    """Scan {name: (language, text)}; language "cpp", "python" (a wrapper), "kernel" (a Triton kernel's module) or
+    "ptx". Every source's raw text is also read for inline assembly and PTX (`scan_raw`); a raw hit on a line the
+    language's own scan already flagged is not counted twice."""
     result = result or ScanResult()
     t0 = time.perf_counter()
     for name, (language, text) in sources.items():
         result.files.append({"file": name, "language": language, "bytes": len(text.encode("utf-8", "replace"))})
         if language == "cpp":
-            result.findings += scan_cpp(text, name)
+            found = scan_cpp(text, name)
+        elif language in ("python", "kernel"):
+            found = scan_python(text, name, "kernel" if language == "kernel" else "wrapper")
         else:
-            result.findings += scan_python(text, name, "kernel" if language == "kernel" else "wrapper")
+            found = []
+        flagged = {f.line for f in found}
+        found += [f for f in scan_raw(text, name) if f.line not in flagged]
+        result.findings += found
     result.seconds += time.perf_counter() - t0
     return result
 
@@ -342,13 +406,17 @@ def package_sources(package: str) -> dict[str, tuple[str, str]]:
     return out
 
 
-def scan_package(package: str, python_sources: dict[str, str] | None = None) -> ScanResult:
-    """Scan a package's generated sources plus the Python sources the compile produced outside it (on GPUs: the
-    Python wrapper of AOTInductor's first pass, with its Triton kernels)."""
+def scan_package(package: str, python_sources: dict[str, str] | None = None,
+                 kernel_sources: dict[str, str] | None = None) -> ScanResult:
+    """Scan a package's generated sources plus the Python sources the compile produced outside it: the Python
+    wrapper and autotune code of AOTInductor's first pass (`python_sources`), and each Triton kernel's module as
+    the compile handed it to `async_compile.triton` (`kernel_sources`)."""
     t0 = time.perf_counter()
     sources = package_sources(package)
     for name, text in (python_sources or {}).items():
         sources[name] = ("python", text)
+    for name, text in (kernel_sources or {}).items():
+        sources[name] = ("kernel", text)
     read = time.perf_counter() - t0
     result = scan_sources(sources)
     result.seconds += read

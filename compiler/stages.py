@@ -1,6 +1,8 @@
 """The compile pipeline's stages, each a function with a typed input and output, each recording what it saw.
 
-    capture   ExportedProgram, shapes          -> Captured     torch.export re-export at the requested shapes
+    capture   ExportedProgram, shapes          -> Captured     ops that skip bounds checks rewritten to checked
+                                                               forms (compiler.bounds), then torch.export
+                                                               re-export at the requested shapes
     autograd  Captured, training?              -> Functional   functionalisation; for training the joint graph
                                                                and its forward/backward partition
     lowering  Functional, prims_view?          -> Lowered      decomposition to core ATen (and prims, on request)
@@ -31,6 +33,7 @@ from typing import Any
 
 import torch
 
+from compiler import bounds as bounds_mod
 from compiler import inputs as inputs_mod
 from compiler import report as rep
 from compiler import scan as scan_mod
@@ -39,6 +42,7 @@ from compiler.compat.autograd import aot_joint_and_partition
 from compiler.compat.graphs import graph_facts, is_inplace_op, node_sources, op_name
 from compiler.compat.observe import InductorObservation, observe_inductor, run_and_get_code, triton_kernels_in
 from compiler.compat.prims import prims_graph
+from compiler.compat.shims import checked_fallbacks
 from compiler.errors import CompileError, UnsafeCode
 from compiler.inputs import Spec
 from compiler.options import CompileOptions
@@ -136,11 +140,14 @@ def _int_or_none(v: Any) -> int | None:
 
 def capture(ep: torch.export.ExportedProgram, spec: Spec, program_inputs: list[dict[str, Any]], device: str,
             precision: str = "keep") -> Captured:
-    """Re-export the uploaded program at the requested shapes: the FX graph that the rest of the pipeline sees.
+    """Rewrite the ops of the uploaded program that skip bounds checks (compiler.bounds, in place: `ep` is the
+    worker's own copy), then re-export it at the requested shapes: the FX graph that the rest of the pipeline sees.
 
     Facts: graph (nodes, histogram, code), inputs/outputs (name, dtype, shape), weights (count per kind),
-    dynamic_dims (per requested range: the symbol, its range, and whether it stayed dynamic)."""
+    dynamic_dims (per requested range: the symbol, its range, and whether it stayed dynamic), bounds (each node
+    rewritten to a checked form, and what it became)."""
     t0 = time.perf_counter()
+    bounded = bounds_mod.bound_program(ep)
     special = specialize(ep, spec, program_inputs, device, precision)
     seconds = time.perf_counter() - t0
     shapes = inputs_mod.hint_shapes(spec, program_inputs)
@@ -150,7 +157,7 @@ def capture(ep: torch.export.ExportedProgram, spec: Spec, program_inputs: list[d
     facts = rep.stage(
         seconds=seconds, observed_by="torch.export.export of the uploaded program's module at the requested shapes",
         graph=_graph_block(g, "graphs/capture.py"), **_io_facts(special), dynamic_dims=_dynamic_dims(special, spec),
-        example_shapes={i["name"]: s for i, s in zip(spec, shapes)},
+        example_shapes={i["name"]: s for i, s in zip(spec, shapes)}, bounds=bounded.facts(),
     )
     return Captured(special, args, kwargs, facts, {"graphs/capture.py": g["code"]})
 
@@ -358,7 +365,8 @@ def _phases(obs: InductorObservation, total: float) -> dict[str, float | None]:
 
 def inductor(c: Captured, options: CompileOptions, out_path: str, device: str,
              on_stage: ProgressHook = lambda s: None) -> Compiled:
-    """The one compile that builds the package (aoti_compile_and_package), with the observers attached."""
+    """The one compile that builds the package (aoti_compile_and_package), with the observers attached and every
+    ATen fallback of the C++ wrapper checking its error code (compiler.compat.shims)."""
     reached = {"i": 0}
 
     def on_event(event: str) -> None:  # forward-only progress: GPUs run scheduling and codegen twice
@@ -369,7 +377,8 @@ def inductor(c: Captured, options: CompileOptions, out_path: str, device: str,
 
     on_stage("fusion")
     t0 = time.perf_counter()
-    with observe_inductor(on_event) as obs:
+    with observe_inductor(on_event) as obs, checked_fallbacks() as patched:
+        obs.hooks["checked_fallbacks"] = ", ".join(patched) or f"none in torch {torch.__version__}"
         package = run_and_get_code(
             lambda: aoti_compile_and_package(c.program, out_path, options.inductor_configs()), obs)
     total = time.perf_counter() - t0
@@ -592,10 +601,11 @@ def _remove(path: str) -> None:
 
 def scan(compiled: Compiled) -> scan_mod.ScanResult:
     """The second line after codegen, before anything runs the package: every generated source in it (C++ wrapper
-    and kernels) and the Python the compile produced beside it (on GPUs the Python wrapper of AOTInductor's first
-    pass, where this torch shows it, and the compile-time autotune code; the Triton kernel sources in them are
-    scanned in turn). A hit removes the package and raises UnsafeCode, which is final: the package is never checked
-    or published. Facts: files, bytes, seconds, findings, scanned.
+    and kernels; on GPUs the wrapper's comment copy of each Triton kernel) and the Python the compile produced
+    beside it: on GPUs every Triton kernel module the compile handed to Triton (what became the cubins), the Python
+    wrapper of AOTInductor's first pass where this torch shows it, and the compile-time autotune code. A hit removes
+    the package and raises UnsafeCode, which is final: the package is never checked or published. Facts: files,
+    bytes, seconds, findings, scanned.
 
     The compile itself has run by now: on GPUs the Triton kernels' module code and the autotune code ran inside it,
     and g++ has read the C++. What the scan stops is everything after: the check, the publish, every load."""
@@ -605,8 +615,9 @@ def scan(compiled: Compiled) -> scan_mod.ScanResult:
         python[f"<python wrapper {n}>"] = code
     for n, code in enumerate(obs.artifacts.get("inductor_autotune_at_compile_time_code", [])):
         python[f"<autotune code {n}>"] = code
+    kernels = {f"<triton kernel {name}>": src for name, src in obs.kernel_sources.items()}
     try:
-        result = scan_mod.scan_package(compiled.package, python)
+        result = scan_mod.scan_package(compiled.package, python, kernels)
     except Exception as e:  # fail closed: a package that cannot be scanned is not checked either
         _remove(compiled.package)
         raise CompileError(f"the generated sources could not be scanned ({type(e).__name__}: {e}), so the "

@@ -15,6 +15,9 @@ attributes, up to a function's `__globals__`), `triton_kernel_wrapper_*` and `in
 upload brings), `run_const_graph`, `executorch_call_delegate`, `call_torchbind`, `with_effects`,
 `auto_functionalized(_v2)` (they wrap only custom ops, never ATen's, and custom ops are not on the list),
 `flex_attention` (torch cannot serialize its block mask), and every other higher-order op.
+
+`UNBOUNDED` lists operators that are real but skip a bounds check with no checked form aotc compiles; they are
+refused at upload, and by the worker (compiler.bounds, which rewrites the ones that have a checked form).
 """
 
 from __future__ import annotations
@@ -49,6 +52,22 @@ HOPS: dict[str, Hop] = {
         (4,), "wrap_with_autocast(device_type, dtype, enabled, cache_enabled, fn, *args)"),
     HOP_PREFIX + "invoke_subgraph": Hop((0,), "invoke_subgraph(subgraph, identifier, *operands)"),
 }
+
+
+_SPARSE_UNSAFE = "builds a sparse tensor from indices nothing validates (eager code then writes where they point); " \
+    "aotc compiles no sparse tensors"
+_OUT_FORM = "is the out= form of an op that aotc compiles only in its checked functional form; export never writes it"
+UNBOUNDED: dict[str, str] = {
+    **{f"torch.ops.aten._sparse_{k}_tensor_unsafe.default": _SPARSE_UNSAFE
+       for k in ("coo", "csr", "csc", "bsr", "bsc", "compressed")},
+    **{f"torch.ops.aten.{op}.out": _OUT_FORM
+       for op in ("max_unpool2d", "max_unpool3d", "as_strided_copy", "as_strided_scatter", "_index_put_impl")},
+}
+
+
+def unbounded(target: str) -> str | None:
+    """Why `target` is refused for skipping a bounds check, if it is."""
+    return UNBOUNDED.get(target)
 
 
 @lru_cache(maxsize=1)

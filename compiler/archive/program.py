@@ -32,7 +32,7 @@ from compiler.archive.exprs import (
     sym_to_text,
 )
 from compiler.archive.limits import DEFAULT_LIMITS, Limits
-from compiler.archive.ops import HOP_PREFIX, HOPS, Hop, is_operator_target
+from compiler.archive.ops import HOP_PREFIX, HOPS, Hop, is_operator_target, unbounded
 from compiler.archive.schema import ENUMS, REFUSED, UNIONS, Field, Type, fields
 from compiler.archive.strings import check, shown
 from compiler.errors import Unprocessable, UnsafeArchive
@@ -213,6 +213,9 @@ class _Walk:
             raise UnsafeArchive(
                 f"{self.where}: node {shown(name)} calls {shown(target, 120)}, which is not a torch operator this "
                 f"service compiles ({_OPS_TXT})", node=shown(name), path=_render((path, "target")))
+        if (why := unbounded(target)) is not None:
+            raise UnsafeArchive(f"{self.where}: node {shown(name)} calls {target}, which {why}",
+                                node=shown(name), path=_render((path, "target")))
         hop = HOPS.get(target)
         if target.startswith(HOP_PREFIX) and hop is None:
             raise UnsafeArchive(

@@ -13,6 +13,10 @@ it feeds says so in the report, never failing the compile:
                                         inductor_aot_wrapper_code (marks the end of codegen) and the provenance map
   torch._inductor.utils.run_and_get_code  the Python wrapper module(s); on GPUs the first of AOTInductor's two
                                         codegen passes is Python and holds every Triton kernel's source
+  AsyncCompile.triton                   every Triton kernel module the compile hands to Triton, as it is handed
+                                        (torch/_inductor/async_compile.py; `triton(self, kernel_name, source_code,
+                                        device_str)` in 2.11 and 2.13): what becomes the package's cubins, for
+                                        compiler.scan, wherever Inductor then writes it
 The observed compile runs with fx_graph_cache off: a cache hit would skip the scheduler and leave nothing to see.
 """
 
@@ -49,6 +53,7 @@ class InductorObservation:
     scheduler_runs: list[dict[str, Any]] = field(default_factory=list)  # {"before": [...], "after": [...]}
     artifacts: dict[str, list[str]] = field(default_factory=dict)  # structured-trace artifact name -> payloads
     output_code: list[str] = field(default_factory=list)  # Python wrapper modules (run_and_get_code)
+    kernel_sources: dict[str, str] = field(default_factory=dict)  # Triton kernel name -> module source compiled
     marks: list[tuple[str, float]] = field(default_factory=list)  # (event, perf_counter) as the compile went
     hooks: dict[str, str] = field(default_factory=dict)  # hook -> "used" or why not
     errors: list[str] = field(default_factory=list)  # an observer that failed (the compile carried on)
@@ -192,12 +197,29 @@ def observe_inductor(on_event: Callable[[str], None] = lambda e: None) -> Iterat
         obs.hooks["structured_trace"] = "used"
     else:
         obs.hooks["structured_trace"] = f"not in torch {torch.__version__}"
+    async_compile = optional_module("torch._inductor.async_compile")
+    owner = getattr(async_compile, "AsyncCompile", None)
+    original_triton = owner.__dict__.get("triton") if isinstance(owner, type) else None
+    if owner is not None and callable(original_triton):
+        def triton(self: Any, kernel_name: str, source_code: str, *args: Any, **kwargs: Any) -> Any:
+            try:
+                obs.kernel_sources[str(kernel_name)] = str(source_code)
+            except Exception as e:  # never break the compile; the scan then fails closed on what it lacks
+                obs.errors.append(f"AsyncCompile.triton: {type(e).__name__}: {e}")
+            return original_triton(self, kernel_name, source_code, *args, **kwargs)
+
+        owner.triton = triton
+        obs.hooks["async_compile.triton"] = "used"
+    else:
+        obs.hooks["async_compile.triton"] = f"not in torch {torch.__version__}"
     try:
         with config.patch(patches):
             mark("start")
             yield obs
             mark("end")
     finally:
+        if owner is not None and callable(original_triton):
+            owner.triton = original_triton
         if isinstance(trace_log, logging.Logger):
             trace_log.removeHandler(handler)
             trace_log.propagate = old_propagate

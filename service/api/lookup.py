@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from compiler import cachekey
 from compiler import shapes as specs
 from compiler.errors import NotFound
 from compiler.targets import Target
@@ -33,11 +34,13 @@ def rank(
     else the newest. `options`, when given, must match exactly; without them, report-only records (mode=training, no
     package) are never picked. `mode`, when given, must be the artifact's compile mode. `graphs`: the caller will
     replay CUDA graphs (Client.load(cuda_graphs=True)), so the check's graph-replay medians rank, where every
-    candidate has one that passed; otherwise the plain medians do."""
+    candidate has one that passed; otherwise the plain medians do. An artifact built before today's bounds (forced
+    index asserts, compiler.bounds; `cachekey.bounded`) is never picked: only its own key reaches it."""
     fits = [
         a
         for a in artifacts
-        if target.matches(a["factors"]["target"])
+        if cachekey.bounded(a["factors"])
+        and target.matches(a["factors"]["target"])
         and specs.covers(a["factors"]["spec"], [i["shape"] for i in spec])
         and (a["factors"]["options"] == options if options is not None else a.get("package", True))
         and (mode is None or a["factors"]["options"].get("mode") == mode)

@@ -1,7 +1,13 @@
 """compiler.check: what the artifact check accepts, refuses and warns about; a real compile of a model whose
-output holds NaN fails the check unless the request allows non-finite outputs."""
+output holds NaN fails the check unless the request allows non-finite outputs; and the adversarial integer inputs:
+a package that returns where eager raises fails, naming the input and the value, and the ops that once diverged
+from eager on out-of-range input now raise where eager raises."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -148,3 +154,176 @@ def test_loading_for_cuda_graphs_on_a_cpu_runs_the_package_plainly_and_says_why(
     assert fn.last == "plain"
     ref = seeded(LogOfLinear, 0)(x)
     torch.testing.assert_close(y, ref[0], rtol=1e-4, atol=1e-5)
+
+
+# -- what an attacker would feed the package -------------------------------------------------------------------
+
+class UnsafeIndex(torch.nn.Module):
+    """Issue 18's upload: one node, aten._unsafe_index, which Inductor compiles with no bounds check."""
+
+    def forward(self, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._unsafe_index.Tensor(x, [i])
+
+
+INDEX_SPEC = [{"name": "x", "dtype": "float32", "shape": [16, 4]}, {"name": "i", "dtype": "int64", "shape": [8]}]
+FAR_INDICES = torch.linspace(-400000, 400000, 8).long()  # what read back a tensor held elsewhere in the process
+
+
+@pytest.fixture(scope="module")
+def unsafe_index(tmp_path_factory):
+    """The one-node program exported with an all-zero sample index, compiled twice: through the pipeline, and as
+    main did (the program as uploaded, Inductor's defaults: no rewrite, no forced asserts)."""
+    from compiler.compat.aoti import aoti_compile_and_package
+    from compiler.loading import load_program
+
+    d = tmp_path_factory.mktemp("unsafe-index")
+    path = export(UnsafeIndex(), (torch.randn(16, 4), torch.zeros(8, dtype=torch.long)), d / "m.pt2")
+    result = compile_model(str(path), INDEX_SPEC, INDEX_SPEC, CompileOptions(), "cpu", str(d / "bounded.pt2"))
+    unbounded = aoti_compile_and_package(load_program(str(path)), str(d / "unbounded.pt2"), {})
+    return {"path": str(path), "result": result, "unbounded": unbounded,
+            "report": json.loads(Path(result["report"]).read_text())}
+
+
+@pytest.mark.slow
+def test_a_package_that_returns_where_eager_raises_fails_the_check_naming_the_input_and_value(unsafe_index):
+    with pytest.raises(CheckFailed) as info:
+        check_artifact(unsafe_index["path"], unsafe_index["unbounded"], INDEX_SPEC, "cpu")
+    message = info.value.message
+    # The sample's own range (all zeros) agrees; the adversarial cases do not.
+    assert message.startswith("artifact fails the adversarial check at min shapes: input 'i' = "
+                              "9223372036854775807 (one element of 8; int64 max): eager raises IndexError: index "
+                              "9223372036854775807 is out of bounds for dimension 0 with size 16, the package "
+                              "returned; and ")
+    assert "input 'i' = -400000 (every element; far before the start): eager raises IndexError" in info.value.excerpt
+    assert "input 'i' = 16 (one element of 8; dim size 16): eager raises IndexError" in info.value.excerpt
+
+
+@pytest.mark.slow
+def test_the_bounded_package_raises_where_eager_raises_and_the_check_records_what_it_tried(unsafe_index):
+    from compiler.compat.aoti import aoti_load_package
+
+    capture = unsafe_index["report"]["stages"]["capture"]
+    assert capture["bounds"]["ops"] == {"aten._unsafe_index.Tensor": 1}
+    row = next(r for r in rep.summary_rows(unsafe_index["report"]) if r["stage"] == "capture")
+    assert row["detail"] == "static shapes; 1 unchecked op(s) rewritten to checked forms"
+    assert unsafe_index["report"]["stages"]["package"]["scan"]["findings"] == []
+    package = aoti_load_package(unsafe_index["result"]["package"], "cpu")
+    x = torch.randn(16, 4)
+    for bad in (FAR_INDICES, torch.tensor([0, 1, 2, 3, 4, 5, 6, 16]), torch.full((8,), -17)):
+        with pytest.raises(RuntimeError, match="index out of bounds"):
+            package(x, bad)
+    ok = torch.tensor([0, 15, -1, -16, 3, 2, 1, 0])
+    assert torch.equal(package(x, ok), x[ok])
+
+    check = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")
+    adv = check["adversarial"]
+    assert adv["point"] == "min" and adv["failures"] == [] and adv["cases"] == 26
+    assert adv["inputs"] == {"i": [-2**63, -400000, -17, -9, -5, -1, 0, 1, 4, 8, 16, 400000, 2**63 - 1]}
+    assert adv["dim_sizes"] == [16, 8, 4]
+    assert adv["outcomes"] == {"refused": 12, "agreed": 14}  # -16..15 index; the rest is out of range
+    refused = {(r["value"], r["whole"]) for r in adv["results"] if r["outcome"] == "refused"}
+    assert (-400000, True) in refused and (16, False) in refused and (-17, False) in refused
+    assert all(r["eager"].startswith("IndexError") for r in adv["results"] if r["outcome"] == "refused")
+    assert rep.attach_check({"stages": {}}, check)["stages"]["package"]["check"]["adversarial"] == adv
+
+
+class Divergent(torch.nn.Module):
+    """Ops whose compiled form diverged from eager on out-of-range input: max_unpool2d (Inductor's decomposition
+    bounds an index by the batch's buffer, not by its plane), scatter_add (an ATen fallback whose error code the
+    C++ wrapper dropped), masked_scatter with a short source, and _unsafe_masked_index (eager clamps, Inductor's
+    lowering reads wherever the index points)."""
+
+    def forward(self, x: torch.Tensor, ind: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
+                src: torch.Tensor, idx: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.nn.functional.max_unpool2d(x, ind, 2),
+                torch.scatter_add(y, 0, idx, torch.ones(idx.shape)),
+                y.masked_scatter(mask, src),
+                torch.ops.aten._unsafe_masked_index(y, mask, [j], -1.0))
+
+
+def divergent_inputs() -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(3)
+    _, ind = torch.nn.functional.max_pool2d(torch.randn(1, 2, 8, 8), 2, return_indices=True)
+    mask = torch.zeros(16, dtype=torch.bool)
+    mask[:4] = True
+    return (torch.randn(1, 2, 4, 4), ind, torch.randn(16), mask, torch.randn(12),
+            torch.zeros(4, dtype=torch.long), torch.zeros(16, dtype=torch.long))
+
+
+DIVERGENT_SPEC = [
+    {"name": "x", "dtype": "float32", "shape": [1, 2, 4, 4]}, {"name": "ind", "dtype": "int64", "shape": [1, 2, 4, 4]},
+    {"name": "y", "dtype": "float32", "shape": [16]}, {"name": "mask", "dtype": "bool", "shape": [16]},
+    # 12 sources: the check's random mask (seed 0) has 10 ones, which fit; a mask of 16 ones does not.
+    {"name": "src", "dtype": "float32", "shape": [12]}, {"name": "idx", "dtype": "int64", "shape": [4]},
+    {"name": "j", "dtype": "int64", "shape": [16]},
+]
+
+
+@pytest.fixture(scope="module")
+def divergent(tmp_path_factory):
+    d = tmp_path_factory.mktemp("divergent")
+    path = export(Divergent(), divergent_inputs(), d / "m.pt2")
+    result = compile_model(str(path), DIVERGENT_SPEC, DIVERGENT_SPEC, CompileOptions(), "cpu", str(d / "a.pt2"))
+    return {"path": str(path), "result": result, "report": json.loads(Path(result["report"]).read_text())}
+
+
+def _poisoned(name: str, value: Any) -> list[torch.Tensor]:
+    args = list(divergent_inputs())
+    k = [i["name"] for i in DIVERGENT_SPEC].index(name)
+    args[k] = value(args[k]) if callable(value) else value
+    return args
+
+
+@pytest.mark.slow
+def test_compiled_max_unpool_scatter_add_and_masked_scatter_raise_where_eager_raises(divergent):
+    from compiler.compat.aoti import aoti_load_package
+
+    package = aoti_load_package(divergent["result"]["package"], "cpu")
+    eager = Divergent()
+    cases = {
+        # -1 and 64 (an 8x8 plane) fall in the other plane of the batch's buffer; 400000 past the end of it.
+        "ind = -1 in one element": _poisoned("ind", lambda t: t.index_put_((torch.tensor([0]),) * 4, torch.tensor(-1))),
+        "ind = 64 (the plane's size)": _poisoned("ind", lambda t: t.index_put_((torch.tensor([0]),) * 4,
+                                                                               torch.tensor(64))),
+        "ind = 400000": _poisoned("ind", lambda t: torch.full_like(t, 400000)),
+        "idx = 16 (scatter_add)": _poisoned("idx", torch.tensor([0, 1, 16, 2])),
+        "idx = -1 (scatter_add)": _poisoned("idx", torch.tensor([0, -1, 2, 3])),
+        "masked_scatter with 16 ones and 12 sources": _poisoned("mask", torch.ones(16, dtype=torch.bool)),
+    }
+    for what, args in cases.items():
+        with pytest.raises((RuntimeError, IndexError)):
+            eager(*args)
+            pytest.fail(f"eager returned for {what}")
+        with pytest.raises(RuntimeError):
+            package(*args)
+            pytest.fail(f"the package returned for {what}")
+    # _unsafe_masked_index: eager clamps a masked-in index, so the package must return the same values.
+    for j in (torch.full((16,), 400000), torch.full((16,), -400000), torch.arange(16) - 8):
+        args = _poisoned("j", j)
+        for got, want in zip(package(*args), eager(*args), strict=True):
+            torch.testing.assert_close(got, want)
+    capture = divergent["report"]["stages"]["capture"]["bounds"]["ops"]
+    assert capture == {"aten.max_unpool2d.default": 1, "aten._unsafe_masked_index.default": 1}
+    assert divergent["report"]["hooks"]["checked_fallbacks"].startswith("CppWrapperCpu._generate_scatter_fallback")
+    assert divergent["report"]["stages"]["package"]["scan"]["findings"] == []
+
+
+@pytest.mark.slow
+def test_the_adversarial_check_passes_the_bounded_divergent_ops(divergent):
+    check = check_artifact(divergent["path"], divergent["result"]["package"], DIVERGENT_SPEC, "cpu")
+    adv = check["adversarial"]
+    assert adv["failures"] == [] and adv["cases"] == 48  # three integer inputs, capped at MAX_CASES
+    assert set(adv["inputs"]) == {"ind", "idx", "j"}  # not the bool mask
+    assert adv["outcomes"]["refused"] > 0 and adv["outcomes"]["agreed"] > 0
+    assert set(adv["outcomes"]) <= {"refused", "agreed"}
+
+
+@pytest.mark.slow
+def test_cases_left_when_the_adversarial_budget_is_spent_are_recorded_as_not_run(unsafe_index, monkeypatch):
+    from compiler import adversarial
+
+    monkeypatch.setattr(adversarial, "BUDGET_S", 0.0)  # spent before the first probe
+    check = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")
+    adv = check["adversarial"]
+    assert adv["outcomes"] == {"not run": 26} and adv["probes"] == 0 and adv["failures"] == []
+    assert all(r["outcome"] == "not run" for r in adv["results"])

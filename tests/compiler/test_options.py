@@ -1,9 +1,16 @@
-"""Compile options in the cache key: an option added later keeps the keys of requests that do not set it."""
+"""Compile options in the cache key: an option added later keeps the keys of requests that do not set it; the bounds
+every compile applies (forced index asserts, compiler.bounds) are a factor of their own, and lookup serves no
+artifact built without them."""
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from compiler import cachekey
-from compiler.options import CompileOptions
+from compiler.options import FORCED_INDUCTOR_CONFIGS, CompileOptions, InductorSettings
+from compiler.targets import Target
+from service.api.lookup import rank
 
 SPEC = [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 8}, 16]}]
 
@@ -13,13 +20,13 @@ def key(options: CompileOptions) -> str:
                                                options.canonical()))
 
 
-def test_keys_of_requests_that_do_not_set_allow_nonfinite_are_those_from_before_it_existed():
-    # Pinned before allow_nonfinite was added (key format 2).
+def test_keys_of_requests_that_do_not_set_allow_nonfinite_do_not_depend_on_it():
     assert "allow_nonfinite" not in CompileOptions().canonical()
-    assert key(CompileOptions()) == "a9029e9f94250e2d1994ba313ef3b2d6"
-    assert key(CompileOptions(allow_nonfinite=False)) == "a9029e9f94250e2d1994ba313ef3b2d6"
+    assert key(CompileOptions(allow_nonfinite=False)) == key(CompileOptions())
+    # Pinned at key format 3, so that a change to what a key covers is a decision, not an accident.
+    assert key(CompileOptions()) == "5f7c125500f5feb477c70512d7e9c7d7"
     tuned = CompileOptions(mode="max-autotune", precision="bf16", freezing=True, inductor={"max_fusion_size": 32})
-    assert key(tuned) == "4acc57365d94f5f5b5b59a1c5ca368eb"
+    assert key(tuned) == "0049bb51199a85768ad291749f6f6ad9"
 
 
 def test_allow_nonfinite_changes_the_key_and_round_trips_through_the_canonical_form():
@@ -27,3 +34,44 @@ def test_allow_nonfinite_changes_the_key_and_round_trips_through_the_canonical_f
     assert opted.canonical()["allow_nonfinite"] is True
     assert key(opted) != key(CompileOptions())
     assert CompileOptions(**opted.canonical()) == opted  # the worker rebuilds options from the job's canonical form
+
+
+def test_every_compile_forces_the_index_asserts_and_no_option_turns_them_off():
+    for options in (CompileOptions(), CompileOptions(mode="max-autotune", freezing=True,
+                                                     inductor={"split_reductions": False})):
+        configs = options.inductor_configs()
+        assert configs["assert_indirect_indexing"] is True and configs["debug_index_asserts"] is True
+    with pytest.raises(ValidationError):
+        InductorSettings(debug_index_asserts=False)  # type: ignore[call-arg]
+
+
+def test_the_cache_key_changes_with_the_forced_assert_options(monkeypatch):
+    before = key(CompileOptions())
+    factors = cachekey.factors("ab" * 32, SPEC, "cpu-x86_64-avx2", {"torch": "2.13.0+cpu"},
+                               CompileOptions().canonical())
+    assert factors["format"] == 3
+    assert factors["bounds"]["inductor"] == {"assert_indirect_indexing": True, "debug_index_asserts": True}
+    monkeypatch.setitem(FORCED_INDUCTOR_CONFIGS, "debug_index_asserts", False)
+    assert key(CompileOptions()) != before
+    monkeypatch.undo()
+    assert key(CompileOptions()) == before
+    monkeypatch.setattr("compiler.cachekey.BOUNDS_REVISION", 2)  # new rewrite rules: new keys
+    assert key(CompileOptions()) != before
+
+
+def _record(factors: dict, created: float) -> dict:
+    return {"key": cachekey.cache_key(factors), "factors": factors, "created": created}
+
+
+def test_lookup_never_serves_an_artifact_built_before_the_bounds():
+    spec = [{"name": "x", "dtype": "float32", "shape": [4, 16]}]
+    options = CompileOptions().canonical()
+    new = cachekey.factors("ab" * 32, spec, "cpu-x86_64-avx2", {"torch": "2.13.0+cpu"}, options)
+    old = {k: v for k, v in new.items() if k != "bounds"} | {"format": 2}  # what main's workers published
+    assert cachekey.bounded(new) and not cachekey.bounded(old)
+    assert cachekey.cache_key(old) != cachekey.cache_key(new)
+    target = Target.parse("cpu")
+    # The old one is newer, so it would win on recency: it is not a candidate at all.
+    assert rank([_record(old, 2.0)], target, spec) is None
+    assert rank([_record(new, 1.0), _record(old, 2.0)], target, spec)["factors"] == new
+    assert rank([_record(old, 2.0)], target, spec, options) is None

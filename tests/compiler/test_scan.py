@@ -1,6 +1,7 @@
-"""compiler.scan, the second line after codegen: what it finds and ignores in C++ and Python, on a real package
-(none on a clean one; one call added to its wrapper), and through a real compile whose generated wrapper calls
-`std::system`: UnsafeCode, the package removed, and nothing run."""
+"""compiler.scan, the second line after codegen: what it finds and ignores in C++, Python and Triton sources
+(synthetic GPU sources: this machine cannot compile Triton), on a real package (none on a clean one; one call added
+to its wrapper), and through a real compile whose generated wrapper calls `std::system`: UnsafeCode, the package
+removed, and nothing run."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import pytest
 import torch
 
 from compiler import stages
+from compiler.compat.observe import InductorObservation, observe_inductor
 from compiler.errors import Failure, UnsafeCode
 from compiler.options import CompileOptions
 from compiler.pipeline import compile_model
-from compiler.scan import scan_cpp, scan_package, scan_python
+from compiler.scan import scan_cpp, scan_package, scan_python, scan_sources
 from modelzoo import InplaceReduce, export, seeded
 
 sys.path.insert(0, str(Path(__file__).parent / "hostileops"))
@@ -109,6 +111,135 @@ def test_python_comments_strings_and_inductors_own_header_are_ignored():
     assert scan_python(src, "w.py") == []
 
 
+# -- Triton and inline assembly (every backend) ------------------------------------------------------------------
+
+# A Triton kernel module as Inductor writes one (torch 2.11/2.13 header, heuristics decorator, the index assert
+# that assert_indirect_indexing keeps); the tests below add one line to it.
+TRITON_KERNEL = """
+import triton
+import triton.language as tl
+
+from torch._inductor.runtime import triton_helpers, triton_heuristics
+from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math
+from torch._inductor.runtime.hints import AutotuneHint, ReductionHint, TileHint, DeviceProperties
+triton_helpers.set_driver_to_gpu()
+
+@triton_heuristics.pointwise(
+    size_hints={'x': 32}, filename=__file__,
+    triton_meta={'signature': {'in_ptr0': '*i64', 'in_ptr1': '*fp32', 'out_ptr0': '*fp32', 'xnumel': 'i32',
+                 'XBLOCK': 'constexpr'}, 'device': DeviceProperties(type='cuda', index=0, cc=90, major=9,
+                 regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, multi_processor_count=132,
+                 warp_size=32), 'constants': {}},
+    inductor_meta={'kernel_name': 'triton_poi_fused_index_0', 'mutated_arg_names': [], 'no_x_dim': False,
+                   'assert_indirect_indexing': True, 'autotune_local_cache': True},
+    min_elem_per_thread=0
+)
+@triton.jit
+def triton_poi_fused_index_0(in_ptr0, in_ptr1, out_ptr0, xnumel, XBLOCK : tl.constexpr):
+    xnumel = 32
+    xoffset = tl.program_id(0) * XBLOCK
+    xindex = xoffset + tl.arange(0, XBLOCK)[:]
+    xmask = xindex < xnumel
+    x1 = xindex // 4
+    x0 = (xindex % 4)
+    tmp0 = tl.load(in_ptr0 + (x1), xmask, eviction_policy='evict_last')
+    tmp1 = tl.full([XBLOCK], 16, tl.int32)
+    tmp2 = tmp0 + tmp1
+    tmp3 = tmp0 < 0
+    tmp4 = tl.where(tmp3, tmp2, tmp0)
+    tl.device_assert(((0 <= tmp4) & (tmp4 < 16)) | ~(xmask), "index out of bounds: 0 <= tmp4 < 16")
+    tmp6 = tl.load(in_ptr1 + (x0 + 4*tmp4), xmask)
+    tl.store(out_ptr0 + (x0 + 4*x1), tmp6, xmask)
+"""
+ASM = ('    tmp7 = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [tmp6], dtype=tl.float32, is_pure=True, '
+       'pack=1)\n')
+
+
+def gpu_wrapper_cpp(kernel: str) -> str:
+    """The shape of AOTInductor's GPU wrapper: each Triton kernel's launcher holds the kernel's source in a block
+    comment (cpp_wrapper_gpu: "Emit the original Triton kernel for debugging purposes"), indented by the launcher."""
+    body = f"async_compile.triton('triton_poi_fused_index_0', '''{kernel}''', device_str='cuda')"
+    comment = "\n".join(("    " + ln) if ln else "" for ln in body.split("\n"))
+    return ("#include <torch/csrc/inductor/aoti_runtime/interface.h>\n"
+            "static inline void call_triton_poi_fused_index_0(const CUdeviceptr& in_ptr0, int32_t device_idx_) {\n"
+            f"    /*\n{comment}\n    */\n"
+            "    uint32_t grid_0 = ((xnumel + (32 - 1)) / (32));\n"
+            "    if (kernels_.triton_poi_fused_index_0 == nullptr) {\n"
+            '        kernels_.triton_poi_fused_index_0 = loadKernel("/tmp/k.cubin", "triton_poi_fused_index_0", 0);\n'
+            "    }\n}\n")
+
+
+def test_a_real_looking_triton_kernel_and_its_gpu_wrapper_scan_clean():
+    assert scan_python(TRITON_KERNEL, "k.py", "kernel") == []
+    assert scan_cpp(gpu_wrapper_cpp(TRITON_KERNEL), "model.wrapper.cpp") == []
+    assert scan_sources({"k": ("kernel", TRITON_KERNEL),
+                         "w.cpp": ("cpp", gpu_wrapper_cpp(TRITON_KERNEL))}).findings == []
+
+
+def test_inline_assembly_in_a_triton_kernel_is_found_wherever_the_kernel_sits():
+    hostile = TRITON_KERNEL + ASM
+    line = hostile.count("\n")  # the added line is the last
+    # The kernel module as the compile handed it to Triton.
+    assert calls(scan_python(hostile, "k.py", "kernel")) == [(line, ".inline_asm_elementwise")]
+    # Inside a Python wrapper's async_compile.triton(...) call.
+    wrapper = f"async_compile = AsyncCompile()\nk = async_compile.triton('k', '''{hostile}''', device_str='cuda')\n"
+    assert (line + 1, ".inline_asm_elementwise") in calls(scan_python(wrapper, "w.py"))
+    # In the GPU wrapper .cpp, as the comment copy a C++ lexer would skip: found, at its line in the .cpp.
+    cpp = gpu_wrapper_cpp(hostile)
+    found = scan_cpp(cpp, "model.wrapper.cpp")
+    assert [(f.call, f.why) for f in found] == [(".inline_asm_elementwise", "inline assembly")]
+    assert cpp.split("\n")[found[0].line - 1].strip().startswith("tmp7 = tl.inline_asm_elementwise(")
+    assert found[0].file == "model.wrapper.cpp > Triton kernel in a comment > async_compile.triton source"
+
+
+def test_a_triton_kernel_that_imports_or_calls_what_no_kernel_needs_is_found_in_the_gpu_wrapper():
+    kernel = TRITON_KERNEL.replace("import triton\n", "import triton\nimport os\n", 1)
+    kernel += "    os.system('id')\n"
+    assert sorted(f.call for f in scan_cpp(gpu_wrapper_cpp(kernel), "w.cpp")) == [".system", "import os"]
+
+
+@pytest.mark.parametrize("src, language, expected", [
+    # Inline assembly anywhere in the text: code, comments and literals alike.
+    ('void f() { /* asm volatile("mov %0, %1") */ }', "cpp", ["asm volatile"]),
+    ('const char* s = "__asm__ (\\"nop\\")";', "cpp", ["__asm__ ("]),
+    ("x = 1\n# tl.inline_asm_elementwise('nop')\n", "python", ["inline_asm_elementwise"]),
+    ("k = triton_helpers.inline_asm_pack(x, 2)\n", "kernel", [".inline_asm_pack"]),
+    # PTX text, in a string or a file of its own.
+    ('const char* ptx = R"(\n.version 8.4\n.target sm_90\n.address_size 64\n.visible .entry k()\n)";', "cpp",
+     [".version 8", ".target sm_9", ".address_size 6", ".visible .entry k"]),
+    (".version 8.4\n.target sm_90\n", "ptx", [".version 8", ".target sm_9"]),
+])
+def test_inline_assembly_and_ptx_text_are_found_in_any_source(src, language, expected):
+    assert [f.call for f in scan_sources({"s": (language, src)}).findings] == expected
+
+
+def test_an_aten_fallback_whose_error_code_is_dropped_is_found():
+    dropped = "void run() {\n    aoti_torch_cpu_scatter_reduce_two_out(buf0, buf0,0,arg1_1,arg2_1, \"sum\",1);\n}\n"
+    assert [(f.line, f.call) for f in scan_cpp(dropped, "w.cpp")] == [(2, "aoti_torch_cpu_scatter_reduce_two_out")]
+    assert calls(scan_cpp("if (x) aoti_torch_index_put_out(a, b, 1, c, false);", "w.cpp")) == [
+        (1, "aoti_torch_index_put_out")]
+    checked = dropped.replace("    aoti_torch_cpu_scatter_reduce_two_out(", "    AOTI_TORCH_ERROR_CODE_CHECK("
+                                                                       "aoti_torch_cpu_scatter_reduce_two_out(")
+    checked = checked.replace('1);\n}', '1));\n}')
+    assert scan_cpp(checked, "w.cpp") == []
+    # Handle shims torch writes bare, and shims with no error code at all: not fallbacks.
+    assert scan_cpp("aoti_torch_clone(buf0, &output_handles[0]);\naoti_torch_grad_mode_set_enabled(false);\n"
+                    "auto e = aoti_torch_cpu_addmm_out(a, b, c, d, 1, 1);", "w.cpp") == []
+
+
+def test_the_compile_records_every_triton_kernel_it_hands_to_triton():
+    # The CPU build of torch has no Triton to compile with: the call fails after the hook has recorded it.
+    from torch._inductor.async_compile import AsyncCompile
+
+    original = AsyncCompile.__dict__["triton"]
+    with observe_inductor() as obs:
+        with pytest.raises(Exception):  # noqa: B017, PT011 - whatever this torch raises without Triton
+            AsyncCompile().triton("triton_poi_fused_index_0", TRITON_KERNEL + ASM, "cuda")
+    assert obs.kernel_sources == {"triton_poi_fused_index_0": TRITON_KERNEL + ASM}
+    assert obs.hooks["async_compile.triton"] == "used"
+    assert AsyncCompile.__dict__["triton"] is original  # restored on exit
+
+
 # -- a real package --------------------------------------------------------------------------------------------
 
 SPEC = [{"name": "x", "dtype": "float32", "shape": [4, 16]}]
@@ -129,6 +260,27 @@ def test_a_real_package_scans_clean_in_milliseconds_and_the_report_says_what_was
     assert {f["file"].rsplit(".", 2)[-2] for f in scan["scanned"]} == {"wrapper", "kernel"}
     assert scan["seconds"] < 0.5  # tens of milliseconds at most, against a compile of tens of seconds
     assert "scan" in clean["report"]["timings"]
+
+
+@pytest.mark.slow
+def test_the_scan_stage_reads_the_triton_kernels_the_compile_handed_to_triton(clean, tmp_path):
+    """What a GPU compile records (compiler.compat.observe), on a real package: a kernel with inline assembly fails
+    the compile as UnsafeCode, named by its kernel, and the package is removed."""
+    package = tmp_path / "copy.pt2"
+    shutil.copy(clean["result"]["package"], package)
+    obs = InductorObservation(kernel_sources={"triton_poi_fused_index_0": TRITON_KERNEL + ASM})
+    compiled = stages.Compiled(str(package), obs, 1.0, {}, "cuda:0")
+    with pytest.raises(UnsafeCode) as info:
+        stages.scan(compiled)
+    assert "<triton kernel triton_poi_fused_index_0> line " in info.value.message
+    assert ": .inline_asm_elementwise (inline assembly)" in info.value.message
+    assert not package.exists()
+    shutil.copy(clean["result"]["package"], package)  # the same kernel without the asm line: clean
+    clean_obs = InductorObservation(kernel_sources={"triton_poi_fused_index_0": TRITON_KERNEL})
+    result = stages.scan(stages.Compiled(str(package), clean_obs, 1.0, {}, "cuda:0"))
+    assert result.findings == []
+    assert {"file": "<triton kernel triton_poi_fused_index_0>", "language": "kernel",
+            "bytes": len(TRITON_KERNEL)} in result.files
 
 
 @pytest.mark.slow

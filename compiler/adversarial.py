@@ -1,0 +1,326 @@
+"""The artifact check's adversarial half: what an attacker would feed the package, run where a crash costs nothing.
+
+For every integer input the check tries boundaries and out-of-range values (compiler.inputs.adversarial_cases), at
+the smallest shape point, whatever the uploader's samples held. Each case must end the same way in eager and in the
+package: if eager raises, the package must not return (it raises, or the process it runs in dies: Inductor's
+index asserts throw from inside an OpenMP region on a CPU, which ends the process, and are device-side asserts on
+CUDA, which end the context); if eager returns, the package must return the same values (non-finite values in the
+same places are accepted here). A package that faults (SIGSEGV or SIGBUS; an illegal memory access on CUDA) has read
+or written out of bounds, and fails whatever eager did.
+
+Where it runs. The package never runs in the check's own process for these cases: each run happens in a probe
+child (`python -m compiler.adversarial`), which writes one line per case as it goes. The check decides first, with
+eager on the CPU, which cases raise (on CUDA, on a CPU copy of the program: an out-of-range index in eager CUDA is a
+device-side assert too), and hands the probe the cases that return first and those that raise last. A probe that
+dies mid-case is read from its lines: the case it was in is marked, and a new probe goes on from the next one. On
+CUDA a probe also leaves, to be replaced, as soon as a case has left its context unusable, so every case runs on a
+working device. Where the CPU copy raises at in-range inputs too (an op with no CPU kernel), eager runs on the
+device instead, inside the probe.
+
+Cost: at most `MAX_CASES` cases (a fixed count: 26 for one integer input), at the smallest shape point. One probe
+process runs them all where the package raises cleanly; one more starts after each case that ends a probe (a CPU
+kernel whose assert fires inside an OpenMP region, every refused case on CUDA). A probe that only has refused cases
+left loads the package alone, not the program. Each probe is given `PROBE_TIMEOUT_S`, and none starts after
+`BUDGET_S`: the cases left then are recorded as not run (the summary's `outcomes` counts them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from compiler import inputs as inputs_mod
+
+MAX_CASES = 48
+MAX_PROBES = 2 * MAX_CASES + 1  # a probe per case at worst, twice for a case whose eager ends the context
+PROBE_TIMEOUT_S = 240.0
+# No new probe starts after this long: where every refused case costs a probe and each probe loads big weights, the
+# cases left (the least dangerous values: they run in order) are recorded as not run, so the check stays well inside
+# the worker's AOTC_CHECK_TIMEOUT_S (600 s by default).
+BUDGET_S = 180.0
+RESTART = 3  # a probe's exit status: the CUDA context is gone, go on in a new probe
+UNKNOWN = "?"  # a case whose eager outcome the probe finds out on the device
+# How a package that touched memory it does not own ends, as opposed to refusing: a fault signal on a CPU (an assert
+# is SIGABRT, from std::terminate), an error of these words on CUDA (an assert is "device-side assert triggered").
+FAULT_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS})
+CUDA_FAULT = re.compile(r"illegal memory access|misaligned address|unspecified launch failure|illegal address")
+
+
+def _raised(e: BaseException) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first[:200]}" if first else type(e).__name__
+
+
+def eager_verdicts(ep: torch.export.ExportedProgram, module: Any, flats: list[list[torch.Tensor]]) -> list[str | None]:
+    """For each input list, None if eager `module` (on the CPU) returns, else what it raised."""
+    out: list[str | None] = []
+    for flat in flats:
+        args, kwargs = inputs_mod.call_args(ep, flat)
+        try:
+            with torch.inference_mode():
+                module(*args, **kwargs)
+            out.append(None)
+        except Exception as e:  # noqa: BLE001 - any exception is eager refusing the input
+            out.append(_raised(e))
+    return out
+
+
+def cpu_copy(model_path: str) -> tuple[torch.export.ExportedProgram, Any]:
+    """The uploaded program, loaded again and moved to the CPU: weights, constants and device arguments alike."""
+    from torch.export.passes import move_to_device_pass
+
+    from compiler.loading import load_program
+
+    ep = move_to_device_pass(load_program(model_path), "cpu")
+    return ep, ep.module()
+
+
+def run_probes(model_path: str, package_path: str, device: str, cases: list[dict[str, Any]], tolerance: float,
+               workdir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run `cases` (each {"inputs": flat CPU tensors, "eager": None | what eager raised | UNKNOWN}) in probe
+    children, in order; returns one result per case and what the probes cost."""
+    cases_path = workdir / "cases.pt"
+    torch.save([{"inputs": c["inputs"], "eager": c["eager"]} for c in cases], cases_path)
+    results: dict[int, dict[str, Any]] = {}
+    probes, start = 0, 0
+    t0 = time.perf_counter()
+    while start < len(cases):
+        spent = time.perf_counter() - t0
+        if probes >= MAX_PROBES or spent > BUDGET_S:
+            why = (f"the check starts at most {MAX_PROBES} probes" if probes >= MAX_PROBES
+                   else f"the adversarial budget of {BUDGET_S:.0f} s was spent ({spent:.0f} s)")
+            for k in range(start, len(cases)):
+                results[k] = {"k": k, "outcome": "not run", "why": why}
+            break
+        probes += 1
+        out_path = workdir / f"probe-{probes}.jsonl"
+        log_path = workdir / f"probe-{probes}.log"
+        # -P, as the worker starts its children: the working directory (where a sandboxed child keeps Triton's
+        # cache dir, named `triton`) must not shadow a package.
+        cmd = [sys.executable, "-P", "-m", "compiler.adversarial", model_path, package_path, device, str(cases_path),
+               str(out_path), str(start), repr(tolerance)]
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                rc: int | None = proc.wait(PROBE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc = None
+        lines = [json.loads(ln) for ln in out_path.read_text().splitlines() if ln.strip()] if out_path.exists() else []
+        in_flight: dict[str, Any] | None = None
+        for line in lines:
+            if "outcome" in line:
+                results[line["k"]] = line
+                in_flight = None
+            else:
+                in_flight = line
+        done = max([k for k in results if k >= start], default=start - 1)
+        if in_flight is None:
+            if rc not in (0, RESTART) and done + 1 < len(cases):
+                # It died between cases (loading the program or the package): nothing more will come of it.
+                tail = log_path.read_bytes()[-2000:].decode("utf-8", "replace")
+                raise RuntimeError(f"the adversarial probe exited with status {rc} before case {done + 1}: {tail}")
+            start = done + 1
+            continue
+        k = in_flight["k"]
+        how = f"did not finish in {PROBE_TIMEOUT_S:.0f} s" if rc is None else _death(rc)
+        if in_flight["event"] == "package":
+            refused = in_flight.get("eager")
+            faulted = rc is not None and -rc in FAULT_SIGNALS
+            results[k] = {"k": k, "eager": refused, "package": f"the process {how}",
+                          "outcome": "package faulted" if faulted else "refused" if refused else "package died"}
+            start = k + 1
+        elif rc is None:
+            results[k] = {"k": k, "eager": f"the process {how}", "outcome": "eager did not finish"}
+            start = k + 1
+        else:
+            # Eager refused by ending the process or its CUDA context: the package must not return either, which
+            # a new probe finds out.
+            cases[k]["eager"] = in_flight.get("eager") or f"the process {how}"
+            torch.save([{"inputs": c["inputs"], "eager": c["eager"]} for c in cases], cases_path)
+            start = k
+    cost = {"probes": probes, "seconds": round(time.perf_counter() - t0, 3)}
+    return [results[k] for k in range(len(cases))], cost
+
+
+def _death(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with status {rc}"
+
+
+def verdict(poison: inputs_mod.Poison, numel: int, result: dict[str, Any]) -> str | None:
+    """None when the case ended as it must; else the message that fails the check."""
+    what = poison.describe(numel)
+    outcome = result.get("outcome")
+    if outcome in ("refused", "agreed", "not run"):  # cases not run are counted in the summary, not failed
+        return None
+    if outcome == "returned":
+        return f"{what}: eager raises {result.get('eager')}, the package returned"
+    if outcome == "differs":
+        return f"{what}: the package's result differs from eager: {result.get('why')}"
+    if outcome == "package raised":
+        return f"{what}: the package raises ({result.get('package')}) where eager returns"
+    if outcome == "package died":
+        return f"{what}: {result.get('package')} where eager returns"
+    if outcome == "package faulted":
+        eager = f"eager raises {result['eager']}" if result.get("eager") else "eager returns"
+        return f"{what}: {eager}, the package touched memory it does not own ({result.get('package')})"
+    return f"{what}: {outcome}: {result.get('why') or result.get('eager') or ''}".rstrip(": ")
+
+
+def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str,
+                      ep: torch.export.ExportedProgram, base: list[torch.Tensor], shapes: list[list[int]],
+                      ranges: list[tuple[int, int] | None], tolerance: float) -> dict[str, Any]:
+    """The adversarial cases at one shape point (`base`: the in-range random inputs there, on the CPU). Returns the
+    summary for the check's record, with "failures" (messages) empty when every case ended as it must."""
+    t0 = time.perf_counter()
+    sizes = inputs_mod.dim_sizes(ep, shapes)
+    poisons = inputs_mod.adversarial_cases(spec, shapes, ranges, sizes, MAX_CASES)
+    summary: dict[str, Any] = {"cases": len(poisons), "max_cases": MAX_CASES, "failures": []}
+    if not poisons:
+        summary["note"] = "no integer inputs: nothing to try"
+        return summary
+    flats = [inputs_mod.poisoned(base, p) for p in poisons]
+    oracle = f"eager on the CPU ({torch.__version__})"
+    if device.startswith("cuda"):
+        cpu_ep, cpu_module = cpu_copy(model_path)
+        eager: list[str | None]
+        if eager_verdicts(cpu_ep, cpu_module, [base])[0] is not None:
+            eager = [UNKNOWN] * len(flats)
+            oracle = "eager on the device, in the probes (the program's CPU copy raises at in-range inputs)"
+        else:
+            eager = list(eager_verdicts(cpu_ep, cpu_module, flats))
+            oracle = "eager on a CPU copy of the program"
+        del cpu_module, cpu_ep
+    else:
+        eager = list(eager_verdicts(ep, ep.module(), flats))
+    # Cases eager returns first, those it refuses last: on CUDA a refused case ends the probe's context.
+    order = sorted(range(len(poisons)), key=lambda k: eager[k] not in (None, UNKNOWN))
+    cases = [{"inputs": flats[k], "eager": eager[k]} for k in order]
+    with tempfile.TemporaryDirectory(prefix="aotc-adversarial-") as tmp:
+        results, cost = run_probes(model_path, package_path, device, cases, tolerance, Path(tmp))
+    numels = [t.numel() for t in base]
+    rows: list[dict[str, Any]] = [{} for _ in poisons]
+    for k, r in zip(order, results, strict=True):
+        p = poisons[k]
+        rows[k] = {**asdict(p), "eager": r.get("eager"), "package": r.get("package"), "outcome": r.get("outcome")}
+        message = verdict(p, numels[p.input], r)
+        if message:
+            summary["failures"].append(message)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[str(r["outcome"])] = counts.get(str(r["outcome"]), 0) + 1
+    summary.update(
+        oracle=oracle, outcomes=counts, probes=cost["probes"], probe_seconds=cost["seconds"],
+        seconds=round(time.perf_counter() - t0, 3),
+        inputs={spec[k]["name"]: sorted({p.value for p in poisons if p.input == k})
+                for k in inputs_mod.integer_inputs(spec)},
+        dim_sizes=sizes[:inputs_mod.MAX_DIM_SIZES], results=rows)
+    return summary
+
+
+# -- the probe child ---------------------------------------------------------------------------------------------
+
+
+def _context_lost(device: str) -> bool:
+    if not device.startswith("cuda"):
+        return False
+    try:
+        torch.cuda.synchronize()
+        (torch.ones(1, device=device) + 1).item()
+        return False
+    except Exception:  # noqa: BLE001 - any failure means the context cannot be trusted
+        return True
+
+
+def _probe(model_path: str, package_path: str, device: str, cases_path: str, out_path: str, start: int,
+           tolerance: float) -> int:
+    from compiler.check import compare
+    from compiler.compat import pytree
+    from compiler.compat.aoti import aoti_load_package
+    from compiler.loading import load_program
+
+    cases = torch.load(cases_path, weights_only=True)
+    package = aoti_load_package(package_path, device)
+    in_spec = getattr(package, "in_spec", None)
+    cuda = device.startswith("cuda")
+    ep: torch.export.ExportedProgram | None = None
+    eager: Any = None
+    if in_spec is None or any(c["eager"] in (None, UNKNOWN) for c in cases[start:]):
+        ep = load_program(model_path)  # eager runs here, or the package cannot say how its inputs nest
+        eager = ep.module()
+        eager.to(device)
+    with open(out_path, "a", buffering=1) as out:
+        def write(**line: Any) -> None:
+            out.write(json.dumps(line) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+
+        for k in range(start, len(cases)):
+            write(k=k, event="start")
+            case = cases[k]
+            flat = [t.to(device) for t in case["inputs"]]
+            if ep is not None:
+                args, kwargs = inputs_mod.call_args(ep, flat)
+            else:  # the package's own input structure, which is the program's
+                assert in_spec is not None
+                unflat_args, kwargs = pytree.tree_unflatten(flat, in_spec)
+                args = tuple(unflat_args)
+            refused = case["eager"] if case["eager"] not in (None, UNKNOWN) else None
+            expected = None
+            if refused is None:
+                try:
+                    with torch.inference_mode():
+                        expected = eager(*args, **kwargs)
+                        if cuda:
+                            torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001
+                    refused = _raised(e)
+                    if _context_lost(device):
+                        write(k=k, event="eager lost the context", eager=refused)
+                        return RESTART  # the case runs again in a new probe, as one eager refuses
+            write(k=k, event="package", eager=refused)
+            try:
+                with torch.inference_mode():
+                    actual = package(*args, **kwargs)
+                    if cuda:
+                        torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001
+                raised = _raised(e)
+                outcome = "package faulted" if CUDA_FAULT.search(str(e)) else "refused" if refused else "package raised"
+                write(k=k, eager=refused, package=raised, outcome=outcome)
+                if _context_lost(device):
+                    return RESTART
+                continue
+            if refused:
+                write(k=k, eager=refused, package="returned", outcome="returned")
+                continue
+            cmp = compare(expected, actual, tolerance, allow_nonfinite=True)
+            write(k=k, eager=None, package="returned", outcome="agreed" if cmp["ok"] else "differs",
+                  why=cmp.get("why"))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    model_path, package_path, device, cases_path, out_path, start, tolerance = argv
+    return _probe(model_path, package_path, device, cases_path, out_path, int(start), float(tolerance))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

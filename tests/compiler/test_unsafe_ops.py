@@ -1,0 +1,165 @@
+"""compiler.bounds on real exported programs, without a compile: each op that skips a bounds check becomes a checked
+form that means what eager means (the same values where eager returns, an error where eager raises), the rewrite is
+reported, and ops with no checked form are refused. The compiled side is in test_check.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from compiler.archive.inspect import inspect_archive
+from compiler.bounds import bound_program
+from compiler.errors import BadModel, UnsafeArchive
+
+aten = torch.ops.aten
+
+
+def exported(fn: Any, *args: Any) -> torch.export.ExportedProgram:
+    class M(torch.nn.Module):
+        def forward(self, *a: Any) -> Any:
+            return fn(*a)
+
+    return torch.export.export(M(), args)
+
+
+def ops(ep: torch.export.ExportedProgram) -> set[str]:
+    return {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+
+
+def outcome(module: Any, *args: Any) -> Any:
+    try:
+        return module(*args)
+    except Exception as e:  # noqa: BLE001 - the error's type is the outcome
+        return type(e)
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, type) or isinstance(b, type):
+        return a is b
+    return bool(torch.equal(a, b))
+
+
+def test_unsafe_index_becomes_index_and_raises_where_eager_raises():
+    ep = exported(lambda x, i: aten._unsafe_index.Tensor(x, [i]), torch.randn(16, 4), torch.zeros(8, dtype=torch.long))
+    original = ep.module()
+    report = bound_program(ep)
+    assert report.facts()["ops"] == {"aten._unsafe_index.Tensor": 1}
+    assert report.rewritten[0]["became"] == "aten.index.Tensor"
+    assert ops(ep) == {"aten.index.Tensor"}
+    bounded = ep.module()
+    x = torch.randn(16, 4)
+    for i in ([0, 15, -1, -16, 3, 2, 1, 0], [0, 1, 2, 3, 4, 5, 6, 16], [-17] * 8, [400000] * 8):
+        idx = torch.tensor(i)
+        assert same(outcome(bounded, x, idx), outcome(original, x, idx)), i
+    assert outcome(bounded, x, torch.tensor([-400000] * 8)) is IndexError
+
+
+def test_unsafe_masked_index_and_its_put_keep_eagers_clamp_where_inductor_would_read_anywhere():
+    x = torch.arange(10.0)
+    mask = torch.tensor([True, True, True, False, True])
+    idx = torch.tensor([0, 9, -1, 100, 10])
+    ep = exported(lambda x, m, i: (aten._unsafe_masked_index(x, m, [i], -7.0),
+                                   aten._unsafe_masked_index_put_accumulate(x, m, [i], torch.ones(5))), x, mask, idx)
+    original = ep.module()
+    report = bound_program(ep)
+    assert set(report.facts()["ops"]) == {"aten._unsafe_masked_index.default",
+                                          "aten._unsafe_masked_index_put_accumulate.default"}
+    assert not any("_unsafe" in op for op in ops(ep))
+    bounded = ep.module()
+    for i in (idx, torch.tensor([-400000, 400000, 5, -11, 10]), torch.full((5,), 2**62)):
+        for got, want in zip(bounded(x, mask, i), original(x, mask, i), strict=True):
+            assert torch.equal(got, want)
+
+
+def test_max_unpool_bounds_each_index_by_its_plane_as_eager_does():
+    x = torch.randn(2, 3, 4, 4)
+    _, ind = torch.nn.functional.max_pool2d(torch.randn(2, 3, 8, 8), 2, return_indices=True)
+    ep = exported(lambda x, i: torch.nn.functional.max_unpool2d(x, i, 2), x, ind)
+    original = ep.module()
+    assert bound_program(ep).facts()["ops"] == {"aten.max_unpool2d.default": 1}
+    bounded = ep.module()
+    assert torch.equal(bounded(x, ind), original(x, ind))
+    # -1 and 64 are in bounds of the batch's one buffer (Inductor's decomposition), not of a plane.
+    for bad in (-1, 64, 2 * 3 * 64 - 1):
+        poisoned = ind.clone()
+        poisoned[1, 2, 0, 0] = bad
+        assert isinstance(outcome(original, x, poisoned), type) and isinstance(outcome(bounded, x, poisoned), type)
+
+
+def test_as_strided_with_a_symbolic_offset_gets_a_runtime_bound():
+    # In bounds at the checked shapes (2 and 10), 60 KB past the end at 5: Inductor lowers as_strided to a view.
+    class Strided(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            s = x.shape[0]
+            return torch.as_strided(x, (4,), (1,), (s - 2) * (10 - s) * 1000)
+
+    b = torch.export.Dim("b", min=2, max=10)
+    ep = torch.export.export(Strided(), (torch.randn(10, 4),), dynamic_shapes=({0: b},))
+    assert bound_program(ep).facts()["ops"] == {"aten.as_strided.default": 1}
+    bounded = ep.module()
+    for n in (2, 10):
+        x = torch.randn(n, 4)
+        assert torch.equal(bounded(x), x.flatten()[:4])
+    with pytest.raises(RuntimeError, match="as_strided: the view reaches outside its tensor"):
+        bounded(torch.randn(5, 4))
+    # Re-exported as the compile does, the bound is a run-time assert in the graph, not a guard on the range.
+    again = torch.export.export(bounded, (torch.randn(6, 4),), dynamic_shapes=({0: b},))
+    assert "aten._assert_async.msg" in ops(again)
+
+
+def test_index_put_impl_loses_its_unsafe_flag():
+    def f(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return aten._index_put_impl(x, [i], torch.ones(2), True, True)
+
+    ep = exported(f, torch.zeros(8), torch.tensor([1, 2]))
+    assert bound_program(ep).facts()["ops"] == {"aten._index_put_impl.default": 1}
+    bounded = ep.module()
+    assert torch.equal(bounded(torch.zeros(8), torch.tensor([1, 1])), f(torch.zeros(8), torch.tensor([1, 1])))
+    assert outcome(bounded, torch.zeros(8), torch.tensor([1, 8])) in (IndexError, RuntimeError)
+
+
+def test_a_sparse_tensor_built_from_unchecked_indices_is_refused_at_upload_and_by_the_worker(tmp_path):
+    ep = exported(lambda i, v: aten._sparse_coo_tensor_unsafe.default(i, v, [10]).to_dense(),
+                  torch.tensor([[1, 2]]), torch.ones(2))
+    path = tmp_path / "sparse.pt2"
+    torch.export.save(ep, str(path))
+    with pytest.raises(UnsafeArchive) as upload:  # the API's check, no torch
+        inspect_archive(str(path))
+    assert "calls torch.ops.aten._sparse_coo_tensor_unsafe.default, which builds a sparse tensor from indices " \
+           "nothing validates (eager code then writes where they point); aotc compiles no sparse tensors" \
+           in upload.value.message
+    with pytest.raises(BadModel) as worker:
+        bound_program(ep)
+    assert worker.value.stage == "capture"
+    assert "calls aten._sparse_coo_tensor_unsafe.default, which builds a sparse tensor from indices nothing " \
+           "validates" in worker.value.message
+
+
+def test_programs_without_unsafe_ops_are_left_alone():
+    ep = exported(lambda x, i: torch.nn.functional.embedding(i, x) + torch.nn.functional.interpolate(
+        x[None, None], scale_factor=2)[0, 0, :4, :4].sum(), torch.randn(16, 4), torch.zeros(4, dtype=torch.long))
+    before = ep.graph_module.code
+    assert bound_program(ep).facts() == {"rewritten": 0, "ops": {}, "nodes": []}
+    assert ep.graph_module.code == before
+
+
+def test_a_decomposed_upsample_keeps_working_through_the_rewrite():
+    """What a user's own run_decompositions leaves for upsample_nearest: _unsafe_index over computed indices. The
+    rewrite keeps its values, and the re-export (what the compile sees) holds only checked indexing."""
+    from torch._decomp import get_decompositions
+
+    class Up(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest")
+
+    x = torch.randn(2, 3, 5, 7)
+    table = get_decompositions([aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default])
+    ep = torch.export.export(Up(), (x,)).run_decompositions(table)
+    assert "aten._unsafe_index.Tensor" in ops(ep)
+    assert bound_program(ep).facts()["ops"] == {"aten._unsafe_index.Tensor": 1}
+    bounded = ep.module()
+    assert torch.equal(bounded(x), Up()(x))
+    again = torch.export.export(bounded, (x,))
+    assert "aten.index.Tensor" in ops(again) and not any("_unsafe" in op for op in ops(again))
