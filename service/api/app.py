@@ -25,6 +25,7 @@ from starlette.routing import BaseRoute, Match, Route
 from starlette.types import Receive, Scope, Send
 
 from compiler.errors import AotcError
+from service import ui
 from service.api import errors, openapi
 from service.api.auth import Keyring
 from service.api.cache import Reads
@@ -38,7 +39,6 @@ from service.api.slots import Slots
 from service.api.storage import on_start, storage_options
 from service.store import Store
 from service.store.reaper import reap_all
-from service import ui
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

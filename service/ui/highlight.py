@@ -13,11 +13,10 @@ import hashlib
 import re
 
 from markupsafe import escape
-
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
-from pygments.lexers import CppLexer, PythonLexer, TextLexer
 from pygments.lexer import Lexer
+from pygments.lexers import CppLexer, PythonLexer, TextLexer
 
 _FORMATTER_OPTS = {"cssclass": "code", "linenos": "inline", "lineanchors": "L", "anchorlinenos": True,
                    "wrapcode": True}
