@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
@@ -24,7 +24,7 @@ from service.api.events import job_stream
 from service.api.routes import compilations as compilations_route
 from service.api.routes import jobs as jobs_route
 from service.api.routes import models as models_route
-from service.api.schemas import JOB_ID, CompilationRequest
+from service.api.schemas import JOB_ID, CompilationRequest, JobState
 from service.store import TERMINAL, Store
 from service.ui import timeline
 from service.ui.session import CheckedForm, Viewer, needs
@@ -44,7 +44,7 @@ def _store(request: Request) -> Store:
 
 def _listed(store: Store, who: Principal, state: str, target: str, model: str) -> dict[str, Any]:
     """The jobs GET /v1/jobs lists for this key, filtered by target and model here (the route filters by state)."""
-    jobs = jobs_route.list_jobs(store, who, LIST_LIMIT, state or None)["jobs"]
+    jobs = jobs_route.list_jobs(store, who, LIST_LIMIT, cast(JobState | None, state or None))["jobs"]
     targets = sorted({str(j.get("target")) for j in jobs if j.get("target")})
     if target:
         jobs = [j for j in jobs if str(j.get("target", "")).startswith(target)]
