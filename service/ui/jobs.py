@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from compiler.errors import Conflict, NotFound
@@ -25,6 +25,7 @@ from service.api.routes import compilations as compilations_route
 from service.api.routes import jobs as jobs_route
 from service.api.routes import models as models_route
 from service.api.schemas import JOB_ID, CompilationRequest, JobState
+from service.api.slots import Slots
 from service.store import TERMINAL, Store
 from service.ui import timeline
 from service.ui.session import CheckedForm, Viewer, needs
@@ -148,31 +149,35 @@ async def job_stream_html(request: Request, job_id: JobIdPath, who: Viewer) -> R
 
     token = csrf_token(request)
 
+    slots: Slots = request.app.state.slots  # the same AOTC_MAX_STREAMS_PER_KEY as GET /v1/jobs/{id}/events
+    slot = await slots.take("streams", who, request.app.state.settings.max_streams_per_key)
+    stream = job_stream(request.app.state.events, request.app.state.aredis, job_id, load_job,
+                        after=events[-1][0] if events else "0-0", stopping=request.app.state.draining.is_set)
+
     async def frames() -> AsyncIterator[str]:
         seen = list(events)
         current = job
-        last = events[-1][0] if events else "0-0"
-        stream = job_stream(request.app.state.aredis, job_id, load_job, after=last,
-                            stopping=request.app.state.draining.is_set)
         template = env.get_template("_job_live.html")
-        async for raw in stream:
-            event, event_id, data = _frames(raw)
-            if event == "state" and data is not None:
-                seen.append((event_id, data))
-                current = {**current, "state": data.get("state", current["state"]),
-                           "stage": data.get("stage", current.get("stage"))}
-            elif event == "end":
-                current = data or await load_job() or current
-            else:
-                yield raw  # retry, keepalives, `unavailable`
-                continue
-            yield sse_html("live", template.render(csrf=token, **_live_context(current, seen, who)))
-            if event == "end":
-                yield "event: end\ndata: end\n\n"
-                return
+        try:
+            async for raw in stream:
+                event, event_id, data = _frames(raw)
+                if event == "state" and data is not None:
+                    seen.append((event_id, data))
+                    current = {**current, "state": data.get("state", current["state"]),
+                               "stage": data.get("stage", current.get("stage"))}
+                elif event == "end":
+                    current = data or await load_job() or current
+                else:
+                    yield raw  # retry, keepalives, `unavailable`
+                    continue
+                yield sse_html("live", template.render(csrf=token, **_live_context(current, seen, who)))
+                if event == "end":
+                    yield "event: end\ndata: end\n\n"
+                    return
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
 
-    return StreamingResponse(frames(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return jobs_route.EventStream(frames(), lambda: slots.release(slot))
 
 
 def _after_action(request: Request, job_id: str, message: str = "") -> Response:
