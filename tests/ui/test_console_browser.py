@@ -123,11 +123,13 @@ def test_artifact_kernels_code_and_provenance(team_a: Watched, job: dict, artifa
     assert frame is not None
     frame.wait_for_load_state()
     assert 'extern "C"' in frame.inner_text("body")
+    page.wait_for_timeout(300)
+    shot(page, shots_dir, "artifact")
     # Opening a kernel from the table scrolls the sandboxed frame to its definition.
     page.locator("table.kernels tbody tr a").first.click()
     page.wait_for_timeout(500)
     assert frame.url.split("#")[1].startswith("L-")
-    shot(page, shots_dir, "artifact")
+    frame.wait_for_load_state()
     page.locator("#code").screenshot(path=str(shots_dir / "code-view.png"))
     page.locator("#check").screenshot(path=str(shots_dir / "check.png"))
 
