@@ -25,6 +25,7 @@ from starlette.routing import BaseRoute, Match, Route
 from starlette.types import Receive, Scope, Send
 
 from compiler.errors import AotcError
+from service import ui
 from service.api import errors, openapi
 from service.api.auth import Keyring
 from service.api.cache import Reads
@@ -108,6 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ours = [route for router in routers for route in router.routes]
     app.router.routes.insert(0, MethodGate(ours, literal=True))
     app.router.routes.append(MethodGate(ours, literal=False))
+    app.include_router(ui.router)  # the web console at /ui (service/ui): after the API's routes, so they match first
     openapi.install(app, settings)
     app.add_middleware(CountRequests)  # cache hits and misses, bytes served: /metrics
     # 408 for request bodies that stall or trickle (the header deadline is the protocol's: service/api/http.py).

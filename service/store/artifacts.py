@@ -99,6 +99,7 @@ class Artifacts:
             if evicted:
                 log.info("evicted %d artifact(s) to stay under %d bytes: %s", len(evicted), self.max_bytes,
                          " ".join(evicted))
+                self.r.hincrby(keys.METRICS_COUNTERS, "evictions", len(evicted))  # /metrics and the console
             total = self.total_bytes()
             if total + incoming > self.max_bytes:
                 log.warning("artifacts hold %d bytes (+%d coming), over AOTC_STORE_MAX_GB (%d bytes): the rest are "

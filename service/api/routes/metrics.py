@@ -99,6 +99,8 @@ class Scraper:
         out.append(pulls)
         out.append(CounterMetricFamily("aotc_compiles", "Compiles workers ran (a cache hit runs none).",
                                        value=self.store.caches.compiles()))
+        out.append(CounterMetricFamily("aotc_artifact_evictions", "Artifacts evicted to keep the store under "
+                                       "AOTC_STORE_MAX_GB.", value=int(counters.get("evictions", 0))))
         out += self._stored()
         memory = r.info("memory")
         out.append(GaugeMetricFamily("aotc_redis_used_memory_bytes", "Memory Redis uses (records, queues, and "

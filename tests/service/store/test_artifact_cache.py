@@ -71,6 +71,7 @@ def test_least_recently_pulled_go_first_and_models_and_jobs_stay(store: Store, t
     publish(store, tmp_path, "d")  # 12 KB > 10 KB: b, the least recently pulled, goes
     assert [k for k in "abcd" if alive(store, k)] == ["a", "c", "d"]
     assert store.artifacts.total_bytes() == 9 * KB
+    assert store.r.hget(keys.METRICS_COUNTERS, "evictions") == "1"  # aotc_artifact_evictions, the console's farm
     assert not store.blobs.exists("artifact", store.artifacts.blob_id(art_b))
     assert store.models.get("m" * 64) is not None and store.r.hget(keys.job("j1"), "state") == "succeeded"
     store.artifacts.touch("b")  # a pull of an evicted artifact does not bring it back into the books
