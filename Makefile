@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: install install-dev serve test test-gpu lint typecheck clean
+.PHONY: install install-dev browser serve test test-gpu lint typecheck clean
 
 # pyproject.toml is a prerequisite because the editable install writes the console scripts (aotc, aotc-server,
 # aotc-worker) and the package metadata (dependencies, extras) from it.
@@ -18,19 +18,15 @@ DEVSTAMP := $(VENV)/.installed-dev
 # example (examples/cpp, built by tests/e2e/test_cpp_loader.py) checks signatures with OpenSSL's libcrypto: install
 # bwrap and libssl-dev as root where they are missing; anyone else is told how (or runs with AOTC_SANDBOX=off, for
 # trusted models only). Without libssl-dev only the C++ example's test fails, so that alone is a warning.
-# The web console's tests (tests/ui) drive Debian's chromium through Playwright (Playwright's own browser download
-# cannot work here): installed the same way; without it only those tests fail, so that too is a warning.
 $(STAMP): requirements.lock pyproject.toml
 	@missing=; \
 	command -v bwrap >/dev/null || [ "$$AOTC_SANDBOX" = off ] || missing=bubblewrap; \
 	[ -e /usr/include/openssl/evp.h ] || missing="$${missing:+$$missing }libssl-dev"; \
-	[ -x /usr/bin/chromium ] || missing="$${missing:+$$missing }chromium"; \
 	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	elif [ -z "$$(echo " $$missing " | sed 's/ libssl-dev / /; s/ chromium / /' | tr -d ' ')" ]; then \
-		echo "aotc: the C++ example (examples/cpp) needs OpenSSL's headers and the console's tests need Debian's" \
-			"chromium: sudo apt-get install $$missing" >&2; \
+	elif [ "$$missing" = libssl-dev ]; then \
+		echo "aotc: the C++ example (examples/cpp) needs OpenSSL's headers: sudo apt-get install libssl-dev" >&2; \
 	else \
 		echo "aotc: workers sandbox their compiles with bubblewrap, which is not installed. Install it as root" \
 			"(sudo apt-get install $$missing), or set AOTC_SANDBOX=off to run compiles unconfined (trusted models only)." >&2; \
@@ -52,7 +48,18 @@ install-dev: $(DEVSTAMP)
 serve: $(STAMP)
 	$(BIN)/aotc-server $(ARGS)
 
-test: $(STAMP)
+# The web console's tests (tests/ui) drive Debian's chromium through Playwright (Playwright's own browser download
+# cannot work here). Only `make test` needs it: installed as root where it is missing; anyone else is told how, and
+# without it only those tests fail.
+browser:
+	@command -v chromium >/dev/null || { \
+		if [ "$$(id -u)" = 0 ]; then \
+			DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+		else \
+			echo "aotc: the console's tests (tests/ui) need Debian's chromium: sudo apt-get install chromium" >&2; \
+		fi; }
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest $(ARGS)
 
 # On a machine with a CUDA GPU (see docs/development.md, "On a GPU").

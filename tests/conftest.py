@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from procs import ADMIN_KEY, MAX_UPLOAD_MB, ROOT, start_api, start_worker, stop, wait_workers
+from procs import ADMIN_KEY, DISK_LOW_WATER_MB, MAX_UPLOAD_MB, ROOT, start_api, start_worker, stop, wait_workers
 from service.store import Store
 from service.store.embedded import EmbeddedRedis
 
 # The SDK and the CLI the tests run (in this process or as subprocesses) authenticate with the admin key.
 os.environ["AOTC_API_KEY"] = ADMIN_KEY
+# Every service and worker the tests start inherits it (the disk-full tests set their own).
+os.environ.setdefault("AOTC_DISK_LOW_WATER_MB", str(DISK_LOW_WATER_MB))
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,9 @@ from service.store.embedded import EmbeddedRedis, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_UPLOAD_MB = 8  # the API under test refuses larger uploads; every test model is far smaller
+# The free disk the test services keep (AOTC_DISK_LOW_WATER_MB): far below the default of 512 MB, so that a CI machine
+# with little free disk still runs the suite; the disk-full tests set their own.
+DISK_LOW_WATER_MB = 32
 # Test workers share one set of trusted precompiled headers (worker/headers.py), built by the first worker that
 # needs it and kept across runs (a new toolchain builds a new set): without it each test worker's warm-up compile
 # would build its own, about a minute on 2 cores. Workers still run their compiles sandboxed (AOTC_SANDBOX=on).
