@@ -183,6 +183,10 @@ class Announced(Reads):
                 if said and isinstance(primary, FileBlobs) and said.get("id") not in (None, primary.store_id):
                     raise BlobError(f"the API stores blobs in {url}, and this machine's {url} is another volume "
                                     "(a different .aotc-store-id); share one volume or use AOTC_BLOB_STORE=s3://...")
+                if not said:
+                    # Not kept: a worker that looks (its disk watch does, before its first claim) while no API has
+                    # announced yet would otherwise stay on Redis after the API announces a file store.
+                    return store
                 self._store = store
             return self._store
 

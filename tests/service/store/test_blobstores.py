@@ -24,7 +24,7 @@ import redis
 from procs import ROOT
 from service.store import Store, keys
 from service.store.blobs import PIECE, BlobError, BlobStore
-from service.store.blobstore import Announced, StorageOptions, announce, open_blob_store
+from service.store.blobstore import Announced, StorageOptions, announce, local_root, open_blob_store
 from service.store.blobstore.files import FileBlobs
 from service.store.blobstore.redis_chunks import RedisBlobs
 from service.store.embedded import EmbeddedRedis
@@ -221,6 +221,21 @@ def test_a_worker_without_a_setting_uses_the_store_the_api_announced(tmp_path: P
         mine = Store(server.url, storage=StorageOptions(blob_store=other.url))
         assert any("another volume" in w for w in mine.check_redis())
         for s in (api, worker, late, mine):
+            s.close()
+
+
+def test_a_worker_that_looks_before_the_api_announced_follows_the_announcement(tmp_path: Path) -> None:
+    """A worker's disk watch asks for its blob store's dir before its first claim, which can be before any API has
+    started: that answer (Redis, no dir) must not stick once the API announces a file store."""
+    with EmbeddedRedis(tmp_path / "redis", appendonly=False) as server:
+        worker = Store(server.url)
+        assert local_root(worker.blobs) is None  # nothing announced yet: Redis
+        api = Store(server.url, storage=StorageOptions(blob_store=f"file://{tmp_path}/shared"))
+        api.check_redis(announce=True)
+        api.blobs.put("model", "m1", io.BytesIO(b"hello"))
+        assert local_root(worker.blobs) == (tmp_path / "shared").resolve()
+        assert worker.blobs.read("model", "m1", 100) == b"hello"
+        for s in (api, worker):
             s.close()
 
 
