@@ -39,7 +39,7 @@ def _answer(store: Store, settings: Settings, who: Principal, model: dict[str, A
     factors, key, artifact = found
     if artifact:
         return {"status": "cached", "key": key, "artifact": artifact}
-    job_id, created = store.jobs.submit(
+    job_id, _ = store.jobs.submit(
         key,
         worker["target"],
         {
@@ -52,8 +52,10 @@ def _answer(store: Store, settings: Settings, who: Principal, model: dict[str, A
         },
         priority=priority,
     )
+    # Decided by the namespace's own record alone (one atomic ZADD NX): of identical requests racing, exactly one
+    # per namespace is "queued", even when another one's submit created the job first.
     new_here = store.namespaces.add_job(who.namespace, job_id, reservation)
-    return {"status": "queued" if created or new_here else "joined", "key": key, "job": store.jobs.get(job_id)}
+    return {"status": "queued" if new_here else "joined", "key": key, "job": store.jobs.get(job_id)}
 
 
 def _admit_jobs(store: Store, settings: Settings, ns: str, wanted: int) -> tuple[str, ...]:
