@@ -83,6 +83,7 @@ class Fault:
     skipped: str = ""
     next_request_s: float | None = None
     next_compile_s: float | None = None
+    answers: dict[str, str] = field(default_factory=dict)  # what the service said while the fault lasted
 
 
 @dataclass
@@ -169,8 +170,11 @@ class Service:
             self.mount_error = "not root: no tmpfs of a fixed size can be mounted"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # The precompiled headers (about 280 MB, built once) live outside the small data disk, as the tests keep
+        # them; the low-water mark is a small share of it, so that only the fault fills it.
         env = {**os.environ, "AOTC_DATA_DIR": str(self.data), "AOTC_ADMIN_KEY": ADMIN_KEY,
-               "PYTHONPATH": str(ROOT), "AOTC_HEADERS_DIR": str(ROOT / ".aotc" / "test-headers")}
+               "PYTHONPATH": str(ROOT), "AOTC_HEADERS_DIR": str(ROOT / ".aotc" / "test-headers"),
+               "AOTC_DISK_LOW_WATER_MB": str(max(16, disk_mb // 8))}
         env.pop("AOTC_REDIS_URL", None)
         self.log = open(base / "server.log", "wb")
         self.proc = subprocess.Popen(
@@ -303,17 +307,16 @@ class Clients:
         api = Api(self.url, self.rec)
         while not self.stop.is_set():
             if self.built and rng.random() < 0.25:
-                model_id, shapes = rng.choice(self.built)
-                self._compile(api, model_id, shapes)
+                held, shapes = rng.choice(self.built)
+                self._compile(api, held, shapes)
                 continue
             path = self._pick(rng)
             if path is None:
                 self.stop.wait(1.0)
                 continue
             model_id = self._upload(api, path)
-            if model_id is None:
-                continue
-            self._compile(api, model_id, {"x": [{"min": 1, "max": 32}, 16]})
+            if model_id is not None:
+                self._compile(api, model_id, {"x": [{"min": 1, "max": 32}, 16]})
 
     def _upload(self, api: Api, path: Path) -> str | None:
         data = path.read_bytes()
@@ -448,6 +451,23 @@ def fill_disk(data: Path) -> tuple[Path, int]:
     return ballast, written
 
 
+def full_disk_answers(service: Service, rec: Record) -> dict[str, str]:
+    """What a user meets on the full disk: a new model's upload (a 507 naming the free space and the setting is
+    right), a model the service holds uploaded again (it needs no room: 200), and a lookup (a read: 200)."""
+    api = Api(service.url, rec)
+    out: dict[str, str] = {}
+    new = service.base / "full-disk-new.pt2"
+    new.write_bytes(b"PK" + os.urandom(256 << 10))  # a fresh id; refused for room before it is ever inspected
+    held = sorted(service.base.glob("mlp-*.pt2"))[0]
+    for what, path in (("upload a new model", new), ("upload a held model again", held)):
+        r = api.call("POST", "/v1/models", content=path.read_bytes(), params={"name": path.stem},
+                     headers={"content-type": "application/octet-stream"})
+        out[what] = "no answer" if r is None else f"{r.status_code} {r.text[:300]}"
+    r = api.call("GET", "/v1/models", params={"limit": 1})
+    out["list models"] = "no answer" if r is None else str(r.status_code)
+    return out
+
+
 def inject(service: Service, rec: Record, kind: str, disk_full_s: float, stop: threading.Event) -> Fault:
     fault = Fault(kind, rec.now())
     if kind == "disk":
@@ -456,6 +476,7 @@ def inject(service: Service, rec: Record, kind: str, disk_full_s: float, stop: t
             return fault
         ballast, written = fill_disk(service.data)
         fault.detail = f"filled {written >> 20} MiB, held {disk_full_s:.0f} s"
+        fault.answers = full_disk_answers(service, rec)
         stop.wait(disk_full_s)
         ballast.unlink()
         return fault
@@ -516,10 +537,11 @@ def duplicates(api: Api, rec: Record, data: Path) -> dict[str, Any]:
                 "count": None}
     listed = [a["key"] for a in r.json().get("artifacts", [])]
     twice = [k for k, n in Counter(listed).items() if n > 1]
-    # The file blob store keeps one data file per key ({key}.{sha256[:16]}.data): a second is a second copy.
-    files = Counter(p.name.split(".")[0] for p in (data / "blobs").rglob("*.data")) \
+    # The file blob store keeps one data file per kind and id (DIR/{kind}/{id[:2]}/{id}.{sha256[:16]}.data; an
+    # artifact has a package and its sources under one key): a second of one kind is a second copy.
+    files = Counter((p.parent.parent.name, p.name.split(".")[0]) for p in (data / "blobs").rglob("*.data")) \
         if (data / "blobs").is_dir() else Counter()
-    stored_twice = [k for k in listed if files.get(k, 0) > 1]
+    stored_twice = sorted({k for (_, k), n in files.items() if n > 1 and k in set(listed)})
     by_request: dict[str, set[str]] = {}
     for j in rec.jobs.values():
         if j.state == "succeeded":
@@ -532,7 +554,7 @@ def duplicates(api: Api, rec: Record, data: Path) -> dict[str, Any]:
 def report(rec: Record, dup: dict[str, Any], args: argparse.Namespace, service: Service) -> dict[str, Any]:
     jobs = list(rec.jobs.values())
     lost = [j for j in jobs if j.state not in TERMINAL or (j.state == "succeeded" and not j.pulled)]
-    five = Counter()
+    five: Counter[str] = Counter()
     for (method, route, status), n in rec.statuses.items():
         if status >= 500:
             five[f"{status} {method} {route}"] += n
@@ -582,6 +604,9 @@ def print_table(out: dict[str, Any]) -> None:
         print(f"| {f['kind']} | {f['at']:.1f} | {f['pid'] or ''} | {f['skipped'] or f['detail']} | "
               f"{f['next_request_s'] if f['next_request_s'] is not None else '-'} | "
               f"{f['next_compile_s'] if f['next_compile_s'] is not None else '-'} |")
+    for f in out["faults"]:
+        for what, said in f["answers"].items():
+            print(f"while the {f['kind']} fault lasted, {what}: {said}")
     if out["five_xx_by_route"]:
         print("\n| 5xx | count |\n|---|---|")
         for k, n in sorted(out["five_xx_by_route"].items()):
@@ -597,7 +622,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--api-workers", type=int, default=2)
     p.add_argument("--models", type=int, default=40, help="distinct models to upload (each a compile of its own)")
-    p.add_argument("--disk-mb", type=int, default=768, help="size of the data dir's tmpfs")
+    p.add_argument("--disk-mb", type=int, default=512,
+                   help="size of the data dir's tmpfs (AOTC_DISK_LOW_WATER_MB is an eighth of it)")
     p.add_argument("--disk-full-s", type=float, default=30.0, help="how long the disk stays full")
     p.add_argument("--faults", default=",".join(FAULTS), help="which faults, comma-separated")
     p.add_argument("--compile-allowance-s", type=float, default=120.0,

@@ -14,6 +14,7 @@ import httpx
 
 from service.store import Store
 from service.store.embedded import EmbeddedRedis, free_port
+from service.store.redis_url import with_password_file
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_UPLOAD_MB = 8  # the API under test refuses larger uploads; every test model is far smaller
@@ -172,8 +173,116 @@ class Cluster:
     def wait_end(self, job_id: str, timeout: float = 240) -> dict[str, Any]:
         return self.wait_for(job_id, lambda j: j["state"] in ("succeeded", "failed", "cancelled"), timeout)
 
+    def workers(self) -> dict[str, dict[str, Any]]:
+        """GET /v1/workers: id -> record."""
+        r = api.get(f"{self.url}/v1/workers", timeout=10)
+        assert r.status_code == 200, r.text
+        return {w["id"]: w for w in r.json()["workers"]}
+
+    def wait_worker(self, wid: str, healthy: bool, timeout: float = 120) -> dict[str, Any]:
+        """The worker's record once it says it is (un)healthy."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            w = self.workers().get(wid)
+            if w is not None and w["healthy"] is healthy:
+                return w
+            time.sleep(0.2)
+        raise AssertionError(f"worker {wid} never became {'healthy' if healthy else 'unhealthy'}: {self.workers()}")
+
     def close(self) -> None:
         for p in self.procs:
             stop(p)
         self.store.close()
         self.redis.stop()
+
+
+# -- aotc-server as an operator runs it -------------------------------------------------------------------------
+
+
+def children_of() -> dict[int, list[int]]:
+    """Every live process's children, from /proc: pid -> child pids."""
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    return kids
+
+
+def descendants(pid: int) -> list[int]:
+    kids, out, todo = children_of(), [], [pid]
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+class AotcServer:
+    """`python -m service` (what the aotc-server script runs) on free ports with its own data dir, its output
+    (workers' too) in a log file beside the data dir. `env` adds to or overrides this process's environment."""
+
+    def __init__(self, data_dir: Path, *args: str, redis_port: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.redis_port = redis_port or free_port()
+        full = {"AOTC_HEADERS_DIR": str(HEADERS_DIR),  # the test workers' shared precompiled headers
+                **{k: v for k, v in os.environ.items() if k != "AOTC_REDIS_URL"},
+                "AOTC_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT), "AOTC_MAX_UPLOAD_MB": "64",
+                "AOTC_ADMIN_KEY": ADMIN_KEY, **(env or {})}
+        self.log = data_dir.parent / f"{data_dir.name}-server-{self.port}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "--port", str(self.port), "--redis-port", str(self.redis_port),
+             "--log-level", "warning", *args], env=full, cwd=ROOT, stdout=open(self.log, "wb"),
+            stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    @property
+    def redis_url(self) -> str:
+        """Its embedded Redis, with the password that aotc-server keeps in the data dir."""
+        return with_password_file(f"redis://127.0.0.1:{self.redis_port}/0", self.data_dir / "redis" / "password")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self, targets: int = 0, timeout: float = 180.0) -> dict[str, Any]:
+        """/readyz's answer once it is 200 with at least `targets` targets served."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"aotc-server exited with {self.proc.returncode}: {self.output()[-4000:]}"
+            try:
+                r = api.get(f"{self.url}/readyz", timeout=2)
+                if r.status_code == 200 and len(r.json()["targets"]) >= targets:
+                    return dict(r.json())
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"aotc-server was not ready in {timeout} s: {self.output()[-4000:]}")
+
+    def children(self) -> dict[int, str]:
+        """Its live child processes: pid -> command line."""
+        return {p: cmdline(p) for p in children_of().get(self.proc.pid, []) if alive(p)}
+
+    def redis_pid(self) -> int:
+        pids = [p for p, cmd in self.children().items() if "redis-server" in cmd]
+        assert len(pids) == 1, self.children()
+        return pids[0]

@@ -79,22 +79,6 @@ def _broken_env(tmp_path: Path, how: str = "abort") -> Path:
     return d
 
 
-def _workers(cluster: Cluster) -> dict[str, dict[str, Any]]:
-    r = api.get(f"{cluster.url}/v1/workers", timeout=10)
-    assert r.status_code == 200, r.text
-    return {w["id"]: w for w in r.json()["workers"]}
-
-
-def _wait_worker(cluster: Cluster, wid: str, healthy: bool, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        w = _workers(cluster).get(wid)
-        if w is not None and w["healthy"] is healthy:
-            return w
-        time.sleep(0.3)
-    raise AssertionError(f"worker {wid} never became {'healthy' if healthy else 'unhealthy'}: {_workers(cluster)}")
-
-
 def test_a_worker_whose_children_cannot_import_torch_stops_claiming_and_its_jobs_keep_their_attempts(
         cluster, tmp_path):
     broken = _broken_env(tmp_path)
@@ -102,7 +86,7 @@ def test_a_worker_whose_children_cannot_import_torch_stops_claiming_and_its_jobs
                                      AOTC_WORKER_MAX_EARLY_CRASHES=str(MAX_EARLY_CRASHES),
                                      AOTC_WORKER_REPROBE_S="4")
     try:
-        assert _workers(cluster)[wid]["healthy"] is True
+        assert cluster.workers()[wid]["healthy"] is True
         torch.manual_seed(0)
         model = export(seeded(MLP, 0, d_in=4, hidden=8, d_out=4).eval(), (torch.randn(2, 4),), tmp_path / "mlp.pt2")
         up = api.post(f"{cluster.url}/v1/models", content=model.read_bytes(), timeout=60)
@@ -114,7 +98,7 @@ def test_a_worker_whose_children_cannot_import_torch_stops_claiming_and_its_jobs
 
         # After MAX_EARLY_CRASHES children in a row died importing torch, the worker says so over HTTP, with the
         # cause: how the child died and its stderr, where the loader error and the path of the code that aborted are.
-        w = _wait_worker(cluster, wid, healthy=False)
+        w = cluster.wait_worker(wid, healthy=False)
         reason = w["unhealthy_reason"]
         assert reason.startswith(f"{MAX_EARLY_CRASHES} children in a row failed before their work started "
                                  f"(AOTC_WORKER_MAX_EARLY_CRASHES={MAX_EARLY_CRASHES}), so this worker claims no jobs;")
@@ -144,7 +128,7 @@ def test_a_worker_whose_children_cannot_import_torch_stops_claiming_and_its_jobs
                    for r in handed_back)
         heartbeat = w["heartbeat"]
         time.sleep(6)  # over a heartbeat: it heartbeats on (no reaper takes it for lost) and claims nothing
-        assert _workers(cluster)[wid]["heartbeat"] > heartbeat
+        assert cluster.workers()[wid]["heartbeat"] > heartbeat
         assert cluster.job(job["id"])["state"] == "queued" and cluster.job(job["id"])["attempts"] == 0
 
         # A healthy worker started afterwards serves the job with its first attempt.
@@ -156,7 +140,7 @@ def test_a_worker_whose_children_cannot_import_torch_stops_claiming_and_its_jobs
 
         # Mend the environment: the unhealthy worker's next probe child gets through, and it serves again.
         (broken / "BROKEN").unlink()
-        back = _wait_worker(cluster, wid, healthy=True, timeout=90)
+        back = cluster.wait_worker(wid, healthy=True, timeout=90)
         assert back["unhealthy_reason"] is None and back["early_crashes"] == 0
         ready = api.get(f"{cluster.url}/readyz", timeout=10).json()
         assert ready["degraded"] is False and ready["targets"] == [back["target"]]

@@ -63,22 +63,6 @@ def disk(tmp_path: Path) -> Iterator[SmallDisk]:
     d.close()
 
 
-def _workers(cluster: Cluster) -> dict[str, dict[str, Any]]:
-    r = api.get(f"{cluster.url}/v1/workers", timeout=10)
-    assert r.status_code == 200, r.text
-    return {w["id"]: w for w in r.json()["workers"]}
-
-
-def _wait_worker(cluster: Cluster, wid: str, healthy: bool, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        w = _workers(cluster).get(wid)
-        if w is not None and w["healthy"] is healthy:
-            return w
-        time.sleep(0.2)
-    raise AssertionError(f"worker {wid} never became {'healthy' if healthy else 'unhealthy'}: {_workers(cluster)}")
-
-
 def _submit(cluster: Cluster, tmp_path: Path, seed: int) -> dict[str, Any]:
     model = export(seeded(MLP, seed, d_in=4, hidden=8, d_out=4), (torch.randn(2, 4),), tmp_path / f"m{seed}.pt2")
     return cluster.submit(cluster.upload(model), {"x": [2, 4]})
@@ -99,7 +83,7 @@ def test_a_disk_that_fills_during_a_compile_hands_the_job_back_and_the_worker_re
         assert running["attempts"] == 1
         disk.fill()  # someone else fills the disk while the compile child works
 
-        w = _wait_worker(cluster, wid, healthy=False)
+        w = cluster.wait_worker(wid, healthy=False)
         reason = w["unhealthy_reason"]
         assert reason.startswith(f"disk full: {disk.path} has ") and " free of 768.0 MB, below " in reason
         assert f"below AOTC_DISK_LOW_WATER_MB={LOW_WATER_MB} ({LOW_WATER_MB:.1f} MB), so this worker claims no jobs " \
@@ -115,11 +99,11 @@ def test_a_disk_that_fills_during_a_compile_hands_the_job_back_and_the_worker_re
         assert ready["degraded"] is True and [u["id"] for u in ready["unhealthy_workers"]] == [wid]
         time.sleep(5)
         assert cluster.job(job["id"])["state"] == "queued" and cluster.job(job["id"])["attempts"] == 0
-        assert _workers(cluster)[wid]["healthy"] is False and proc.poll() is None
+        assert cluster.workers()[wid]["healthy"] is False and proc.poll() is None
 
         # Room again: the worker sees it by itself and serves the same job, without a new request.
         disk.empty()
-        back = _wait_worker(cluster, wid, healthy=True, timeout=30)
+        back = cluster.wait_worker(wid, healthy=True, timeout=30)
         assert back["unhealthy_reason"] is None
         done = cluster.wait_end(job["id"], timeout=300)
         assert done["state"] == "succeeded", done.get("error")
@@ -151,7 +135,7 @@ def test_a_child_that_only_says_the_disk_is_full_is_refunded_a_bounded_number_of
                                                                                        "left)")
         assert done["disk_full_refunds"] == "2" and len(_hand_backs(cluster, job["id"])) == 2
         assert [f["type"] for f in done["failures"]] == ["DiskFull", "DiskFull"]
-        w = _workers(cluster)[wid]
+        w = cluster.workers()[wid]
         assert w["healthy"] is True and w["early_crashes"] == 0  # not a broken toolchain either
     finally:
         stop(proc)

@@ -10,97 +10,18 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-import procs
-from procs import ROOT, api, stop
+from procs import ROOT, AotcServer, alive, api, children_of, cmdline, descendants, stop
 from service.store import Store, keys
 from service.store.embedded import free_port
-from service.store.redis_url import with_password_file
-
-
-def _children_of() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(d))
-    return kids
-
-
-def descendants(pid: int) -> list[int]:
-    kids, out, todo = _children_of(), [], [pid]
-    while todo:
-        for c in kids.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-class Server:
-    """`python -m service` (what the aotc-server script runs) on free ports, with its own data dir."""
-
-    def __init__(self, data_dir: Path, *args: str, redis_port: int | None = None) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.redis_port = redis_port or free_port()
-        env = {k: v for k, v in os.environ.items() if k != "AOTC_REDIS_URL"}
-        env.update({"AOTC_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT), "AOTC_MAX_UPLOAD_MB": "64",
-                    "AOTC_ADMIN_KEY": procs.ADMIN_KEY})
-        if headers := getattr(procs, "HEADERS_DIR", None):  # the test workers' shared precompiled headers
-            env.setdefault("AOTC_HEADERS_DIR", str(headers))
-        self.log = data_dir.parent / f"{data_dir.name}-server-{self.port}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service", "--port", str(self.port), "--redis-port", str(self.redis_port),
-             "--log-level", "warning", *args], env=env, cwd=ROOT, stdout=open(self.log, "wb"),
-            stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    @property
-    def redis_url(self) -> str:
-        """Its embedded Redis, with the password that aotc-server keeps in the data dir."""
-        return with_password_file(f"redis://127.0.0.1:{self.redis_port}/0", self.data_dir / "redis" / "password")
-
-    def wait_ready(self, targets: int = 0, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"aotc-server exited with {self.proc.returncode}: {self.output()}"
-            try:
-                r = api.get(f"{self.url}/readyz", timeout=2)
-                if r.status_code == 200 and len(r.json()["targets"]) >= targets:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"aotc-server was not ready in {timeout} s: {self.output()}")
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
 
 
 @pytest.fixture
-def servers() -> Iterator[list[Server]]:
-    started: list[Server] = []
+def servers() -> Iterator[list[AotcServer]]:
+    started: list[AotcServer] = []
     yield started
     for s in started:
         stop(s.proc)
@@ -117,7 +38,7 @@ def _all_gone(pids: list[int], timeout: float = 20.0) -> list[int]:
 
 
 def test_kill_9_of_aotc_server_leaves_no_process_behind(tmp_path, servers):
-    server = Server(tmp_path / "data", "--workers", "1", "--device", "cpu", "--api-workers", "2")
+    server = AotcServer(tmp_path / "data", "--workers", "1", "--device", "cpu", "--api-workers", "2")
     servers.append(server)
     server.wait_ready(targets=1)
     kids = descendants(server.proc.pid)
@@ -133,12 +54,12 @@ def test_kill_9_of_aotc_server_leaves_no_process_behind(tmp_path, servers):
 
 
 def test_a_worker_that_dies_is_started_again(tmp_path, servers):
-    server = Server(tmp_path / "data", "--workers", "1", "--device", "cpu", "--api-workers", "1")
+    server = AotcServer(tmp_path / "data", "--workers", "1", "--device", "cpu", "--api-workers", "1")
     servers.append(server)
     server.wait_ready(targets=1)
 
     def workers() -> list[int]:
-        return [p for p in _children_of().get(server.proc.pid, []) if cmdline(p).endswith("-m worker ") and alive(p)]
+        return [p for p in children_of().get(server.proc.pid, []) if cmdline(p).endswith("-m worker ") and alive(p)]
 
     first = workers()
     assert len(first) == 1
@@ -152,10 +73,10 @@ def test_a_worker_that_dies_is_started_again(tmp_path, servers):
 
 
 def test_a_second_server_on_the_same_data_dir_is_refused(tmp_path, servers):
-    first = Server(tmp_path / "data", "--workers", "0", "--api-workers", "1")
+    first = AotcServer(tmp_path / "data", "--workers", "0", "--api-workers", "1")
     servers.append(first)
     first.wait_ready()
-    second = Server(tmp_path / "data", "--workers", "0", "--api-workers", "1")
+    second = AotcServer(tmp_path / "data", "--workers", "0", "--api-workers", "1")
     servers.append(second)
     assert second.proc.wait(30) == 1
     assert "another aotc-server" in second.output() and "AOTC_DATA_DIR" in second.output()
@@ -179,7 +100,7 @@ def test_a_restart_after_kill_9_cleans_up_and_runs_the_queued_job(tmp_path, serv
     data = tmp_path / "data"
     # One API process, inside aotc-server, so that the kill cuts the upload below off mid-way (API processes of
     # their own would get SIGTERM and remove their temp files themselves).
-    first = Server(data, "--workers", "0", "--api-workers", "1")
+    first = AotcServer(data, "--workers", "0", "--api-workers", "1")
     servers.append(first)
     first.wait_ready()
     store = Store(first.redis_url)
@@ -232,7 +153,7 @@ def test_a_restart_after_kill_9_cleans_up_and_runs_the_queued_job(tmp_path, serv
     assert not _all_gone(kids)
     assert any(uploads.iterdir())
 
-    second = Server(data, "--workers", "1", "--device", "cpu", "--api-workers", "2", redis_port=first.redis_port)
+    second = AotcServer(data, "--workers", "1", "--device", "cpu", "--api-workers", "2", redis_port=first.redis_port)
     servers.append(second)
     second.wait_ready(targets=1)
     assert not any(uploads.iterdir()), list(uploads.iterdir())

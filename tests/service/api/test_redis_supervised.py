@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,74 +20,14 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-import procs
-from procs import AUTH, ROOT, api, stop
+from procs import AUTH, AotcServer, alive, api, stop
 from service.store import Store
-from service.store.embedded import free_port
-from service.store.redis_url import with_password_file
 
 LEASE_S = 6.0  # short, so that the outage below lasts several leases
 # A heartbeat as slow as the lease allows (under half of it) against reapers every 0.5 s in both API processes: once
 # Redis is back, a reaper that judged leases by their idle time alone would take the running job's lease before the
 # worker renewed it.
 HEARTBEAT_S = 2.5
-
-
-class Server:
-    """`python -m service` on free ports with its own data dir; its output (workers' too) goes to a log file."""
-
-    def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.data_dir = data_dir
-        self.port, self.redis_port = free_port(), free_port()
-        full = {k: v for k, v in os.environ.items() if k != "AOTC_REDIS_URL"}
-        full.update({"AOTC_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT), "AOTC_MAX_UPLOAD_MB": "64",
-                     "AOTC_ADMIN_KEY": procs.ADMIN_KEY, "AOTC_HEADERS_DIR": str(procs.HEADERS_DIR), **(env or {})})
-        data_dir.mkdir(parents=True, exist_ok=True)
-        self.log = data_dir.parent / f"{data_dir.name}-server.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service", "--port", str(self.port), "--redis-port", str(self.redis_port),
-             "--log-level", "warning", *args], env=full, cwd=ROOT, stdout=open(self.log, "wb"),
-            stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    @property
-    def redis_url(self) -> str:
-        return with_password_file(f"redis://127.0.0.1:{self.redis_port}/0", self.data_dir / "redis" / "password")
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_ready(self, targets: int = 0, timeout: float = 180.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"aotc-server exited with {self.proc.returncode}: {self.output()[-4000:]}"
-            try:
-                r = api.get(f"{self.url}/readyz", timeout=2)
-                if r.status_code == 200 and len(r.json()["targets"]) >= targets:
-                    return dict(r.json())
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"aotc-server was not ready in {timeout} s: {self.output()[-4000:]}")
-
-    def children(self) -> dict[int, str]:
-        """Its child processes (pid -> command line)."""
-        out = {}
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
-                if stat[0] != "Z" and int(stat[1]) == self.proc.pid:
-                    out[int(d)] = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except (OSError, IndexError, ValueError):
-                continue
-        return out
-
-    def redis_pid(self) -> int:
-        pids = [p for p, cmd in self.children().items() if "redis-server" in cmd]
-        assert len(pids) == 1, self.children()
-        return pids[0]
 
 
 class Events:
@@ -147,13 +85,6 @@ def _wait(what: str, pred: Any, timeout: float, every: float = 0.2) -> Any:
     raise AssertionError(f"{what}: not within {timeout} s")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _answer(url: str) -> tuple[int, str]:
     try:
         r = api.get(url, timeout=5)
@@ -163,8 +94,8 @@ def _answer(url: str) -> tuple[int, str]:
 
 
 @pytest.fixture
-def servers() -> Iterator[list[Server]]:
-    started: list[Server] = []
+def servers() -> Iterator[list[AotcServer]]:
+    started: list[AotcServer] = []
     yield started
     for s in started:
         stop(s.proc)
@@ -172,7 +103,7 @@ def servers() -> Iterator[list[Server]]:
 
 @pytest.mark.slow
 def test_kill_9_of_the_embedded_redis_heals_by_itself_and_loses_nothing(tmp_path, servers):
-    server = Server(tmp_path / "data", "--workers", "1", "--device", "cpu", "--api-workers", "2", env={
+    server = AotcServer(tmp_path / "data", "--workers", "1", "--device", "cpu", "--api-workers", "2", env={
         "AOTC_LEASE_S": str(LEASE_S), "AOTC_HEARTBEAT_S": str(HEARTBEAT_S), "AOTC_REAP_INTERVAL_S": "0.5",
         "AOTC_POLL_MS": "500",
         "AOTC_REDIS_RESTART_BACKOFF_S": "1", "AOTC_REDIS_RESTART_BACKOFF_MAX_S": "1",
@@ -261,7 +192,7 @@ def test_kill_9_of_the_embedded_redis_heals_by_itself_and_loses_nothing(tmp_path
 
 
 def test_a_redis_that_cannot_come_back_makes_aotc_server_exit_1_naming_why(tmp_path, servers):
-    server = Server(tmp_path / "data", "--workers", "0", "--api-workers", "1",
+    server = AotcServer(tmp_path / "data", "--workers", "0", "--api-workers", "1",
                     env={"AOTC_REDIS_RESTART_BACKOFF_S": "0.5", "AOTC_REDIS_RESTART_GIVEUP_S": "8"})
     servers.append(server)
     server.wait_ready()
@@ -285,5 +216,5 @@ def test_a_redis_that_cannot_come_back_makes_aotc_server_exit_1_naming_why(tmp_p
     assert "Bad file format reading the append only file" in out, out[-4000:]
     assert "aotc: exiting, so that whatever supervises aotc-server" in out, out[-4000:]
     assert 8 <= took < 40, took
-    _wait("its children gone", lambda: not any(_alive(p) for p in kids), 20)
+    _wait("its children gone", lambda: not any(alive(p) for p in kids), 20)
     print(f"\naotc-server exited 1 {took:.1f} s after its Redis died with a corrupt AOF (give-up 8 s)")

@@ -27,12 +27,11 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from test_aotc_server import Server
 
 from compiler import cachekey
 from compiler.errors import Failure
 from modelzoo import MLP, export, seeded
-from procs import ADMIN_KEY, api, start_api, stop
+from procs import ADMIN_KEY, AotcServer, api, start_api, stop
 from service.store import Store, keys
 from service.store.leases import Lease
 
@@ -51,8 +50,8 @@ def _key(url: str, scope: str, ns: str) -> str:
 
 
 @pytest.fixture
-def servers() -> Iterator[list[Server]]:
-    started: list[Server] = []
+def servers() -> Iterator[list[AotcServer]]:
+    started: list[AotcServer] = []
     yield started
     for s in started:
         stop(s.proc)
@@ -424,7 +423,7 @@ def test_concurrent_compile_requests_admit_exactly_the_job_quota(limited, fake_t
 def test_aotc_server_closes_half_sent_requests_with_408(tmp_path, servers, monkeypatch, model_bytes):
     monkeypatch.setenv("AOTC_HEADER_TIMEOUT_S", "1.5")
     for api_workers in ("1", "2"):  # uvicorn.run and the Multiprocess path
-        server = Server(tmp_path / f"data-{api_workers}", "--workers", "0", "--api-workers", api_workers)
+        server = AotcServer(tmp_path / f"data-{api_workers}", "--workers", "0", "--api-workers", api_workers)
         servers.append(server)
         server.wait_ready()
 
@@ -491,7 +490,7 @@ def test_aotc_server_keeps_its_data_dir_private_and_a_sandboxed_compile_still_ru
     for path, mode in ((data, 0o755), (data / "redis", 0o755), (data / "redis" / "redis.log", 0o644)):
         os.chmod(path, mode)
 
-    server = Server(data, "--workers", "1", "--device", "cpu", "--api-workers", "2")
+    server = AotcServer(data, "--workers", "1", "--device", "cpu", "--api-workers", "2")
     servers.append(server)
     server.wait_ready(targets=1)
     model = export(seeded(MLP, 7, d_in=4, hidden=8, d_out=4), (torch.randn(2, 4),), tmp_path / "m.pt2")
