@@ -4,6 +4,7 @@ pins, and the API's memory while 16 streams run at once."""
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import signal
 import subprocess
@@ -122,24 +123,24 @@ def test_every_get_is_a_pull_in_the_eviction_order(service: Service, tmp_path: P
 
 
 _KILLED_PULL = """
-import os, signal, sys
+import http.client, os, signal, sys
 sys.path[:0] = [sys.argv[1]]
-import httpx
 from client import Client
 limit, read = int(sys.argv[4]), [0]
-original = httpx.Response.iter_bytes
-def iter_bytes(self, *a, **kw):
-    for piece in original(self, *a, **kw):
-        yield piece
-        read[0] += len(piece)
-        if read[0] >= limit:  # written to the .part file: die like a killed process, mid-download
-            os.kill(os.getpid(), signal.SIGKILL)
-httpx.Response.iter_bytes = iter_bytes
+original = http.client.HTTPResponse.readinto
+def readinto(self, b):
+    n = original(self, b)
+    read[0] += n
+    if read[0] >= limit:  # the first 1 MiB block is on disk by now: die like a killed process, mid-download
+        os.kill(os.getpid(), signal.SIGKILL)
+    return n
+http.client.HTTPResponse.readinto = readinto
 Client(sys.argv[2], cache_dir=sys.argv[3]).pull(sys.argv[5])
 """
 
 
-def test_a_pull_killed_midway_resumes_with_range_and_ends_verified(service: Service, tmp_path: Path) -> None:
+def test_a_pull_killed_midway_resumes_with_range_and_ends_verified(service: Service, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from client import Client
 
     key, data = service.publish(tmp_path, 4_000_000)
@@ -153,14 +154,26 @@ def test_a_pull_killed_midway_resumes_with_range_and_ends_verified(service: Serv
     assert 0 < have < len(data) and part.read_bytes() == data[:have]
     assert not (cache / "artifacts" / f"{key}.pt2").exists()
 
+    # The pull's own connections (client/transfer.py speaks http.client): what each asked for, and the answers.
     sent: list[tuple[str, str | None]] = []
     statuses: list[int] = []
     keys_sent: list[bool] = []
+    request, getresponse = http.client.HTTPConnection.request, http.client.HTTPConnection.getresponse
+
+    def spy_request(conn: http.client.HTTPConnection, method: str, url: str, *a: Any, **kw: Any) -> None:
+        headers = kw.get("headers") or (a[1] if len(a) > 1 else {})
+        sent.append((f"http://{conn.host}:{conn.port}{url}", headers.get("Range")))
+        keys_sent.append("authorization" in {k.lower() for k in headers})
+        request(conn, method, url, *a, **kw)
+
+    def spy_getresponse(conn: http.client.HTTPConnection) -> http.client.HTTPResponse:
+        resp = getresponse(conn)
+        statuses.append(resp.status)
+        return resp
+
+    monkeypatch.setattr(http.client.HTTPConnection, "request", spy_request)
+    monkeypatch.setattr(http.client.HTTPConnection, "getresponse", spy_getresponse)
     with Client(service.url, cache_dir=cache) as c:
-        hooks = {"request": [lambda req: sent.append((str(req.url), req.headers.get("range"))),
-                             lambda req: keys_sent.append("authorization" in req.headers)],
-                 "response": [lambda resp: statuses.append(resp.status_code)]}
-        c.http.event_hooks = c.direct.event_hooks = hooks  # the API, and the presigned URL it redirects to
         path = c.pull(key)
     assert path.read_bytes() == data and not part.exists()
     assert (sent[-1][1], statuses[-1]) == (f"bytes={have}-", 206)  # only the rest came down
@@ -181,6 +194,34 @@ def test_a_corrupt_part_file_is_started_over(service: Service, tmp_path: Path) -
         with pytest.raises(Exception, match="corrupt"):
             c.pull(key)
         assert c.pull(key).read_bytes() == data  # and the next pull starts from nothing
+
+
+def test_a_cached_pull_checks_the_signature_and_its_record_not_every_byte(service: Service, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from client import Client, sdk
+
+    if service.backend != "file":
+        pytest.skip("the client's cache is the same whatever the blob store")
+    key, data = service.publish(tmp_path, 3_000_000)
+    hashed: list[Path] = []
+    whole_file_sha256 = sdk._file_sha256
+    monkeypatch.setattr(sdk, "_file_sha256", lambda p: hashed.append(p) or whole_file_sha256(p))
+    with Client(service.url, cache_dir=tmp_path / "cache") as c:
+        path = c.pull(key)
+        assert hashed == []  # hashed while it streamed in: the file is not read again
+        assert c.pull(key) == path and hashed == []  # verified before: the signature and the record, no bytes
+        linked = c.pull(key, tmp_path / "out" / "model.pt2")
+        assert linked.read_bytes() == data and hashed == [] and linked.stat().st_ino == path.stat().st_ino
+        assert c.pull(key, rehash=True) == path and hashed == [path]  # asked for: every byte
+
+        time.sleep(0.05)  # a later edit: past the file system's timestamp granularity
+        path.chmod(0o644)
+        with open(path, "r+b") as f:
+            f.write(b"\0" * 8)
+        downloads = []
+        monkeypatch.setattr(c, "_download", lambda *a: downloads.append(a[0].key) or Client._download(c, *a))
+        assert c.pull(key).read_bytes() == data  # the record no longer fits: hashed, found wrong, pulled again
+        assert hashed == [path, path] and downloads == [key]
 
 
 def test_pin_and_unpin(service: Service, tmp_path: Path) -> None:

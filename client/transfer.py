@@ -1,0 +1,132 @@
+"""A package's bytes from the service (or the presigned URL it redirects to) onto disk, hashed on the way.
+
+`Client.pull` used httpx's streaming body: its HTTP parser copies each piece several times (socket, h11's buffer,
+httpx's re-chunking into 1 MB), so on 2 cores a verified pull ran at a third to a half of what plain HTTP delivered.
+Here `http.client` reads the body straight into one reused 1 MiB buffer (`readinto`); each block is hashed and
+written while it is still in the CPU's cache, in the thread that read it. There is no second pass over the file:
+the sha256 that `Client.pull` checks is the one computed here.
+
+Measured on 2 cores (bench/download.py, bench/README.md "Verified pull"): a hand-off of each block to a hashing
+thread, separate hash and write threads, and receiving into an mmap of the destination were each no faster than
+this one loop, and blocks of 64 or 256 KiB were slower than 1 MiB. Parallel ranges do not help here: sha256 is
+sequential, so bytes that arrive out of order would have to wait in memory or be read back from the file, and the
+API process that serves them saturates first (16 streams at once deliver no more than one).
+
+Only plain `http://` and `https://` without a proxy take this path (`direct_ok`); a proxied URL, or a Client whose
+`http` was replaced (a test's scripted transport), uses httpx as before.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import ssl
+import urllib.request
+from collections.abc import Mapping
+from typing import Any, BinaryIO
+from urllib.parse import urlsplit
+
+BLOCK = 1 << 20
+
+
+class Cutoff(Exception):
+    """The connection failed midway: what arrived is hashed and written, and a resume may start after it."""
+
+
+class Restart(Exception):
+    """What the partial file holds cannot be resumed (416, a whole body for a Range, another range): start over."""
+
+
+class Refused(Exception):
+    """The server answered with an error: its status and body, for the SDK's ClientError."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"{status}")
+        self.status, self.body = status, body
+
+
+def direct_ok(url: str) -> bool:
+    """Whether http.client may fetch `url` itself: http(s), and no proxy configured for its host (httpx would use
+    one; so the httpx path is kept for those)."""
+    u = urlsplit(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        return False
+    proxies = urllib.request.getproxies()
+    return not (proxies.get(u.scheme) or proxies.get("all")) or bool(urllib.request.proxy_bypass(u.hostname))
+
+
+def _context() -> ssl.SSLContext:
+    """The CA bundle httpx would use: SSL_CERT_FILE / SSL_CERT_DIR, else certifi's."""
+    cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
+    if not cafile and not capath:
+        import certifi
+
+        cafile = certifi.where()
+    return ssl.create_default_context(cafile=cafile, capath=capath)
+
+
+def _connect(url: str, timeout: float | None) -> tuple[http.client.HTTPConnection, str]:
+    u = urlsplit(url)
+    target = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    if u.scheme == "https":
+        return http.client.HTTPSConnection(u.hostname or "", u.port, timeout=timeout, context=_context()), target
+    return http.client.HTTPConnection(u.hostname or "", u.port, timeout=timeout), target
+
+
+def fetch(url: str, headers: Mapping[str, str], f: BinaryIO, digest: Any, have: int, *,
+          timeout: float | None, redirect_headers: Mapping[str, str] | None = None) -> None:
+    """GET `url` and append its body to `f` (which holds `have` bytes already, hashed into `digest`), hashing
+    every byte written. One 307 (the S3 blob store's presigned URL) is followed with `redirect_headers` only: a
+    presigned URL carries its own signature and must never see the API key. Raises Cutoff, Restart or Refused."""
+    try:
+        conn, target = _connect(url, timeout)
+        try:
+            conn.request("GET", target, headers=dict(headers))
+            resp = conn.getresponse()
+            if resp.status == 307 and redirect_headers is not None:
+                location = resp.getheader("location") or ""
+                resp.read()
+                conn.close()
+                if not direct_ok(location):
+                    raise Refused(502, f"the redirect to {location!r} cannot be fetched directly".encode())
+                return fetch(location, redirect_headers, f, digest, have, timeout=timeout, redirect_headers=None)
+            _expect(resp, have)
+            _drain(resp, f, digest)
+        finally:
+            conn.close()
+    except (OSError, http.client.HTTPException) as e:
+        raise Cutoff(str(e) or type(e).__name__) from e
+
+
+def _expect(resp: http.client.HTTPResponse, have: int) -> None:
+    if resp.status == 416:
+        resp.read()
+        raise Restart
+    if not 200 <= resp.status < 300:
+        raise Refused(resp.status, resp.read(64 << 10))
+    if have and resp.status == 200:  # the whole body after all (If-Range did not match)
+        raise Restart
+    if resp.status == 206 and not (resp.getheader("content-range") or "").startswith(f"bytes {have}-"):
+        raise Restart
+
+
+def _drain(resp: http.client.HTTPResponse, f: BinaryIO, digest: Any) -> None:
+    """Read the body block by block into one buffer; hash and write each block. On a failure midway, what filled
+    the block so far is kept too (hashed and written), so a resume starts right after the last byte received."""
+    buf = memoryview(bytearray(BLOCK))
+    while True:
+        n = 0
+        try:
+            while n < BLOCK:
+                got = resp.readinto(buf[n:])
+                if not got:
+                    break
+                n += got
+        finally:
+            if n:
+                piece = buf[:n]
+                digest.update(piece)
+                f.write(piece)
+            f.flush()
+        if n < BLOCK:
+            return
