@@ -5,7 +5,8 @@ them take the API from everyone else (slowloris). Two parts:
   default when httptools is installed, AOTC_HTTP), each with a deadline on request headers
   (AOTC_HEADER_TIMEOUT_S). uvicorn has none: its keep-alive timeout starts only after a first answer, and stops
   at a request's first byte. The deadline runs from the connection's start, and on a kept-alive connection from
-  the end of the previous answer; it stops once the headers are complete. When it passes, the connection is closed, after a 408 if part of a request came.
+  the end of the previous answer; it stops once the headers are complete. When it passes, the connection is
+  closed, after a 408 if part of a request came.
   It also bounds how long a client may go on sending the rest of a body that the answer did not need (a 413, a
   429): uvicorn discards it, and without a deadline would read it for as long as it came. `aotc-server` runs the API
   with it (`--api-workers 1` and the multi-process path both); an API started with plain `uvicorn` has no header
