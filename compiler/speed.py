@@ -64,3 +64,48 @@ def not_replayable(check: dict[str, Any]) -> dict[str, Any]:
     out["graphs"] = {"impl": took.get("impl"), "captured": took.get("captured", False), "ok": took.get("ok"),
                      "replayable": False, "pays": None, "reason": NOT_REPLAYABLE}
     return out
+
+
+# The figures a timing pass replaces, at the top of a check and in each of its points.
+_FIGURES = ("eager_ms", "compiled_ms", "speedup", "graph_ms", "graph_speedup")
+
+
+def with_timing(check: dict[str, Any], timed: dict[str, Any] | None, conditions: dict[str, Any]) -> dict[str, Any]:
+    """The check (a copy) with the timing pass's figures in place of its own, and `timing`: the conditions the
+    figures were taken under (`conditions`: the device lock held or not, the wait, the load; `pass`). Without a
+    timing pass (`timed` None: it failed or was not run), the check's own figures stay and `timing` says so."""
+    out = copy.deepcopy(check)
+    if timed is None:
+        out["timing"] = {**conditions, "pass": conditions.get("pass", "check"),
+                         "note": "figures from the check itself, taken beside other work on the device"}
+        return out
+    by_point = {p["point"]: p for p in timed.get("points") or []}
+    for point in out.get("points") or []:
+        t = by_point.get(point.get("point"))
+        if t is None:
+            continue
+        for k in _FIGURES:
+            point.pop(k, None)
+        latency = point.setdefault("latency", {})
+        for k in ("eager", "compiled", "graph"):
+            latency.pop(k, None)
+        point.update({k: t[k] for k in _FIGURES if t.get(k) is not None})
+        latency.update(t.get("latency") or {})
+        if (point.get("graph") or {}).get("ok"):  # no figure from the pass: it does not pay, as far as we know
+            point["graph"]["pays"] = bool(t.get("graph_pays"))
+    first = (out.get("points") or [{}])[0]
+    for k in _FIGURES:
+        out.pop(k, None)
+        if first.get(k) is not None:
+            out[k] = first[k]
+    method = ((first.get("latency") or {}).get("compiled") or {}).get("method")
+    out["latency"] = {"method": method, **{k: v for k, v in (first.get("latency") or {}).items()}}
+    graphs = out.get("graphs")
+    if isinstance(graphs, dict) and graphs.get("ok"):
+        graphs["speedup"] = first.get("graph_speedup")
+        graphs["pays"] = bool((first.get("graph") or {}).get("pays"))
+        graphs["pays_at"] = [p["point"] for p in out.get("points") or [] if (p.get("graph") or {}).get("pays")]
+    if timed.get("device_info"):
+        out["device_info"] = timed["device_info"]
+    out["timing"] = {**conditions, "pass": "separate"}
+    return out

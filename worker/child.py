@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 READY = "child-ready"  # the handshake's stage name (worker.health takes it out of the job's stages)
-KINDS = ("compile", "check", "warmup", "probe")
+KINDS = ("compile", "check", "time", "warmup", "probe")
 TOOLCHAIN = {"compile": ("compiler.pipeline", "compiler.compat.caches"), "check": ("compiler.check",),
+             "time": ("compiler.timing",),
              "warmup": ("compiler.pipeline", "compiler.archive.inspect")}
 
 
@@ -128,6 +129,14 @@ def main(jobdir: str, kind: str) -> int:
             result = check_artifact(task["model_path"], task["package_path"], task["spec"], task["device"],
                                     precision=asked.get("precision", "keep"),
                                     allow_nonfinite=bool(asked.get("allow_nonfinite", False)))
+        elif kind == "time":  # the timing pass, under the device lock (compiler/timing.py)
+            from compiler.timing import time_artifact
+
+            on_stage("timing")
+            asked = task.get("options") or {}
+            result = time_artifact(task["model_path"], task["package_path"], task["spec"], task["device"],
+                                   precision=asked.get("precision", "keep"),
+                                   allow_nonfinite=bool(asked.get("allow_nonfinite", False)))
         elif kind == "warmup":
             result = _warm_up(task, d)
         else:  # probe: the handshake is all it does

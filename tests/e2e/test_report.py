@@ -20,7 +20,8 @@ from procs import api, wait_job
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-PIPELINE = ["fetch", "load", "capture", "autograd", "lowering", "fusion", "codegen", "package", "check", "publish"]
+PIPELINE = ["fetch", "load", "capture", "autograd", "lowering", "fusion", "codegen", "package", "check", "timing",
+            "publish"]
 
 
 def fx_calls(code: str) -> list[tuple[str, str]]:
