@@ -26,11 +26,18 @@ from collections.abc import Mapping
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
+import httpx
+
 BLOCK = 1 << 20
 
 
-class Cutoff(Exception):
-    """The connection failed midway: what arrived is hashed and written, and a resume may start after it."""
+class Cutoff(httpx.TransportError):
+    """The connection failed midway: what arrived is hashed and written, and a resume may start after it. An httpx
+    TransportError, as the httpx path raises: callers (the CLI) catch one kind."""
+
+
+class _Local(Exception):
+    """The local file could not be written (a full disk): not the network's fault, so not resumed."""
 
 
 class Restart(Exception):
@@ -94,6 +101,8 @@ def fetch(url: str, headers: Mapping[str, str], f: BinaryIO, digest: Any, have: 
             _drain(resp, f, digest)
         finally:
             conn.close()
+    except _Local as e:
+        raise e.__cause__ from None  # type: ignore[misc]
     except (OSError, http.client.HTTPException) as e:
         raise Cutoff(str(e) or type(e).__name__) from e
 
@@ -123,10 +132,13 @@ def _drain(resp: http.client.HTTPResponse, f: BinaryIO, digest: Any) -> None:
                     break
                 n += got
         finally:
-            if n:
-                piece = buf[:n]
-                digest.update(piece)
-                f.write(piece)
-            f.flush()
+            try:
+                if n:
+                    piece = buf[:n]
+                    digest.update(piece)
+                    f.write(piece)
+                f.flush()
+            except OSError as e:
+                raise _Local from e
         if n < BLOCK:
             return
