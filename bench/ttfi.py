@@ -109,8 +109,9 @@ def start_service(base: Path, device: str) -> tuple[str, list[subprocess.Popen[b
     raise RuntimeError("the service did not come up with its worker")
 
 
-def compile_models(url: str, names: list[str], device: str) -> dict[str, str]:
-    """Compile each model (a 64 MB MLP for `mlp`, else bench/zoo.py's at its serving batch); {name: key}."""
+def compile_models(url: str, names: list[str], device: str, records: dict[str, Any]) -> dict[str, str]:
+    """Compile each model (a 64 MB MLP for `mlp`, else bench/zoo.py's at its serving batch); {name: key}. What
+    each record says of its timing pass and speed goes into `records`."""
     import torch
 
     from client import Client
@@ -133,6 +134,11 @@ def compile_models(url: str, names: list[str], device: str) -> dict[str, str]:
             print(f"{name}: compiled in {time.perf_counter() - t0:.0f} s, {art.meta.get('size', 0) / 1e6:.0f} MB",
                   file=sys.stderr, flush=True)
             keys[name] = art.key
+            check = art.meta.get("check") or {}
+            records[name] = {"key": art.key, "compile_s": round(time.perf_counter() - t0, 1),
+                             "speed": art.meta.get("speed"), "timing": check.get("timing"),
+                             "check_host": check.get("host"), "timings": art.meta.get("timings"),
+                             "graphs": check.get("graphs")}
     return keys
 
 
@@ -153,13 +159,14 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="aotc-ttfi-"))
     procs: list[subprocess.Popen[bytes]] = []
     redis_srv = None
+    records: dict[str, Any] = {}
     try:
         if args.url:
             url = args.url
             keys = dict(k.split("=", 1) if "=" in k else (k, k) for k in args.keys.split(",") if k)
         else:
             url, procs, redis_srv = start_service(base, args.device)
-            keys = compile_models(url, args.zoo.split(","), args.device)
+            keys = compile_models(url, args.zoo.split(","), args.device, records)
         runs: dict[str, list[dict[str, Any]]] = {}
         for r in range(args.rounds):
             for name, key in keys.items():
@@ -200,7 +207,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "load_avg": os.getloadavg()},
         "when": time.strftime("%Y-%m-%d %H:%M:%S"), "device": args.device, "rounds": args.rounds, "rows": rows,
-        "runs": runs}, indent=1) + "\n")
+        "artifacts": records, "runs": runs}, indent=1) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
     shutil.rmtree(base, ignore_errors=True)
 
