@@ -17,6 +17,8 @@ moto, so its MB/s measure moto's Python server, not what a real object store ser
   plain GET (as `1 stream`), a sha256 of the pulled file (page cache warm), `Client.pull` into an empty cache as
   git revision --before had it (default main: its client/sdk.py, loaded from git) and as it is now (signature and
   sha256 verified, written to disk); `x` is the speed-up, from the medians.
+- `CPU s/GB main`, `CPU s/GB`: the pulling process's CPU time (all its threads) per 10^9 bytes pulled, medians: what
+  a pull costs whatever else the machine runs, where MB/s on a shared box measure the share it got.
 - `cached main s`, `cached s`: a second pull of the same artifact, which the local cache answers: the manifest's
   signature is checked again; main hashed the whole file again, now its verified record is checked.
 - `API RSS +MB`: the API process's peak RSS during all those downloads, less its RSS before them.
@@ -133,7 +135,7 @@ def measure_pulls(url: str, key: str, size: int, base: Path, rounds: int, before
 
     Before = _sdk_at(before)
     times: dict[str, list[float]] = {k: [] for k in ("plain", "sha256", "pull_before", "pull_now",
-                                                     "cached_before", "cached_now")}
+                                                     "cached_before", "cached_now", "cpu_before", "cpu_now")}
     for _ in range(rounds):
         t0 = time.perf_counter()
         assert _get(f"{url}/v1/artifacts/{key}") == size
@@ -142,9 +144,10 @@ def measure_pulls(url: str, key: str, size: int, base: Path, rounds: int, before
             cache = base / f"client-{name}"
             shutil.rmtree(cache, ignore_errors=True)
             with cls(url, cache_dir=cache, timeout=120) as c:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 path = c.pull(key)
                 times[f"pull_{name}"].append(time.perf_counter() - t0)
+                times[f"cpu_{name}"].append(time.process_time() - c0)  # this process's CPU, all its threads
                 assert path.stat().st_size == size
                 t0 = time.perf_counter()
                 c.pull(key)
@@ -159,7 +162,9 @@ def measure_pulls(url: str, key: str, size: int, base: Path, rounds: int, before
             "pull_before_mb_s": round(size / med["pull_before"] / 1e6, 1),
             "pull_mb_s": round(size / med["pull_now"] / 1e6, 1),
             "pull_speedup": round(med["pull_before"] / med["pull_now"], 2),
-            "cached_before_s": round(med["cached_before"], 4), "cached_now_s": round(med["cached_now"], 4)}
+            "cached_before_s": round(med["cached_before"], 4), "cached_now_s": round(med["cached_now"], 4),
+            "client_cpu_before_s_per_gb": round(med["cpu_before"] / size * 1e9, 3),
+            "client_cpu_now_s_per_gb": round(med["cpu_now"] / size * 1e9, 3)}
 
 
 class Peak:
@@ -340,10 +345,11 @@ def main() -> None:
         print(f"{backend}: {size / 2**20:.0f} MB ...", file=sys.stderr, flush=True)
         rows.append(run_lane(backend, size, args.streams, args.repeat, args.pulls, args.before))
     head = ("backend", "1 stream MB/s", f"{args.streams} streams MB/s", "plain MB/s", "sha256 MB/s",
-            f"pull {args.before} MB/s", "pull MB/s", "x", f"cached {args.before} s", "cached s", "API RSS +MB",
-            "redis MB", "restart s")
+            f"pull {args.before} MB/s", "pull MB/s", "x", f"CPU s/GB {args.before}", "CPU s/GB",
+            f"cached {args.before} s", "cached s", "API RSS +MB", "redis MB", "restart s")
     table = [head] + [(r["backend"], r["one_stream_mb_s"], r["many_streams_mb_s"], r["plain_mb_s"], r["sha256_mb_s"],
-                       r["pull_before_mb_s"], r["pull_mb_s"], r["pull_speedup"], r["cached_before_s"],
+                       r["pull_before_mb_s"], r["pull_mb_s"], r["pull_speedup"], r["client_cpu_before_s_per_gb"],
+                       r["client_cpu_now_s_per_gb"], r["cached_before_s"],
                        r["cached_now_s"], r["api_rss_growth_mb"], r["redis_used_mb"], r["restart_s"])
                       for r in rows]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]

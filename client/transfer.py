@@ -2,15 +2,16 @@
 
 `Client.pull` used httpx's streaming body: its HTTP parser copies each piece several times (socket, h11's buffer,
 httpx's re-chunking into 1 MB), so on 2 cores a verified pull ran at a third to a half of what plain HTTP delivered.
-Here `http.client` reads the body straight into one reused 1 MiB buffer (`readinto`); each block is hashed and
-written while it is still in the CPU's cache, in the thread that read it. There is no second pass over the file:
-the sha256 that `Client.pull` checks is the one computed here.
+Here `http.client` reads the body straight into a few reused 1 MiB buffers (`readinto`): the calling thread
+receives each block and writes it to the file, a helper thread hashes it meanwhile (both release the GIL), and the
+block is reused once hashed, while it is still in the CPU's cache. There is no second pass over the file: the
+sha256 that `Client.pull` checks is the one computed here. sha256 (about 0.5 s of CPU a GB here) and receiving plus
+writing (about as much) then each take one core, where one thread doing all three would cap a pull near 1 GB/s.
 
-Measured on 2 cores (bench/download.py, bench/README.md "Verified pull"): a hand-off of each block to a hashing
-thread, separate hash and write threads, and receiving into an mmap of the destination were each no faster than
-this one loop, and blocks of 64 or 256 KiB were slower than 1 MiB. Parallel ranges do not help here: sha256 is
-sequential, so bytes that arrive out of order would have to wait in memory or be read back from the file, and the
-API process that serves them saturates first (16 streams at once deliver no more than one).
+Measured on 2 cores (bench/download.py, bench/README.md "Verified pull"): one thread doing all three, separate hash
+and write threads, and receiving into an mmap of the destination were no faster, and took as much CPU or more.
+Parallel ranges do not help here: sha256 is sequential, so bytes that arrive out of order would have to wait in
+memory or be read back from the file, and the API process that serves them shares the same two cores.
 
 Only plain `http://` and `https://` without a proxy take this path (`direct_ok`); a proxied URL, or a Client whose
 `http` was replaced (a test's scripted transport), uses httpx as before.
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import http.client
 import os
+import queue
 import ssl
+import threading
 import urllib.request
 from collections.abc import Mapping
 from typing import Any, BinaryIO
@@ -29,6 +32,7 @@ from urllib.parse import urlsplit
 import httpx
 
 BLOCK = 1 << 20
+BLOCKS = 4  # in flight: enough that neither thread waits for the other, few enough to stay in the CPU's caches
 
 
 class Cutoff(httpx.TransportError):
@@ -120,25 +124,53 @@ def _expect(resp: http.client.HTTPResponse, have: int) -> None:
 
 
 def _drain(resp: http.client.HTTPResponse, f: BinaryIO, digest: Any) -> None:
-    """Read the body block by block into one buffer; hash and write each block. On a failure midway, what filled
-    the block so far is kept too (hashed and written), so a resume starts right after the last byte received."""
-    buf = memoryview(bytearray(BLOCK))
-    while True:
-        n = 0
-        try:
-            while n < BLOCK:
-                got = resp.readinto(buf[n:])
-                if not got:
-                    break
-                n += got
-        finally:
+    """Read the body block by block into a few reused buffers: this thread receives and writes each block, a helper
+    hashes it meanwhile, and the block is reused once hashed. On a failure midway, what filled the block so far is
+    kept too (written and hashed), so a resume starts right after the last byte received."""
+    bufs = [memoryview(bytearray(BLOCK)) for _ in range(BLOCKS)]
+    free: queue.SimpleQueue[int] = queue.SimpleQueue()
+    hashing: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+    for i in range(BLOCKS):
+        free.put(i)
+    failed: list[BaseException] = []
+
+    def hasher() -> None:
+        while (item := hashing.get()) is not None:
+            i, n = item
             try:
-                if n:
-                    piece = buf[:n]
-                    digest.update(piece)
-                    f.write(piece)
-                f.flush()
-            except OSError as e:
-                raise _Local from e
-        if n < BLOCK:
-            return
+                digest.update(bufs[i][:n])
+            except BaseException as e:  # noqa: BLE001 - handed to the receiving thread
+                failed.append(e)
+            free.put(i)
+
+    helper = threading.Thread(target=hasher, name="aotc-pull-hash", daemon=True)
+    helper.start()
+    try:
+        while not failed:
+            i = free.get()
+            n = 0
+            try:
+                while n < BLOCK:
+                    got = resp.readinto(bufs[i][n:])
+                    if not got:
+                        break
+                    n += got
+            finally:
+                try:
+                    if n:
+                        f.write(bufs[i][:n])
+                    f.flush()
+                except OSError as e:
+                    raise _Local from e
+                finally:
+                    if n:
+                        hashing.put((i, n))
+                    else:
+                        free.put(i)
+            if n < BLOCK:
+                break
+    finally:
+        hashing.put(None)
+        helper.join()
+    if failed:
+        raise failed[0]
