@@ -132,7 +132,7 @@ def main(jobdir: str, kind: str) -> int:
         elif kind == "time":  # the timing pass, under the device lock (compiler/timing.py)
             from compiler.timing import time_artifact
 
-            on_stage("timing")
+            # No on_stage here: the worker set "timing" before it waited for the lock.
             asked = task.get("options") or {}
             result = time_artifact(task["model_path"], task["package_path"], task["spec"], task["device"],
                                    precision=asked.get("precision", "keep"),

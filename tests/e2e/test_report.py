@@ -88,7 +88,7 @@ def test_job_progress_names_each_stage_in_order(store, bundle):
     assert running == sorted(set(running), key=PIPELINE.index), seen  # each once, in pipeline order
     assert set(PIPELINE) <= set(running), seen
     assert set(bundle["jobs"][0]["timings"]) >= {"load", "capture", "autograd", "lowering", "fusion", "codegen",
-                                                 "package", "check"}
+                                                 "package", "check", "timing"}
 
 
 def test_capture_and_autograd_counts_match_the_graphs(api_url, bundle):

@@ -214,6 +214,17 @@ def test_a_cached_pull_checks_the_signature_and_its_record_not_every_byte(servic
         assert linked.read_bytes() == data and hashed == [] and linked.stat().st_ino == path.stat().st_ino
         assert c.pull(key, rehash=True) == path and hashed == [path]  # asked for: every byte
 
+        # Corrupt in place with its mtime put back: a rehash sees it, and then the record no longer vouches for it
+        # (nor could it, for bit rot that leaves the stat as it was), so the pull downloads it again.
+        st = path.stat()
+        path.chmod(0o644)
+        with open(path, "r+b") as f:
+            f.write(b"\xff" * 8)
+        path.chmod(0o444)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert c.pull(key, rehash=True).read_bytes() == data and hashed == [path, path]
+        assert c.pull(key) == path and hashed == [path, path]  # the fresh copy's own record
+
         time.sleep(0.05)  # a later edit: past the file system's timestamp granularity
         path.chmod(0o644)
         with open(path, "r+b") as f:
@@ -221,7 +232,7 @@ def test_a_cached_pull_checks_the_signature_and_its_record_not_every_byte(servic
         downloads = []
         monkeypatch.setattr(c, "_download", lambda *a: downloads.append(a[0].key) or Client._download(c, *a))
         assert c.pull(key).read_bytes() == data  # the record no longer fits: hashed, found wrong, pulled again
-        assert hashed == [path, path] and downloads == [key]
+        assert hashed == [path, path, path] and downloads == [key]
 
 
 def test_pin_and_unpin(service: Service, tmp_path: Path) -> None:
