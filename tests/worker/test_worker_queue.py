@@ -132,7 +132,8 @@ def test_a_worker_serves_each_target_it_lists_its_own_first_within_a_priority(st
     info = {"target": own, "targets": [own, lower], "host": "test", "device": "cpu", "device_name": "test",
             "toolchain": {"torch": "x"}}
     w = Worker(WorkerSettings(redis_url=store.url, poll_ms=100), info)
-    w.ensure_queues()
+    for target in (own, lower):
+        store.queues.ensure(target)
     low_batch = _submit(store, lower, "batch")
     low = _submit(store, lower, "interactive")
     mine = _submit(store, own, "interactive")
