@@ -81,7 +81,9 @@ def test_a_v3_package_records_avx2_and_v3_flags_only(v3_artifact):
             elif n.endswith(".so"):
                 lines += [m.decode().split() for m in PRODUCER.findall(zf.read(n))]
     assert isas == {"AVX2"}
-    assert lines, "the package records none of its g++ lines"
+    # torch 2.13 records them (the .cpp's `// Compile cmd` and -g1's DWARF producer); where a torch records none,
+    # the code itself is the evidence (the objdump test below).
+    assert lines or shutil.which("objdump"), "the package records none of its g++ lines, and there is no objdump"
     for flags in lines:
         marches = {f for f in flags if f.startswith("-march=")}
         assert marches == {"-march=x86-64-v3"}, flags

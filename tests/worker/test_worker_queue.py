@@ -140,3 +140,14 @@ def test_a_worker_serves_each_target_it_lists_its_own_first_within_a_priority(st
     # Interactive before batch whatever the target; within a priority, the worker's own target first.
     assert _serve_all(w, store) == [(mine, "running"), (low, "running"), (low_batch, "running")]
     assert w.streams == [keys.queue(t, p) for p in keys.PRIORITIES for t in (own, lower)]
+
+
+def test_the_worker_targets_setting_reads_old_labels_and_refuses_unknown_levels(monkeypatch):
+    import pydantic
+    import pytest
+
+    monkeypatch.setenv("AOTC_WORKER_TARGETS", '["cpu-x86_64-avx2", "cpu-x86_64-v1"]')
+    assert WorkerSettings().worker_targets == ["cpu-x86_64-v3", "cpu-x86_64-v1"]
+    monkeypatch.setenv("AOTC_WORKER_TARGETS", '["cpu-x86_64-v7"]')
+    with pytest.raises(pydantic.ValidationError, match="AOTC_WORKER_TARGETS: unknown x86-64 level 'v7'"):
+        WorkerSettings()
