@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from compiler.targets import IsaPin
@@ -67,19 +67,20 @@ def _wrapped_cflags(march: str) -> Iterator[None]:
         cpp_builder._get_optimization_cflags = original
 
 
-def _level_isas(pin: IsaPin, valid: Callable[[], list[Any]]) -> list[Any]:
-    """The vector ISAs a compile for `pin` may use, best first, among those this host runs (`valid`)."""
+def _level_isas(pin: IsaPin) -> list[Any]:
+    """The vector ISAs a compile for `pin` may use, best first. Only those are built and probed: torch's own list
+    would build and load a test program for each ISA above the level too (AMX, VNNI), for nothing."""
     from torch._inductor import cpu_vec_isa
 
     v: Any = cpu_vec_isa  # its classes are subclassed and overridden here, which their typing does not foresee
     if pin.vec_isa is None:
         return []
-    host = valid()
-    avx2 = [isa for isa in host if type(isa) is v.VecAVX2]
-    if not avx2 or (pin.vec_isa == "avx512" and not any(isinstance(isa, v.VecAVX512) for isa in host)):
+    host = v.x86_isa_checker()  # what this CPU has (torch's cpuinfo), as torch's own list filters by
+    avx2 = [isa for isa in (v.VecAVX2(),) if "avx2" in host and isa]
+    if not avx2 or (pin.vec_isa == "avx512" and "avx512" not in host):
         # The worker serves no level above its host's (compiler.targets.served_targets): its check could not run.
         raise RuntimeError(f"this host cannot build for x86-64 {pin.level}: Inductor finds no working "
-                           f"{pin.vec_isa} here (its ISAs: {', '.join(map(str, host)) or 'none'})")
+                           f"{pin.vec_isa} here (this CPU has: {', '.join(host) or 'none'})")
     if pin.vec_isa == "avx2":
         return avx2
 
@@ -98,7 +99,10 @@ def _level_isas(pin: IsaPin, valid: Callable[[], list[Any]]) -> list[Any]:
             return False
 
     plain = AVX512Level4()
-    return [plain, *avx2] if plain else avx2
+    if not plain:
+        raise RuntimeError(f"this host cannot build for x86-64 {pin.level}: g++ could not build and load AVX-512 "
+                           f"code with {v.VecAVX512._arch_flags}")
+    return [plain, *avx2]
 
 
 @contextlib.contextmanager
@@ -112,7 +116,7 @@ def pinned_isa(pin: IsaPin | None, configs: dict[str, Any]) -> Iterator[dict[str
     from torch._inductor import cpu_vec_isa
 
     original = cpu_vec_isa.valid_vec_isa_list
-    allowed = _level_isas(pin, original)
+    allowed = _level_isas(pin)
 
     def level_only() -> list[Any]:
         return list(allowed)
