@@ -485,7 +485,7 @@ class Client:
         t0 = time.perf_counter()
         target = Target.parse(str(art.meta.get("target", "")))
         device = device or ("cuda:0" if target.kind == "cuda" else "cpu")
-        _check_target(target, device)
+        _check_target(target, device, art.meta)
         t1 = time.perf_counter()
         fn: Callable[..., Any]
         if cuda_graphs:
@@ -560,9 +560,11 @@ class _FirstCallTimed:
         return getattr(self._fn, name)
 
 
-def _check_target(target: Target, device: str) -> None:
-    """Refuse to load an artifact built for another device than the one here: a clear error beats a crash."""
-    from compiler.device import host_target  # imports torch: only to load
+def _check_target(target: Target, device: str, meta: dict[str, Any] | None = None) -> None:
+    """Refuse to load an artifact built for another device than the one here: a clear error beats a crash. A CPU
+    package from before x86-64 levels (an old label, no pin among its factors) was built with -march=native: it
+    loads only on a CPU of the model that built it, since another may lack an extension it uses (SIGILL)."""
+    from compiler.device import cpu_name, host_target  # imports torch: only to load
 
     try:
         host = host_target(device)
@@ -571,6 +573,13 @@ def _check_target(target: Target, device: str) -> None:
     why = target.cannot_run_on(host)
     if why:
         raise ClientError(409, f"artifact {why}")
+    factors = (meta or {}).get("factors")
+    if target.level is not None and isinstance(factors, dict) and "isa" not in factors:
+        built_on = str(((meta or {}).get("worker") or {}).get("device_name") or "an unknown CPU")
+        if built_on != cpu_name():
+            raise ClientError(409, f"artifact was built before x86-64 levels, with -march=native on {built_on}; "
+                                   f"this CPU is {cpu_name()}, which may lack an extension it uses: compile it "
+                                   f"again for {target}")
 
 
 def _file_sha256(path: Path) -> str:

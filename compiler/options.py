@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
+from compiler.targets import IsaPin
+
 Mode = Literal["default", "max-autotune", "training"]
 Precision = Literal["keep", "bf16", "fp16"]
 
@@ -121,10 +123,16 @@ class CompileOptions(BaseModel):
     def training(self) -> bool:
         return self.mode == "training"
 
-    def inductor_configs(self) -> dict[str, Any]:
+    def inductor_configs(self, pin: IsaPin | None = None) -> dict[str, Any]:
         """The `inductor_configs` passed to aoti_compile_and_package. Global torch config is never touched. The
-        forced settings come last: no option can turn them off."""
+        forced settings come last: no option can turn them off. `pin`, for a CPU target that names an x86-64
+        level, adds the level's `-march` (`cpp.march`) and vector width (`cpp.simdlen`); compiler.compat.isa holds
+        Inductor to them (and spells `-march` another way where a torch lacks `cpp.march`)."""
         configs: dict[str, Any] = {}
+        if pin is not None:
+            configs["cpp.march"] = pin.march
+            if pin.simdlen is not None:
+                configs["cpp.simdlen"] = pin.simdlen
         if self.mode == "max-autotune":
             configs["max_autotune"] = True
         if self.freezing:

@@ -35,11 +35,13 @@ import torch
 
 from compiler import bounds as bounds_mod
 from compiler import inputs as inputs_mod
+from compiler import isa as isa_mod
 from compiler import report as rep
 from compiler import scan as scan_mod
 from compiler.compat.aoti import aoti_compile_and_package
 from compiler.compat.autograd import aot_joint_and_partition
 from compiler.compat.graphs import graph_facts, is_inplace_op, node_sources, op_name
+from compiler.compat.isa import pinned_isa
 from compiler.compat.observe import InductorObservation, observe_inductor, run_and_get_code, triton_kernels_in
 from compiler.compat.prims import prims_graph
 from compiler.compat.shims import checked_fallbacks
@@ -47,6 +49,7 @@ from compiler.errors import CompileError, UnsafeCode
 from compiler.inputs import Spec
 from compiler.options import CompileOptions
 from compiler.specialize import specialize
+from compiler.targets import IsaPin
 
 ProgressHook = Any  # Callable[[str], None]
 
@@ -364,9 +367,10 @@ def _phases(obs: InductorObservation, total: float) -> dict[str, float | None]:
 
 
 def inductor(c: Captured, options: CompileOptions, out_path: str, device: str,
-             on_stage: ProgressHook = lambda s: None) -> Compiled:
+             on_stage: ProgressHook = lambda s: None, pin: IsaPin | None = None) -> Compiled:
     """The one compile that builds the package (aoti_compile_and_package), with the observers attached and every
-    ATen fallback of the C++ wrapper checking its error code (compiler.compat.shims)."""
+    ATen fallback of the C++ wrapper checking its error code (compiler.compat.shims). `pin`: the x86-64 level a
+    CPU package keeps to (-march and the vector ISA, compiler.compat.isa)."""
     reached = {"i": 0}
 
     def on_event(event: str) -> None:  # forward-only progress: GPUs run scheduling and codegen twice
@@ -377,10 +381,13 @@ def inductor(c: Captured, options: CompileOptions, out_path: str, device: str,
 
     on_stage("fusion")
     t0 = time.perf_counter()
-    with observe_inductor(on_event) as obs, checked_fallbacks() as patched:
+    with (observe_inductor(on_event) as obs, checked_fallbacks() as patched,
+          pinned_isa(pin, options.inductor_configs(pin)) as configs):
         obs.hooks["checked_fallbacks"] = ", ".join(patched) or f"none in torch {torch.__version__}"
-        package = run_and_get_code(
-            lambda: aoti_compile_and_package(c.program, out_path, options.inductor_configs()), obs)
+        if pin is not None:
+            how = "cpp.march" if "cpp.march" in configs else "cpp_builder's cflags, wrapped"
+            obs.hooks["isa"] = f"x86-64 {pin.level}: -march={pin.march} ({how}), vector ISA {pin.vec_isa or 'none'}"
+        package = run_and_get_code(lambda: aoti_compile_and_package(c.program, out_path, configs), obs)
     total = time.perf_counter() - t0
     return Compiled(str(package), obs, total, _phases(obs, total), device)
 
@@ -597,6 +604,16 @@ def _remove(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def isa_check(compiled: Compiled, pin: IsaPin, timeout_s: float) -> dict[str, Any]:
+    """The package read against its x86-64 level (compiler.isa): its recorded vector ISA, its g++ flags and its
+    code. One that goes above the level is removed (IsaMismatch, final), before anything runs it."""
+    try:
+        return isa_mod.audit(compiled.package, pin, timeout_s=timeout_s)
+    except Exception:
+        _remove(compiled.package)
+        raise
 
 
 def scan(compiled: Compiled) -> scan_mod.ScanResult:

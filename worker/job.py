@@ -283,7 +283,8 @@ class JobRunner:
         def warm_up(adopt: Callable[[Path], None]) -> bool:
             jobdir = (self.settings.work_dir / f"warmup-{os.getpid()}").resolve()
             try:
-                outcome = self.health.run_child({"kind": "warmup", "device": self.info["device"]}, jobdir,
+                outcome = self.health.run_child({"kind": "warmup", "device": self.info["device"],
+                                                 "target": self.target}, jobdir,
                                                 sandbox=self.sandbox, timeout_s=self.settings.compile_timeout_s,
                                                 device=self.info["device"], hide=self._hide(),
                                                 keep=lambda: [f"{header_dir(Path('tmp'))}/"],
@@ -324,9 +325,11 @@ class JobRunner:
             return self._should_stop(job_id)
 
         device = self.info["device"]
+        # The job's own target: a CPU worker serves every level at or below its host's, each pinned (compiler.isa).
+        target = str(job.get("target") or self.target)
         run = partial(self.health.run_child, sandbox=self.sandbox, device=device, limits=self.limits(),
                       hide=self._hide(), on_stage=on_stage, should_cancel=cancelled)
-        share = (GemmTimingShare(store.r, self.target)
+        share = (GemmTimingShare(store.r, target)
                  if self.settings.share_gemm_timings and (job["options"] or {}).get("mode") == "max-autotune" else None)
 
         def prepare(childdir: Path) -> list[tuple[Path, Path]]:
@@ -338,7 +341,8 @@ class JobRunner:
         store.caches.record_compile()
         compiled = run(
             {"kind": "compile", "model_path": str(model_path), "spec": job["spec"], "options": job["options"],
-             "program_inputs": model["inputs"], "device": device, "out_path": str(compile_dir / "artifact.pt2")},
+             "program_inputs": model["inputs"], "device": device, "out_path": str(compile_dir / "artifact.pt2"),
+             "target": target, "isa_scan_timeout_s": self.settings.isa_scan_timeout_s},
             workdir, timeout_s=self.settings.compile_timeout_s, prepare=prepare,
             keep=lambda: [*OUTPUTS.values(), *(share.files() if share is not None else [])],
         )
@@ -380,7 +384,7 @@ class JobRunner:
             "key": job["key"],
             "factors": job["factors"],
             "model_id": job["model_id"],
-            "target": self.target,
+            "target": target,
             "spec": job["spec"],
             "options": job["options"],
             "dynamic_dims": compiled.result["dynamic_dims"],
@@ -434,7 +438,7 @@ class JobRunner:
         return signer.sign(statement(
             artifact_key=job["key"], package_sha256=sha256, package_size=size,
             model_sha256=str(job["factors"].get("model") or job["model_id"]), factors=job["factors"],
-            toolchain=self.info["toolchain"], target=self.target, check=check,
+            toolchain=self.info["toolchain"], target=str(job.get("target") or self.target), check=check,
             worker={"id": self.id, "host": self.info["host"], "device_name": self.info["device_name"]}))
 
 

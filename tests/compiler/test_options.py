@@ -66,7 +66,7 @@ def _record(factors: dict, created: float) -> dict:
 def test_lookup_never_serves_an_artifact_built_before_the_bounds():
     spec = [{"name": "x", "dtype": "float32", "shape": [4, 16]}]
     options = CompileOptions().canonical()
-    new = cachekey.factors("ab" * 32, spec, "cpu-x86_64-avx2", {"torch": "2.13.0+cpu"}, options)
+    new = cachekey.factors("ab" * 32, spec, "cpu-x86_64-v3", {"torch": "2.13.0+cpu"}, options)
     old = {k: v for k, v in new.items() if k != "bounds"} | {"format": 2}  # what main's workers published
     assert cachekey.bounded(new) and not cachekey.bounded(old)
     assert cachekey.cache_key(old) != cachekey.cache_key(new)

@@ -131,4 +131,4 @@ def test_no_live_worker_for_target_is_a_clear_503(api_url, worker, tmp_path):
     assert r.status_code == 503
     err = r.json()["error"]
     assert "no live worker serves target 'cuda'" in err["message"]
-    assert err["live_targets"] == [worker["target"]]
+    assert err["live_targets"] == sorted(worker["targets"])

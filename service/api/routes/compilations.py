@@ -7,7 +7,7 @@ from fastapi import APIRouter, Response
 from compiler import cachekey
 from compiler import shapes as specs
 from compiler.errors import TooManyJobs, Unavailable, Unprocessable
-from compiler.targets import Target, pick_worker
+from compiler.targets import Target, pick_worker, worker_targets
 from service.api.auth import Compile, Principal, needs
 from service.api.deps import SettingsDep, StoreDep, resolve_model
 from service.api.lookup import find_artifact
@@ -117,7 +117,7 @@ def request_compilation(req: CompilationRequest, response: Response, store: Stor
         for s in [spec, *bucket_specs]:
             cached = find_artifact(store, model["id"], target, s, options)
             if not (cached and cached["factors"]["spec"] == s):
-                live = sorted({w["target"] for w in store.workers.live()})
+                live = sorted({t for w in store.workers.live() for t in worker_targets(w)})
                 raise Unavailable(
                     f"no live worker serves target {str(target)!r} (live targets: {live or 'none'}); "
                     f"start one on a matching machine with `aotc-worker`, or ask for one of the live targets",
