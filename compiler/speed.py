@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+UNTIMED = "untimed-one-call"  # compiler.check.METHOD_UNTIMED (that module imports torch)
 NOT_REPLAYABLE = ("not replayable: a dynamic artifact runs plainly under cuda_graphs=True (client/graphs.py), so "
                   "its check's CUDA-graph figures are not recorded; compile buckets for the shapes you serve")
 
@@ -36,6 +37,8 @@ def verdict(check: dict[str, Any] | None, spec: list[dict[str, Any]]) -> dict[st
     "none": no figure)."""
     check = check or {}
     eager, plain = _ms(check.get("eager_ms")), _ms(check.get("compiled_ms"))
+    if ((check.get("latency") or {}).get("compiled") or {}).get("method") == UNTIMED:
+        eager = plain = None  # one call of a check whose timing pass failed: no figure to judge by
     out: dict[str, Any] = {"vs_eager": round(eager / plain, 3) if eager and plain else None,
                            "slower_than_eager": (plain > eager) if eager and plain else None}
     graph = _ms(check.get("graph_ms")) if (check.get("graphs") or {}).get("ok") else None

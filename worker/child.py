@@ -15,6 +15,7 @@ whatever it shares with other compiles (max-autotune timings), the worker reads 
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import importlib
 import json
@@ -124,13 +125,15 @@ def main(jobdir: str, kind: str) -> int:
             )
             result["caches"] = inductor_cache_settings()
         elif kind == "check":
-            from compiler.check import check_artifact
+            from compiler.check import check_artifact, untimed
 
             on_stage("check")
             asked = task.get("options") or {}
-            result = check_artifact(task["model_path"], task["package_path"], task["spec"], task["device"],
-                                    precision=asked.get("precision", "keep"),
-                                    allow_nonfinite=bool(asked.get("allow_nonfinite", False)))
+            # `untimed`: a timing pass of its own follows (compiler/timing.py), so the check takes no figures.
+            with untimed() if task.get("untimed") else contextlib.nullcontext():
+                result = check_artifact(task["model_path"], task["package_path"], task["spec"], task["device"],
+                                        precision=asked.get("precision", "keep"),
+                                        allow_nonfinite=bool(asked.get("allow_nonfinite", False)))
         elif kind == "time":  # the timing pass, under the device lock (compiler/timing.py)
             from compiler.timing import time_artifact
 

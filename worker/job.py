@@ -361,16 +361,29 @@ class JobRunner:
             # the timing pass replaces them, under the device lock (compiler/timing.py).
             task = {"model_path": str(model_path), "package_path": str(outputs["package"]), "spec": job["spec"],
                     "device": device, "options": job["options"]}
-            with exclusive(None, 0) as host:
-                checked = run({"kind": "check", **task}, workdir, timeout_s=self.settings.check_timeout_s)
+            lock = lock_path(self.settings.data_dir, device) if self.settings.check_exclusive else None
+            # AOTC_TIMING_PASS=auto, or no lock at all: a check that finds the device free times itself under the
+            # lock (one child fewer: a worker alone on its device); otherwise it runs beside the others, untimed.
+            with exclusive(lock, 0) as held:
+                alone = lock is None or (self.settings.timing_pass == "auto" and held["exclusive"])
+                if alone:
+                    checked = run({"kind": "check", **task}, workdir, timeout_s=self.settings.check_timeout_s)
+            if not alone:
+                checked = run({"kind": "check", **task, "untimed": True}, workdir,
+                              timeout_s=self.settings.check_timeout_s)
             if not checked.ok:
                 return checked, {}
-            host["reason"] = "the check takes no device lock: the timing pass does"
-            check, timings["check"] = {**checked.result, "host": host}, round(checked.seconds, 3)
-            timed = self._timing_pass(job_id, task, check, workdir, run, cancelled)
-            if isinstance(timed, Outcome):
-                return timed, {}
-            check, timings["timing"], timings["check_wait"] = timed
+            timings["check"] = round(checked.seconds, 3)
+            if alone:
+                check = {**checked.result, "host": held, "timing": {**held, "pass": "check"}}
+                timings["check_wait"] = 0.0
+            else:
+                host = {**held, "exclusive": False, "waited_s": 0.0,
+                        "reason": "the check takes no device lock: the timing pass does"}
+                timed = self._timing_pass(job_id, task, {**checked.result, "host": host}, workdir, run, cancelled)
+                if isinstance(timed, Outcome):
+                    return timed, {}
+                check, timings["timing"], timings["check_wait"] = timed
             if speed.is_dynamic(job["spec"]):  # no client replays it: its graph figure would promise nothing
                 check = speed.not_replayable(check)
         on_stage("publish")

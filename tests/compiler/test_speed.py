@@ -69,6 +69,8 @@ def test_the_timing_pass_replaces_every_figure_the_check_took_and_says_how_it_wa
     assert "graph_ms" not in out and "graph" not in out["latency"] and "graph_ms" not in out["points"][0]
     assert out["graphs"]["pays"] is False and speed.verdict(out, STATIC)["graphs"] == "none"
 
+    untimed = {**check, "latency": {"compiled": {"median_ms": 1.0, "method": speed.UNTIMED}}}
+    assert speed.verdict(speed.with_timing(untimed, None, {"pass": "failed"}), STATIC)["slower_than_eager"] is None
     kept = speed.with_timing(check, None, {"exclusive": True, "waited_s": 0.0, "pass": "failed"})
     assert kept["compiled_ms"] == 1.0 and kept["timing"]["pass"] == "failed" and "beside other work" in \
         kept["timing"]["note"]

@@ -86,9 +86,9 @@ def test_job_progress_names_each_stage_in_order(store, bundle):
     seen = [ev["stage"] for _, ev in store.jobs.events(bundle["jobs"][0]["id"]) if ev.get("stage")]
     running = [s for s in seen if s in PIPELINE]
     assert running == sorted(set(running), key=PIPELINE.index), seen  # each once, in pipeline order
-    assert set(PIPELINE) <= set(running), seen
+    assert set(PIPELINE) - {"timing"} <= set(running), seen  # a timing pass of its own only on a busy device
     assert set(bundle["jobs"][0]["timings"]) >= {"load", "capture", "autograd", "lowering", "fusion", "codegen",
-                                                 "package", "check", "timing"}
+                                                 "package", "check"}
 
 
 def test_capture_and_autograd_counts_match_the_graphs(api_url, bundle):

@@ -112,4 +112,5 @@ def test_the_check_runs_while_another_holds_the_device_and_only_the_timing_pass_
     point = check["points"][0]
     assert check["compiled_ms"] == point["compiled_ms"] == round(point["latency"]["compiled"]["median_ms"], 4)
     assert check["latency"]["compiled"] == point["latency"]["compiled"]
+    assert point["latency"]["compiled"]["method"] == "wall-clock"  # timed by the pass; the check ran untimed
     assert art.meta["speed"]["vs_eager"] == round(check["eager_ms"] / check["compiled_ms"], 3)
