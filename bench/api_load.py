@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 ROUTES = ("lookup_full_id", "lookup_short_id", "meta")
 NAMESPACE = "bench"
 X = {"symbol": "s0", "min": 1, "max": 64}
+TARGET = "cpu-x86_64-v3"  # a level, as today's workers label CPU packages: lookup serves no old label's
 
 
 def seed(store: Any, n: int, tmp: Path) -> tuple[list[str], list[str]]:
@@ -58,10 +59,10 @@ def seed(store: Any, n: int, tmp: Path) -> tuple[list[str], list[str]]:
         for dims in ([8, 3, 64, 64], [{"min": 1, "max": 32}, 3, 64, 64]):
             spec = [{"name": "x", "dtype": "float32", "shape": dims}]
             options = {"mode": "default", "precision": "keep", "freezing": False}
-            factors = cachekey.factors(model_id, spec, "cpu-x86_64-avx2", {"torch": "2.13.0"}, options)
+            factors = cachekey.factors(model_id, spec, TARGET, {"torch": "2.13.0"}, options)
             key = cachekey.cache_key(factors)
             store.artifacts.put({
-                "key": key, "factors": factors, "model_id": model_id, "target": "cpu-x86_64-avx2", "spec": spec,
+                "key": key, "factors": factors, "model_id": model_id, "target": TARGET, "spec": spec,
                 "options": options, "dynamic_dims": [], "timings": {"compile_total": 12.5, "check": 1.5},
                 "check": {"passed": True, "max_error": 1e-6, "eager_ms": 1.2, "compiled_ms": 0.8},
                 "worker": {"id": "bench", "device_name": "Bench CPU", "host": "bench"}, "job_id": "0" * 32,
