@@ -8,6 +8,10 @@ asked (Inductor's index asserts, forced on; compiler.bounds's rewrites of ops th
 error-code check on ATen fallbacks). Artifacts of formats 1 and 2 were built without any of it. A request never
 computes their keys again, so it compiles anew, and `bounded` tells deploy-time lookup not to serve them; they stay
 readable by their key, as published, with their factors saying what they are.
+
+Format 4 added the `weights` factor: whether the package carries its weights or binds the model's weights blob at
+load (compiler/weights.py), which changes the generated code. Artifacts of format 3 carry their weights; they stay
+bounded, and lookup serves both kinds alike.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ import hashlib
 import json
 from typing import Any
 
-from compiler.options import BOUNDS_REVISION, FORCED_INDUCTOR_CONFIGS
+from compiler.options import BOUNDS_REVISION, FORCED_INDUCTOR_CONFIGS, WEIGHTS_REVISION, weights_layout
 
-# bump when what a key covers changes (2: options gained precision, freezing, inductor, prims_view; 3: bounds)
-KEY_FORMAT = 3
+# bump when what a key covers changes (2: options gained precision, freezing, inductor, prims_view; 3: bounds;
+# 4: weights)
+KEY_FORMAT = 4
 FIRST_BOUNDED_FORMAT = 3
 
 
@@ -39,6 +44,7 @@ def factors(
         "toolchain": toolchain,
         "options": options,
         "bounds": bounds_factor(),
+        "weights": {"layout": weights_layout(options), "revision": WEIGHTS_REVISION},
     }
 
 

@@ -37,7 +37,8 @@ from compiler import bounds as bounds_mod
 from compiler import inputs as inputs_mod
 from compiler import report as rep
 from compiler import scan as scan_mod
-from compiler.compat.aoti import aoti_compile_and_package
+from compiler import weights as weights_mod
+from compiler.compat.aoti import aoti_compile_and_package, weightless_configs
 from compiler.compat.autograd import aot_joint_and_partition
 from compiler.compat.graphs import graph_facts, is_inplace_op, node_sources, op_name
 from compiler.compat.observe import InductorObservation, observe_inductor, run_and_get_code, triton_kernels_in
@@ -338,6 +339,7 @@ class Compiled:
     seconds: float
     phases: dict[str, float | None]  # fusion / codegen / package seconds, from the compile's own marks
     device: str
+    weights: str | None = None  # the weights sidecar of a weightless package (compiler/weights.py); None: embedded
 
 
 def _phases(obs: InductorObservation, total: float) -> dict[str, float | None]:
@@ -375,14 +377,23 @@ def inductor(c: Captured, options: CompileOptions, out_path: str, device: str,
             reached["i"] = _ORDER.index(stage)
             on_stage(stage)
 
+    configs = options.inductor_configs()
+    # Weightless where this torch can build it so (compiler.compat.aoti.weightless_configs); where it cannot, the
+    # package carries its weights and the worker publishes it self-contained.
+    weightless = weightless_configs() if options.weightless else None
+    configs.update(weightless or {})
     on_stage("fusion")
     t0 = time.perf_counter()
     with observe_inductor(on_event) as obs, checked_fallbacks() as patched:
         obs.hooks["checked_fallbacks"] = ", ".join(patched) or f"none in torch {torch.__version__}"
-        package = run_and_get_code(
-            lambda: aoti_compile_and_package(c.program, out_path, options.inductor_configs()), obs)
+        package = run_and_get_code(lambda: aoti_compile_and_package(c.program, out_path, configs), obs)
     total = time.perf_counter() - t0
-    return Compiled(str(package), obs, total, _phases(obs, total), device)
+    weights = None
+    if weightless:
+        # The program's own tensors, after the precision cast: what the package was compiled against.
+        weights = str(weights_mod.sidecar(package))
+        weights_mod.save(weights_mod.program_weights(c.program), weights)
+    return Compiled(str(package), obs, total, _phases(obs, total), device, weights)
 
 
 # -- fusion ------------------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def test_the_cache_key_changes_with_the_forced_assert_options(monkeypatch):
     before = key(CompileOptions())
     factors = cachekey.factors("ab" * 32, SPEC, "cpu-x86_64-avx2", {"torch": "2.13.0+cpu"},
                                CompileOptions().canonical())
-    assert factors["format"] == 3
+    assert factors["format"] == 4
     assert factors["bounds"]["inductor"] == {"assert_indirect_indexing": True, "debug_index_asserts": True}
     monkeypatch.setitem(FORCED_INDUCTOR_CONFIGS, "debug_index_asserts", False)
     assert key(CompileOptions()) != before
