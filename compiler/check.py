@@ -25,9 +25,9 @@ from typing import Any
 import torch
 
 from compiler import inputs as inputs_mod
+from compiler import weights as weights_mod
 from compiler.adversarial import check_adversarial
 from compiler.compat import pytree
-from compiler import weights as weights_mod
 from compiler.compat.aoti import aoti_load_package, constant_fqns, load_for_graphs, native_graph_support
 from compiler.device import cpu_name
 from compiler.errors import CheckFailed
@@ -254,7 +254,7 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         # The package follows its weights: perturbed in place, eager and the package must still agree.
         _, _, args0, kwargs0, _, _ = cases[0]
         weights_summary["perturbed"] = weights_mod.follows(
-            eager, blob, precision, lambda: (eager(*args0, **kwargs0), compiled(*args0, **kwargs0)),
+            eager, blob, precision, functools.partial(_both, eager, compiled, args0, kwargs0),
             lambda e, a: compare(e, a, tolerance, allow_nonfinite))
         del blob
     del compiled  # one copy of the weights at a time: the graph check and the probes load their own
@@ -305,6 +305,11 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
                               + (f"; and {more} more case(s), in the excerpt" if more else ""),
                               stage="check", excerpt="\n".join(found["failures"]))
     return summary
+
+
+def _both(eager: Callable[..., Any], compiled: Callable[..., Any], args: tuple[Any, ...],
+          kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    return eager(*args, **kwargs), compiled(*args, **kwargs)
 
 
 def _check_graphs(package_path: str, device: str, cases: list[Any], results: list[dict[str, Any]],

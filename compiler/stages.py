@@ -592,6 +592,7 @@ def package(compiled: Compiled, captured: Captured) -> dict[str, Any]:
         observed_by="aoti_compile_and_package's output",
         note="" if compiled.phases.get("package") is not None else "included in codegen's time",
         bytes=os.path.getsize(compiled.package),
+        weights_bytes=os.path.getsize(compiled.weights) if compiled.weights else None,
         compile_seconds=round(compiled.seconds, 3),
         contents=contents,
         dynamic_dims=dyn,

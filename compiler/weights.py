@@ -18,7 +18,6 @@ they change eager's.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,15 +26,11 @@ import torch
 
 from compiler import weightsfile
 from compiler.errors import CheckFailed
+from compiler.weightsfile import sidecar
 
-SUFFIX = ".weights.safetensors"
-STRIDES = "aotc.strides"  # the blob's metadata: each tensor's stride in the program (the package expects it)
+__all__ = ["sidecar", "program_weights", "save", "load", "describe", "verify_blob", "check_bound", "follows"]
+
 PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def sidecar(package_path: str | Path) -> Path:
-    p = Path(package_path)
-    return p.with_name(p.name.removesuffix(".pt2") + SUFFIX)
 
 
 def program_weights(ep: torch.export.ExportedProgram, precision: str = "keep") -> dict[str, torch.Tensor]:
@@ -62,27 +57,18 @@ def save(weights: Mapping[str, torch.Tensor], path: str | Path) -> None:
     """Write `weights` as safetensors, widest elements first (then by name), so that each tensor's offset is a
     multiple of its element size and a loader can view the mapped bytes in place."""
     order = sorted(weights, key=lambda k: (-weights[k].element_size(), k))
-    tensors = []
+    tensors: list[tuple[str, str, tuple[int, ...], Any]] = []
     strides: dict[str, list[int]] = {}
     for name in order:
         t = weights[name].detach().cpu()
         strides[name] = list(t.stride())
         flat = t.contiguous().reshape(-1).view(torch.uint8)
-        tensors.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), memoryview(flat.numpy())))
+        data: Any = flat.numpy()  # a buffer of the tensor's bytes: written without a copy
+        tensors.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), data))
     tmp = Path(str(path) + ".tmp")
     with open(tmp, "wb") as f:
-        weightsfile.write(f, tensors, {"format": "pt", STRIDES: json.dumps(strides, sort_keys=True)})
+        weightsfile.write(f, tensors, {"format": "pt", weightsfile.STRIDES: json.dumps(strides, sort_keys=True)})
     tmp.rename(path)
-
-
-def _stride(entry: weightsfile.Entry, raw: Any) -> tuple[int, ...] | None:
-    """The stride the program gave the tensor, if the metadata names a dense one for its shape; None: contiguous."""
-    if not isinstance(raw, list) or len(raw) != len(entry.shape) or not all(type(s) is int and s >= 0 for s in raw):
-        return None
-    numel = math.prod(entry.shape)
-    if numel and 1 + sum((d - 1) * s for d, s in zip(entry.shape, raw)) != numel:
-        return None  # not a dense layout of this shape: refuse it rather than alias elements
-    return tuple(raw)
 
 
 def load(path: str | Path, device: str = "cpu") -> dict[str, torch.Tensor]:
@@ -90,7 +76,7 @@ def load(path: str | Path, device: str = "cpu") -> dict[str, torch.Tensor]:
     private mapping of the file (copy-on-write: writing to them never changes the file); elsewhere one copy each."""
     header = weightsfile.read_header_file(path)
     try:
-        strides = json.loads(header.metadata.get(STRIDES, "{}"))
+        strides = json.loads(header.metadata.get(weightsfile.STRIDES, "{}"))
     except ValueError:
         strides = {}
     strides = strides if isinstance(strides, dict) else {}
@@ -103,7 +89,7 @@ def load(path: str | Path, device: str = "cpu") -> dict[str, torch.Tensor]:
             t = piece.view(dtype).reshape(e.shape)
         except RuntimeError:  # an offset not aligned to the element size (another writer's order): copy it
             t = piece.clone().view(dtype).reshape(e.shape)
-        stride = _stride(e, strides.get(name))
+        stride = weightsfile.dense_stride(e, strides.get(name))
         if stride is not None and stride != t.stride():
             t = torch.empty_strided(e.shape, stride, dtype=dtype).copy_(t)
         out[name] = t.to(device) if device != "cpu" else t
@@ -111,23 +97,8 @@ def load(path: str | Path, device: str = "cpu") -> dict[str, torch.Tensor]:
 
 
 def describe(path: str | Path) -> list[dict[str, Any]]:
-    """The manifest's list of constants (fqn, shape, dtype, stride), from the blob's header alone (no torch)."""
-    return describe_header(weightsfile.read_header_file(path))
-
-
-def describe_header(header: weightsfile.Header) -> list[dict[str, Any]]:
-    try:
-        strides = json.loads(header.metadata.get(STRIDES, "{}"))
-    except ValueError:
-        strides = {}
-    out = []
-    for name in sorted(header.entries):
-        e = header.entries[name]
-        stride = _stride(e, strides.get(name) if isinstance(strides, dict) else None)
-        contiguous = [math.prod(e.shape[i + 1:]) for i in range(len(e.shape))]
-        out.append({"fqn": name, "shape": list(e.shape), "dtype": e.dtype,
-                    "stride": list(stride) if stride is not None else contiguous})
-    return out
+    """The manifest's list of constants (fqn, shape, dtype, stride), from the blob's header alone."""
+    return weightsfile.describe(weightsfile.read_header_file(path))
 
 
 # -- the check ---------------------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from typing_extensions import Buffer
+
 # safetensors dtype name -> (torch dtype name, bytes per element)
 DTYPES: dict[str, tuple[str, int]] = {
     "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
@@ -29,6 +31,14 @@ DTYPES: dict[str, tuple[str, int]] = {
 BY_TORCH_NAME = {t: s for s, (t, _) in DTYPES.items()}
 MAX_HEADER_BYTES = 64 * 2**20  # safetensors' own reader caps it at 100 MB; 64 MiB holds ~500k entries
 METADATA = "__metadata__"
+SUFFIX = ".weights.safetensors"
+STRIDES = "aotc.strides"  # aotc's metadata: each tensor's stride in the program (what the package expects)
+
+
+def sidecar(package_path: str | Path) -> Path:
+    """Where a package's weights blob sits beside it on disk: NAME.weights.safetensors for NAME.pt2."""
+    p = Path(package_path)
+    return p.with_name(p.name.removesuffix(".pt2") + SUFFIX)
 
 
 class FormatError(ValueError):
@@ -61,8 +71,8 @@ def read_header(f: BinaryIO, size: int, max_header_bytes: int = MAX_HEADER_BYTES
         raise FormatError(f"the header claims {n} bytes (the file has {size}, the cap is {max_header_bytes})")
     try:
         raw = json.loads(f.read(n).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise FormatError(f"the header is not JSON: {e}") from None
+    except (UnicodeDecodeError, ValueError) as bad:
+        raise FormatError(f"the header is not JSON: {bad}") from None
     if not isinstance(raw, dict):
         raise FormatError("the header is not a JSON object")
     meta = raw.pop(METADATA, {}) or {}
@@ -70,10 +80,10 @@ def read_header(f: BinaryIO, size: int, max_header_bytes: int = MAX_HEADER_BYTES
         raise FormatError("__metadata__ must map strings to strings")
     data_start, data_len = 8 + n, size - 8 - n
     entries: dict[str, Entry] = {}
-    for name, e in raw.items():
-        if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
+    for name, item in raw.items():
+        if not isinstance(item, dict) or set(item) != {"dtype", "shape", "data_offsets"}:
             raise FormatError(f"tensor {name!r}: an entry has exactly dtype, shape and data_offsets")
-        dtype, shape, offsets = e["dtype"], e["shape"], e["data_offsets"]
+        dtype, shape, offsets = item["dtype"], item["shape"], item["data_offsets"]
         if dtype not in DTYPES:
             raise FormatError(f"tensor {name!r}: unknown dtype {str(dtype)[:20]!r}")
         if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
@@ -88,10 +98,10 @@ def read_header(f: BinaryIO, size: int, max_header_bytes: int = MAX_HEADER_BYTES
         entries[name] = Entry(name, DTYPES[dtype][0], tuple(shape), start, end)
     # The offsets must tile the data exactly: no tensor overlaps another, no bytes are hidden between them.
     at = 0
-    for e in sorted(entries.values(), key=lambda x: (x.start, x.end)):
-        if e.start != at:
-            raise FormatError(f"tensor {e.name!r} starts at {e.start}, expected {at} (a gap or an overlap)")
-        at = e.end
+    for entry in sorted(entries.values(), key=lambda x: (x.start, x.end)):
+        if entry.start != at:
+            raise FormatError(f"tensor {entry.name!r} starts at {entry.start}, expected {at} (a gap or an overlap)")
+        at = entry.end
     if at != data_len:
         raise FormatError(f"the tensors cover {at} bytes of data, the file holds {data_len}")
     return Header(entries, dict(meta), data_start, size)
@@ -103,17 +113,48 @@ def read_header_file(path: str | Path, max_header_bytes: int = MAX_HEADER_BYTES)
         return read_header(f, p.stat().st_size, max_header_bytes)
 
 
-def write(f: BinaryIO, tensors: list[tuple[str, str, tuple[int, ...], bytes]], metadata: dict[str, str]) -> None:
+def write(f: BinaryIO, tensors: list[tuple[str, str, tuple[int, ...], Buffer]], metadata: dict[str, str]) -> None:
     """Write `tensors` ((name, torch dtype name, shape, little-endian row-major bytes), in this order) to `f`. The
     same tensors and metadata always give the same bytes (sorted JSON), so a blob's sha256 names its content."""
     header: dict[str, Any] = {METADATA: dict(metadata)} if metadata else {}
     at = 0
     for name, dtype, shape, data in tensors:
-        header[name] = {"dtype": BY_TORCH_NAME[dtype], "shape": list(shape), "data_offsets": [at, at + len(data)]}
-        at += len(data)
+        n = memoryview(data).nbytes
+        header[name] = {"dtype": BY_TORCH_NAME[dtype], "shape": list(shape), "data_offsets": [at, at + n]}
+        at += n
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data region starts 8-byte aligned, as safetensors' writer leaves it
     f.write(struct.pack("<Q", len(text)))
     f.write(text)
     for _, _, _, data in tensors:
         f.write(data)
+
+
+def dense_stride(entry: Entry, raw: Any) -> tuple[int, ...] | None:
+    """The stride the metadata gives a tensor, if it is a dense layout of its shape; None: take it contiguous.
+    A stride that would alias elements or reach past them is refused here, before anything allocates by it."""
+    if not isinstance(raw, list) or len(raw) != len(entry.shape) or not all(type(s) is int and s >= 0 for s in raw):
+        return None
+    expected = 1  # a permutation of a contiguous layout: sorted by stride, each is the product of the dims before
+    for d, s in sorted(((d, s) for d, s in zip(entry.shape, raw) if d > 1), key=lambda ds: ds[1]):
+        if s != expected:
+            return None
+        expected *= d
+    return tuple(raw)
+
+
+def describe(header: Header) -> list[dict[str, Any]]:
+    """Each tensor's fqn, shape, dtype (torch's name) and stride, by name: what a manifest signs."""
+    try:
+        strides = json.loads(header.metadata.get(STRIDES, "{}"))
+    except ValueError:
+        strides = {}
+    strides = strides if isinstance(strides, dict) else {}
+    out = []
+    for name in sorted(header.entries):
+        e = header.entries[name]
+        stride = dense_stride(e, strides.get(name))
+        contiguous = [math.prod(e.shape[i + 1:]) for i in range(len(e.shape))]
+        out.append({"fqn": name, "shape": list(e.shape), "dtype": e.dtype,
+                    "stride": list(stride) if stride is not None else contiguous})
+    return out

@@ -40,8 +40,18 @@ class LoadedPackage:
         in_spec, out_spec = self.loader.get_call_spec()
         self.in_spec = pytree.treespec_loads(in_spec)
         self.out_spec = pytree.treespec_loads(out_spec)
+        # A weightless package run before its weights are bound reads unset constants (a segfault on torch 2.13).
+        self.unbound = self.get_metadata().get(WEIGHTS_METADATA) == "external"
+        self.path = str(package_path)
+
+    def _refuse_unbound(self) -> None:
+        if self.unbound:
+            raise RuntimeError(f"the package {self.path} binds its weights at load and none were bound: load it "
+                               "with aotc's Client.load, or put its weights blob (GET /v1/artifacts/KEY/weights; "
+                               "aotc pull writes it) beside it as NAME.weights.safetensors")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse_unbound()
         return pytree.tree_unflatten(self.loader.boxed_run(self.flat_inputs(args, kwargs)), self.out_spec)
 
     def get_metadata(self) -> dict[str, str]:
@@ -56,6 +66,7 @@ class LoadedPackage:
         caller keeps them alive. Positional arguments (use_inactive, check_full_update, user_managed): the same in
         torch 2.11 and 2.13; 2.13 adds allow_h2d_copy after them, defaulted."""
         self.loader.load_constants(constants, False, True, True)
+        self.unbound = False
 
     def flat_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         """The tensors the package takes, in its order, from a call's arguments."""
@@ -68,10 +79,16 @@ class LoadedPackage:
     def run_flat(self, flat: list[torch.Tensor]) -> list[torch.Tensor]:
         """Run on flat input tensors, on the current CUDA stream; the flat outputs. (boxed_run empties the list it is
         given, so it gets a copy.)"""
+        self._refuse_unbound()
         return list(self.loader.boxed_run(list(flat)))
 
     def unflatten(self, outputs: list[Any]) -> Any:
         return pytree.tree_unflatten(outputs, self.out_spec)
+
+
+# The package's own metadata (aot_inductor.metadata, read back by get_metadata) marks a weightless build, so a
+# loader can refuse to run it before its weights are bound.
+WEIGHTS_METADATA = "aotc_weights"
 
 
 def weightless_configs() -> dict[str, Any] | None:
@@ -86,6 +103,8 @@ def weightless_configs() -> dict[str, Any] | None:
             config, "always_keep_tensor_constants"):
         return None
     configs: dict[str, Any] = {"aot_inductor.package_constants_in_so": False, "always_keep_tensor_constants": True}
+    if hasattr(config.aot_inductor, "metadata"):
+        configs["aot_inductor.metadata"] = {WEIGHTS_METADATA: "external"}
     if hasattr(config.aot_inductor, "package_constants_on_disk_format"):
         configs["aot_inductor.package_constants_on_disk_format"] = None
     return configs
@@ -120,7 +139,7 @@ def aoti_load_package(package_path: str, device: str = "cpu", *, run_single_thre
         else:
             package = _load(package_path, run_single_threaded=run_single_threaded)
     _bind_weights(package, package_path, device, weights)
-    return package  # type: ignore[no-any-return]
+    return package
 
 
 def _bind_weights(package: Any, package_path: str, device: str, weights: dict[str, torch.Tensor] | None) -> None:
