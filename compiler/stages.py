@@ -628,14 +628,19 @@ def scan(compiled: Compiled) -> scan_mod.ScanResult:
     for n, code in enumerate(obs.artifacts.get("inductor_autotune_at_compile_time_code", [])):
         python[f"<autotune code {n}>"] = code
     kernels = {f"<triton kernel {name}>": src for name, src in obs.kernel_sources.items()}
+    def refuse() -> None:
+        _remove(compiled.package)
+        if compiled.weights:
+            _remove(compiled.weights)
+
     try:
         result = scan_mod.scan_package(compiled.package, python, kernels)
     except Exception as e:  # fail closed: a package that cannot be scanned is not checked either
-        _remove(compiled.package)
+        refuse()
         raise CompileError(f"the generated sources could not be scanned ({type(e).__name__}: {e}), so the "
                            "package was refused", stage="package") from e
     if result.findings:
-        _remove(compiled.package)
+        refuse()
         first, more = result.findings[0], len(result.findings) - 1
         raise UnsafeCode(
             f"the generated code calls what no kernel calls, so the package was refused before anything ran it: "
