@@ -35,10 +35,13 @@ PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def program_weights(ep: torch.export.ExportedProgram, precision: str = "keep") -> dict[str, torch.Tensor]:
     """The tensors the program's graph reads, by FQN: parameters, buffers (persistent or not) and lifted tensor
-    constants whose placeholder has users. With a precision cast, floating ones cast as compiler.specialize does."""
+    constants whose placeholder has users. With a precision cast, floating parameters and buffers cast as
+    compiler.specialize casts them."""
     sig = ep.graph_signature
     used = {n.name for n in ep.graph.nodes if n.op == "placeholder" and n.users}
-    sources = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    # compiler.specialize casts with Module.to, which casts parameters and buffers, not lifted constants.
+    castable = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
+    sources = {**castable, **sig.inputs_to_lifted_tensor_constants}
     out: dict[str, torch.Tensor] = {}
     for placeholder, fqn in sources.items():
         if placeholder not in used:
@@ -47,7 +50,7 @@ def program_weights(ep: torch.export.ExportedProgram, precision: str = "keep") -
         if not isinstance(t, torch.Tensor):
             continue
         t = t.detach()
-        if precision in PRECISIONS and t.is_floating_point():
+        if precision in PRECISIONS and t.is_floating_point() and placeholder in castable:
             t = t.to(PRECISIONS[precision])
         out[fqn] = t
     return out
@@ -146,11 +149,11 @@ def _eager_tensor(module: torch.nn.Module, fqn: str) -> torch.Tensor | None:
 def _perturb(t: torch.Tensor, gen: torch.Generator) -> None:
     """Scale by 0.75..1.25 and add up to a quarter of the mean magnitude: every element moves, zeros included, signs
     stay, and positive weights (a variance) stay positive."""
-    x = t.detach().double()
+    x = t.detach().float().cpu()
     scale = float(x.abs().mean()) or 1.0
-    u = torch.rand(x.shape, generator=gen, dtype=torch.float64) * 0.5 + 0.75
-    v = torch.rand(x.shape, generator=gen, dtype=torch.float64) * 0.25 * scale
-    t.detach().copy_((x.cpu() * u + v).to(t.device).to(t.dtype))
+    u = torch.rand(x.shape, generator=gen) * 0.5 + 0.75
+    v = torch.rand(x.shape, generator=gen) * 0.25 * scale
+    t.detach().copy_((x * u + v).to(t.device).to(t.dtype))
 
 
 def follows(eager: torch.nn.Module, blob: Mapping[str, torch.Tensor], precision: str,

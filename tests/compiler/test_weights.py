@@ -124,17 +124,20 @@ def test_the_half_trap_a_small_bias_inlined_into_a_weightless_package_is_caught_
 
 
 @pytest.mark.slow
-def test_a_weightless_compile_passes_the_check_and_follows_its_weights(convbn):
+def test_a_weightless_bf16_compile_passes_the_check_and_follows_its_weights(convbn):
+    """precision=bf16: the blob holds the weights cast as the compile cast them; the check binds it, and the
+    perturbed weights reach the package through the blob."""
     d = convbn["dir"]
-    result = compile_model(str(convbn["path"]), SPEC, SPEC, CompileOptions(), "cpu", str(d / "a.pt2"))
+    result = compile_model(str(convbn["path"]), SPEC, SPEC, CompileOptions(precision="bf16"), "cpu", str(d / "a.pt2"))
     blob_path = Path(result["weights"])
     assert blob_path == weights_mod.sidecar(result["package"])
-    fqns = {c["fqn"] for c in weights_mod.describe(blob_path)}
-    assert "head.bias" in fqns and "bn.num_batches_tracked" not in fqns  # what the graph reads, nothing else
-    check = check_artifact(str(convbn["path"]), result["package"], SPEC, "cpu", adversarial=False)
+    described = {c["fqn"]: c for c in weights_mod.describe(blob_path)}
+    assert "head.bias" in described and "bn.num_batches_tracked" not in described  # what the graph reads, only
+    assert described["conv.weight"]["dtype"] == "bfloat16" and described["conv.weight"]["stride"] == [27, 9, 3, 1]
+    check = check_artifact(str(convbn["path"]), result["package"], SPEC, "cpu", precision="bf16", adversarial=False)
     w = check["weights"]
-    assert w["bound"] == "user_managed" and set(w["package_fqns"]) == fqns
-    assert w["perturbed"]["ok"] and w["perturbed"]["perturbed"] == len(fqns)
+    assert w["bound"] == "user_managed" and set(w["package_fqns"]) == set(described)
+    assert w["perturbed"]["ok"] and w["perturbed"]["perturbed"] == len(described)
     # One blob, bound into two loads of the package (two buckets' worth), each following it.
     blob = weights_mod.load(blob_path)
     a, b = (aoti_load_package(result["package"], "cpu", weights=blob) for _ in range(2))
@@ -142,4 +145,15 @@ def test_a_weightless_compile_passes_the_check_and_follows_its_weights(convbn):
     with torch.inference_mode():
         ya = a(x)
         blob["head.bias"].add_(1.0)
-        assert torch.allclose(b(x), ya + 1.0, atol=1e-5) and torch.allclose(a(x), ya + 1.0, atol=1e-5)
+        assert torch.allclose(b(x), ya + 1.0, atol=2e-2) and torch.allclose(a(x), ya + 1.0, atol=2e-2)
+
+
+def test_a_weightless_package_run_before_its_weights_are_bound_is_refused_not_a_crash(convbn):
+    """torch's loader runs it on unset constants (SIGSEGV on torch 2.13); aotc's refuses, naming what to do."""
+    package = convbn["dir"] / "a.pt2"
+    if not package.exists():
+        pytest.skip("needs the weightless compile of the test before")
+    lonely = convbn["dir"] / "lonely.pt2"
+    lonely.write_bytes(package.read_bytes())  # no blob beside it
+    with pytest.raises(RuntimeError, match="binds its weights at load and none were bound"):
+        aoti_load_package(str(lonely), "cpu")(torch.randn(2, 3, 8, 8))
