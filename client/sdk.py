@@ -512,7 +512,9 @@ class Client:
     def _device_weights(self, art: Artifact, device: str) -> dict[str, Any]:
         path = self.pull_weights(art)
         assert path is not None
-        sha = str(art.meta["weights"]["sha256"])
+        # The signed digest (the cached file's name), never the record's: a record cannot point this artifact at
+        # tensors another artifact loaded.
+        sha = path.name.removesuffix(".safetensors")
         with _LOADED_LOCK:
             found = _LOADED.get((sha, device))
             if found is None:
