@@ -94,6 +94,21 @@ def convbn(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"dir": d, "path": path, "model": model}
 
 
+def test_every_bucket_of_a_model_writes_the_same_blob(convbn):
+    """The blob is written from the program specialised at each bucket's shapes (compiler.stages.inductor): two
+    buckets give the same bytes, hence one digest and one stored copy; another precision gives another blob."""
+    from compiler.specialize import specialize
+
+    ep = torch.export.load(str(convbn["path"]))
+    blobs = {}
+    for name, batch, precision in (("b1", 1, "keep"), ("b8", 8, "keep"), ("b8-bf16", 8, "bf16")):
+        spec = [{"name": "x", "dtype": "float32", "shape": [batch, 3, 8, 8]}]
+        program = specialize(ep, spec, SPEC, "cpu", precision)
+        weights_mod.save(weights_mod.program_weights(program), convbn["dir"] / f"{name}.safetensors")
+        blobs[name] = (convbn["dir"] / f"{name}.safetensors").read_bytes()
+    assert blobs["b1"] == blobs["b8"] and blobs["b8-bf16"] != blobs["b8"]
+
+
 @pytest.mark.slow
 def test_the_half_trap_a_small_bias_inlined_into_a_weightless_package_is_caught_by_name(convbn):
     """Today's compile options plus package_constants_in_so=False, without always_keep_tensor_constants: the head's
