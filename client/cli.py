@@ -38,6 +38,7 @@ from compiler.errors import BadSignature, Unprocessable
 from compiler.options import Mode, Precision
 from compiler.shapes import Dim, parse_shape_args
 from compiler.targets import Target
+from compiler.weightsfile import sidecar
 
 Priority = Literal["interactive", "batch"]
 
@@ -182,13 +183,16 @@ def pull(
                                                 help="Where to write it (default: the local cache).")] = None,
 ) -> None:
     """Download an artifact, verified against its signed manifest (keys: $AOTC_TRUSTED_KEYS, else the service's).
-    The path is stdout's last line; exit 3 when the artifact is refused, with nothing written."""
+    A weightless package's weights blob, verified too, goes beside it as NAME.weights.safetensors, where aotc's
+    loader binds it. The path is stdout's last line; exit 3 when the artifact is refused, with nothing written."""
     with _service(ctx) as c:
         try:
             path = c.pull(key, output)
+            weights = c.pull_weights(key, sidecar(path))
         except BadSignature as e:
             _fail(f"refused artifact {key}: {e.message}", 3)
-    _say(f"pulled {key} ({path.stat().st_size} bytes, signature and sha256 verified)")
+    extra = f"; weights {weights.name}, {weights.stat().st_size} bytes, verified" if weights else ""
+    _say(f"pulled {key} ({path.stat().st_size} bytes, signature and sha256 verified{extra})")
     typer.echo(str(path))
 
 

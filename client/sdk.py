@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -368,9 +369,13 @@ class Client:
             os.replace(tmp, dest)
         return dest
 
-    def _download(self, art: Artifact, part: Path, f: BinaryIO, attempts: int) -> str:
-        """Complete `part` (open for appending as `f`) from its current size; returns the sha256 of the whole."""
-        size = int(art.meta["size"])
+    def _download(self, art: Artifact, part: Path, f: BinaryIO, attempts: int, *, what: str = "",
+                  size: int | None = None, sha256: str | None = None) -> str:
+        """Complete `part` (open for appending as `f`) from its current size; returns the sha256 of the whole.
+        `what`: a sub-resource of the artifact (`weights`), whose `size` and `sha256` (the ETag) are given."""
+        size = int(art.meta["size"]) if size is None else size
+        etag = sha256 or art.sha256
+        url = f"/v1/artifacts/{art.key}" + (f"/{what}" if what else "")
         direct = self.http is self._own_http and transfer.direct_ok(self.url)
         for attempt in range(1, attempts + 1):
             f.flush()  # what an attempt that was cut off still buffers belongs to the prefix
@@ -382,12 +387,12 @@ class Client:
             if have == size:
                 return digest.hexdigest()
             # If-Range: a copy of other bytes (the artifact was evicted and built again) comes back whole (200).
-            headers = {"Range": f"bytes={have}-", "If-Range": f'"{art.sha256}"'} if have else {}
+            headers = {"Range": f"bytes={have}-", "If-Range": f'"{etag}"'} if have else {}
             try:
                 if direct:
-                    self._fetch(art, headers, f, digest, have)
+                    self._fetch(url, headers, f, digest, have)
                 else:
-                    self._fetch_httpx(art, headers, f, digest, have)
+                    self._fetch_httpx(url, headers, f, digest, have)
                 return digest.hexdigest()
             except transfer.Restart:
                 f.truncate(0)
@@ -396,20 +401,20 @@ class Client:
                     raise
         raise ClientError(502, f"artifact {art.key}: the service never sent the bytes asked for")
 
-    def _fetch(self, art: Artifact, headers: dict[str, str], f: BinaryIO, digest: Any, have: int) -> None:
+    def _fetch(self, url: str, headers: dict[str, str], f: BinaryIO, digest: Any, have: int) -> None:
         """The fast path (client/transfer.py): http.client into a few reused buffers, hashed as they are written."""
         sent = {**{k: v for k, v in self.http.headers.items() if k.lower() in ("authorization", "user-agent")},
                 **headers}
         timeout = self.http.timeout.read
         try:
-            transfer.fetch(f"{self.url}/v1/artifacts/{art.key}", sent, f, digest, have, timeout=timeout,
+            transfer.fetch(self.url + url, sent, f, digest, have, timeout=timeout,
                            redirect_headers={"Range": headers["Range"]} if have else {})
         except transfer.Refused as e:
             _raise_for(httpx.Response(e.status, content=e.body, headers={"content-type": "application/json"}))
             raise ClientError(e.status, e.body[:500].decode(errors="replace")) from None
 
-    def _fetch_httpx(self, art: Artifact, headers: dict[str, str], f: BinaryIO, digest: Any, have: int) -> None:
-        with self.http.stream("GET", f"/v1/artifacts/{art.key}", headers=headers) as resp:
+    def _fetch_httpx(self, url: str, headers: dict[str, str], f: BinaryIO, digest: Any, have: int) -> None:
+        with self.http.stream("GET", url, headers=headers) as resp:
             if resp.status_code == 307:  # S3: the bytes come from the presigned URL (S3 has its own ETag)
                 with self.direct.stream("GET", resp.headers["location"],
                                       headers={"Range": headers["Range"]} if have else {}) as direct:
@@ -468,9 +473,10 @@ class Client:
 
         `timings`, if given (a dict; not for a Bundle), gets the time to first inference split into seconds:
         `verify_s` (manifest, signature, the cached copy's check), `pull_s` (the download, hashed as it streams),
-        `bind_s` (the device: the target check, which initialises CUDA on a GPU), `load_s` (the package opened:
-        its library loaded, its weights read onto the device) and, once the callable has run, `first_call_s` (the
-        first call, synchronised on a GPU; with graphs, its capture)."""
+        `bind_s` (the device: the target check, which initialises CUDA on a GPU), `weights_s` (a weightless
+        package's weights blob: pulled and verified, or found, and put on the device), `load_s` (the package opened
+        and its weights bound) and, once the callable has run, `first_call_s` (the first call, synchronised on a
+        GPU; with graphs, its capture)."""
         if isinstance(artifact, Bundle):
             if timings is not None:
                 raise ValueError("timings are per artifact: load a Bundle's artifacts one by one to time them")
@@ -487,18 +493,89 @@ class Client:
         device = device or ("cuda:0" if target.kind == "cuda" else "cpu")
         _check_target(target, device, art.meta)
         t1 = time.perf_counter()
+        # A weightless package binds the model's weights blob: pulled and verified once, one copy per device in
+        # this process, shared by every bucket and version that names the same blob.
+        weights = self._device_weights(art, device) if art.meta.get("weights") else None
+        t2 = time.perf_counter()
         fn: Callable[..., Any]
         if cuda_graphs:
             from client.graphs import load_graphed  # imports torch: only to load
 
-            fn = load_graphed(str(path), {"key": art.key, **art.meta}, device)
+            fn = load_graphed(str(path), {"key": art.key, **art.meta}, device, weights=weights)
         else:
-            fn = aoti_load_package(str(path), device)
+            fn = aoti_load_package(str(path), device, weights=weights)
         if timings is None:
             return fn
         timings["bind_s"] = t1 - t0
-        timings["load_s"] = time.perf_counter() - t1
+        timings["weights_s"] = t2 - t1
+        timings["load_s"] = time.perf_counter() - t2
         return _FirstCallTimed(fn, timings, device)
+
+    def pull_weights(self, artifact: Artifact | str, dest: str | Path | None = None, *,
+                     attempts: int = 3) -> Path | None:
+        """The weights blob a weightless artifact binds, into the local cache by its sha256 (or to `dest`), verified
+        against the artifact's signed manifest: the sha256 and size, and every constant's name, shape, dtype and
+        stride as its header says them (read strictly, without torch). None for a package that carries its own
+        weights. A blob verified once in this process is not hashed again; another bucket of the model that names
+        the same blob downloads nothing more."""
+        art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
+        if not art.meta.get("weights"):
+            return None
+        signed = self.verifier.manifest(art.key, art.meta)
+        w = signed.weights
+        if w is None:
+            raise BadSignature("mismatch", f"artifact {art.key}: the record names a weights blob, its signed manifest "
+                                           "none", kid=signed.kid)
+        sha, size = str(w["sha256"]), int(w["size"])
+        cached = self.cache_dir / "weights" / f"{sha}.safetensors"
+        if not _weights_verified(cached, sha, size, w):
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            part = cached.with_name(cached.name + ".part")
+            with open(part, "ab") as f, _locked(f):
+                if _weights_verified(cached, sha, size, w):
+                    _drop_if_empty(part, f)
+                else:
+                    digest = self._download(art, part, f, attempts, what="weights", size=size, sha256=sha)
+                    got = os.fstat(f.fileno()).st_size
+                    if (digest, got) != (sha, size):
+                        part.unlink(missing_ok=True)
+                        raise BadSignature("mismatch", f"the weights of artifact {art.key} arrived corrupt or "
+                                           f"tampered with: sha256 {digest} ({got} bytes), but its signed manifest "
+                                           f"says {sha} ({size} bytes)", kid=signed.kid)
+                    os.replace(part, cached)
+            if not _weights_verified(cached, sha, size, w):
+                cached.unlink(missing_ok=True)
+                raise BadSignature("mismatch", f"the weights of artifact {art.key}: their header does not list the "
+                                               "constants its signed manifest lists", kid=signed.kid)
+        if dest is None:
+            return cached
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".part")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(cached, tmp)  # the cache's bytes, not a second copy, where one filesystem holds both
+        except OSError:
+            shutil.copyfile(cached, tmp)
+        if _file_sha256(tmp) != sha:
+            tmp.unlink(missing_ok=True)
+            raise BadSignature("mismatch", f"the weights of artifact {art.key} changed while copied", kid=signed.kid)
+        os.replace(tmp, dest)
+        return dest
+
+    def _device_weights(self, art: Artifact, device: str) -> dict[str, Any]:
+        path = self.pull_weights(art)
+        assert path is not None
+        # The signed digest (the cached file's name), never the record's: a record cannot point this artifact at
+        # tensors another artifact loaded.
+        sha = path.name.removesuffix(".safetensors")
+        with _LOADED_LOCK:
+            found = _LOADED.get((sha, device))
+            if found is None:
+                from compiler.weights import load  # imports torch: only to load
+
+                found = _LOADED[(sha, device)] = load(path, device)
+        return found
 
     def workers(self) -> list[dict[str, Any]]:
         return list(self._json("GET", "/v1/workers")["workers"])
@@ -558,6 +635,36 @@ class _FirstCallTimed:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._fn, name)
+
+
+# Weights blobs loaded in this process, by (sha256, device): every package that binds one shares these tensors
+# (user-managed), so three buckets of a model hold one copy. They stay for the life of the process.
+_LOADED: dict[tuple[str, str], dict[str, Any]] = {}
+_LOADED_LOCK = threading.Lock()
+# Blob files verified in this process (path -> (sha256, size, mtime_ns)): a second bucket skips hashing them again.
+_VERIFIED: dict[Path, tuple[str, int, int]] = {}
+
+
+def _weights_verified(path: Path, sha: str, size: int, signed: Mapping[str, Any]) -> bool:
+    """Whether `path` holds the signed weights blob: its sha256 and size, and a header (read strictly) listing the
+    signed constants. Remembered per process while the file is unchanged."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    if _VERIFIED.get(path) == (sha, size, st.st_mtime_ns):
+        return True
+    if st.st_size != size or _file_sha256(path) != sha:
+        return False
+    from compiler.weightsfile import FormatError, describe, read_header_file
+
+    try:
+        if describe(read_header_file(path)) != signed.get("constants"):
+            return False
+    except FormatError:
+        return False
+    _VERIFIED[path] = (sha, size, st.st_mtime_ns)
+    return True
 
 
 def _check_target(target: Target, device: str, meta: dict[str, Any] | None = None) -> None:

@@ -9,9 +9,13 @@ error-code check on ATen fallbacks). Artifacts of formats 1 and 2 were built wit
 computes their keys again, so it compiles anew, and `bounded` tells deploy-time lookup not to serve them; they stay
 readable by their key, as published, with their factors saying what they are.
 
+Format 4 added the `weights` factor: whether the package carries its weights or binds the model's weights blob at
+load (compiler/weights.py), which changes the generated code. Artifacts of format 3 carry their weights; they stay
+bounded, and lookup serves both kinds alike.
+
 A CPU target that names an x86-64 level (cpu-x86_64-v3) adds the `isa` factor: the level, its `-march` and the
-vector ISA the compile pins (compiler.targets.IsaPin), with the pin's revision. The format stays 3: keys of GPU
-targets did not change, and no CPU key of before can be computed again, since those named ATen's capability
+vector ISA the compile pins (compiler.targets.IsaPin), with the pin's revision. It came without a format of its own:
+keys of GPU targets did not change, and no CPU key of before can be computed again, since those named ATen's capability
 (cpu-x86_64-avx512), which a request now reads as its level. Those packages were built with -march=native, so
 `pinned` tells deploy-time lookup not to serve them; their key still reaches them.
 """
@@ -23,11 +27,12 @@ import json
 from typing import Any
 
 from compiler.errors import AotcError
-from compiler.options import BOUNDS_REVISION, FORCED_INDUCTOR_CONFIGS
+from compiler.options import BOUNDS_REVISION, FORCED_INDUCTOR_CONFIGS, WEIGHTS_REVISION, weights_layout
 from compiler.targets import IsaPin, Target
 
-# bump when what a key covers changes (2: options gained precision, freezing, inductor, prims_view; 3: bounds)
-KEY_FORMAT = 3
+# bump when what a key covers changes (2: options gained precision, freezing, inductor, prims_view; 3: bounds;
+# 4: weights)
+KEY_FORMAT = 4
 FIRST_BOUNDED_FORMAT = 3
 
 
@@ -57,6 +62,7 @@ def factors(
         "toolchain": toolchain,
         "options": options,
         "bounds": bounds_factor(),
+        "weights": {"layout": weights_layout(options), "revision": WEIGHTS_REVISION},
     }
     pin = _pin(target)
     if pin is not None:

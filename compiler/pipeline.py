@@ -112,7 +112,7 @@ def compile_model(
 
     run("lowering", lambda: observe("lowering", lowering))
 
-    result: dict[str, Any] = {"package": None, "size": 0}
+    result: dict[str, Any] = {"package": None, "size": 0, "weights": None}
     if options.training:
         why = ("mode=training stops after AOTAutograd and lowering: the report and the graphs are the result "
                "(no package yet)")
@@ -165,7 +165,8 @@ def compile_model(
         report["hooks"] = compiled.observation.hooks
         if compiled.observation.errors:
             report["notes"] += [f"observer error (the compile carried on): {e}" for e in compiled.observation.errors]
-        result = {"package": compiled.package, "size": Path(compiled.package).stat().st_size}
+        result = {"package": compiled.package, "size": Path(compiled.package).stat().st_size,
+                  "weights": compiled.weights}
 
     report["timings"] = timings
     report_path = out_dir / "report.json"
