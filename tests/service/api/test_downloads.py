@@ -302,8 +302,20 @@ def test_sixteen_streams_at_once_hold_little_memory(service: Service, tmp_path: 
     assert peak[0] - base < 64 * 2**20, f"the API grew by {(peak[0] - base) / 2**20:.0f} MB"
 
 
-def test_a_weights_blob_is_served_pulled_once_verified_and_refused_when_tampered(service: Service,
-                                                                                 tmp_path: Path) -> None:
+def _spy_paths(monkeypatch: pytest.MonkeyPatch, sent: list[str]) -> None:
+    """Record the path of every request the SDK's downloads send (client/transfer.py speaks http.client)."""
+    request = http.client.HTTPConnection.request
+
+    def spy(conn: http.client.HTTPConnection, method: str, url: str, *a: Any, **kw: Any) -> None:
+        sent.append(url.split("?", 1)[0])
+        request(conn, method, url, *a, **kw)
+
+    monkeypatch.setattr(http.client.HTTPConnection, "request", spy)
+
+
+def test_a_weights_blob_is_served_pulled_once_verified_and_refused_when_tampered(service: Service, tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                                 ) -> None:
     from client import Client
 
     weights = tmp_path / "w.safetensors"
@@ -325,8 +337,8 @@ def test_a_weights_blob_is_served_pulled_once_verified_and_refused_when_tampered
     assert r.status_code == 409 and "carries its own weights" in r.json()["error"]["message"]
 
     sent: list[str] = []
+    _spy_paths(monkeypatch, sent)
     with Client(service.url, cache_dir=tmp_path / "cache") as c:
-        c.http.event_hooks = {"request": [lambda req: sent.append(req.url.path)]}
         got = c.pull_weights(key)
         assert got is not None and got.read_bytes() == weights.read_bytes()
         assert c.pull_weights(other) == got  # the other bucket names the same blob: nothing more comes down
