@@ -345,6 +345,17 @@ def test_a_weights_blob_is_served_pulled_once_verified_and_refused_when_tampered
         assert [p for p in sent if p.endswith("/weights")] == [f"/v1/artifacts/{key}/weights"]
         assert c.pull_weights(plain) is None
 
+    # A new process (the per-process memo empty) finds the blob by its verified record: its bytes are not read again.
+    from client import sdk
+
+    sdk._VERIFIED.clear()
+    hashed: list[Path] = []
+    whole_file_sha256 = sdk._file_sha256
+    monkeypatch.setattr(sdk, "_file_sha256", lambda p: hashed.append(p) or whole_file_sha256(p))
+    with Client(service.url, cache_dir=tmp_path / "cache") as c:
+        assert c.pull_weights(key) == got and hashed == []
+    monkeypatch.setattr(sdk, "_file_sha256", whole_file_sha256)
+
     # The stored bytes swapped for others: the client refuses them, keeping nothing.
     tampered = tmp_path / "t.safetensors"
     data = bytearray(weights.read_bytes())
