@@ -495,7 +495,7 @@ class Client:
         t1 = time.perf_counter()
         # A weightless package binds the model's weights blob: pulled and verified once, one copy per device in
         # this process, shared by every bucket and version that names the same blob.
-        weights = self._device_weights(art, device) if art.meta.get("weights") else None
+        weights = self._device_weights(art, device, rehash) if art.meta.get("weights") else None
         t2 = time.perf_counter()
         fn: Callable[..., Any]
         if cuda_graphs:
@@ -512,7 +512,7 @@ class Client:
         return _FirstCallTimed(fn, timings, device)
 
     def pull_weights(self, artifact: Artifact | str, dest: str | Path | None = None, *,
-                     attempts: int = 3) -> Path | None:
+                     attempts: int = 3, rehash: bool = False) -> Path | None:
         """The weights blob a weightless artifact binds, into the local cache by its sha256 (or to `dest`), verified
         against the artifact's signed manifest: the sha256 and size, and every constant's name, shape, dtype and
         stride as its header says them (read strictly, without torch). None for a package that carries its own
@@ -528,7 +528,7 @@ class Client:
                                            "none", kid=signed.kid)
         sha, size = str(w["sha256"]), int(w["size"])
         cached = self.cache_dir / "weights" / f"{sha}.safetensors"
-        if not _weights_verified(cached, sha, size, w):
+        if not _weights_verified(cached, sha, size, w, rehash):
             cached.parent.mkdir(parents=True, exist_ok=True)
             part = cached.with_name(cached.name + ".part")
             with open(part, "ab") as f, _locked(f):
@@ -565,8 +565,8 @@ class Client:
         os.replace(tmp, dest)
         return dest
 
-    def _device_weights(self, art: Artifact, device: str) -> dict[str, Any]:
-        path = self.pull_weights(art)
+    def _device_weights(self, art: Artifact, device: str, rehash: bool = False) -> dict[str, Any]:
+        path = self.pull_weights(art, rehash=rehash)
         assert path is not None
         # The signed digest (the cached file's name), never the record's: a record cannot point this artifact at
         # tensors another artifact loaded.
@@ -647,16 +647,16 @@ _LOADED_LOCK = threading.Lock()
 _VERIFIED: dict[Path, tuple[str, int, int]] = {}
 
 
-def _weights_verified(path: Path, sha: str, size: int, signed: Mapping[str, Any]) -> bool:
+def _weights_verified(path: Path, sha: str, size: int, signed: Mapping[str, Any], rehash: bool = False) -> bool:
     """Whether `path` holds the signed weights blob: its sha256 and size, and a header (read strictly) listing the
     signed constants. Remembered per process while the file is unchanged."""
     try:
         st = path.stat()
     except FileNotFoundError:
         return False
-    if _VERIFIED.get(path) == (sha, size, st.st_mtime_ns):
+    if not rehash and _VERIFIED.get(path) == (sha, size, st.st_mtime_ns):
         return True
-    if not _verified(path, sha, size, rehash=False):  # by its record where it has one: a new process hashes no
+    if not _verified(path, sha, size, rehash):  # by its record where it has one: a new process hashes no
         return False                                  # blob a pull already verified
     from compiler.weightsfile import FormatError, describe, read_header_file
 
