@@ -116,7 +116,7 @@ def verify_blob(ep: torch.export.ExportedProgram, blob: Mapping[str, torch.Tenso
                           f"{missing[:5]}, {len(extra)} not in the program {extra[:5]}", stage="check")
     for name, want in expected.items():
         got = blob[name]
-        if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape) or not torch.equal(got.cpu(), want):
+        if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape) or not torch.equal(got.cpu(), want.cpu()):
             raise CheckFailed(f"the weights blob's {name!r} ({got.dtype}, {tuple(got.shape)}) is not the program's "
                               f"({want.dtype}, {tuple(want.shape)})", stage="check")
 
