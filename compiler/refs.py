@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from compiler.errors import Unprocessable
+from compiler.errors import Conflict, Unprocessable
 
 HARD_MAX_CHARS = 128
 LATEST = "latest"
@@ -64,6 +64,6 @@ def check_word(kind: str, text: str, max_chars: int, setting: str) -> str:
 def check_tag(text: str, max_chars: int, setting: str) -> str:
     """A tag someone may set: a word, and never `latest`, which follows the newest version by itself."""
     check_word("tag", text, max_chars, setting)
-    if text == LATEST:
-        raise Unprocessable("'latest' always names the newest version; it cannot be set or removed")
+    if text == LATEST:  # a well-formed tag, taken: a conflict with what the registry keeps by itself
+        raise Conflict("'latest' always names the newest version; it cannot be set or removed")
     return text

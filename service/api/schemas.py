@@ -140,6 +140,10 @@ NAME_TEXT = f"^(?: *[^ {_char_class(_NOT_IN_NAMES)}]{_NAME_CHAR}*)?$"
 TARGET = r"^(?:[Cc][Pp][Uu]|[Cc][Uu][Dd][Aa])(?:-[A-Za-z0-9_]+)*$"  # compiler.targets, in ASCII letters of any case
 TARGETS_ITEM = r"^(?:[Aa][Ll][Ll]|(?:[Cc][Pp][Uu]|[Cc][Uu][Dd][Aa])(?:-[A-Za-z0-9_]+)*)$"  # a target, or 'all'
 REF_MAX = 128  # compiler.refs.HARD_MAX_CHARS: the parser's bound; AOTC_MAX_REGISTRY_NAME_CHARS is the setting
+REG_WORD_MAX = 64  # AOTC_MAX_REGISTRY_NAME_CHARS's default and ceiling: a path never holds a longer name or tag
+REG_WORD = r"^[a-z0-9][a-z0-9._-]*$"  # a registry name or tag (compiler.refs)
+REF = r"^[a-z0-9][a-z0-9._-]*(?::[a-z0-9][a-z0-9._-]*|@[1-9][0-9]{0,8})?$"  # NAME, NAME:TAG, NAME@VERSION
+CONCRETE_TARGET = r"^(?:[Cc][Pp][Uu]|[Cc][Uu][Dd][Aa])(?:-[A-Za-z0-9_]+)+$"  # a host's target: 'cpu' will not do
 _DIM = r"[0-9]{1,19}(?:\.\.[0-9]{1,19})?"  # a size or a range; 19 digits at most, as compiler.shapes reads them
 ONE_DIM = rf"^{_DIM}$"
 _SHAPE = rf"(?:|scalar|\(\)|{_DIM}(?:[xX]{_DIM})*)"
@@ -158,6 +162,11 @@ PATTERN_RULES = {
     SHAPE_ARG: "cannot read {value}: write NAME=SHAPE, e.g. x=8x3x224x224 or x=1..32x3x224x224; NAME is an "
                "identifier, each dim at most 19 digits (sizes fit in int64)",
     IDENT: "{value} is not an input name: inputs are named by identifiers (letters, digits and '_')",
+    REG_WORD: "{value} is not allowed as a name or tag: use lowercase letters, digits, '.', '_' and '-', starting "
+              "with a letter or a digit",
+    REF: "cannot read the reference {value}: write NAME, NAME:TAG or NAME@VERSION (from 1), where a name or tag is "
+         "lowercase letters, digits, '.', '_' and '-', starting with a letter or a digit (e.g. bert-base:prod)",
+    CONCRETE_TARGET: "{value} is not a host's target: give a concrete one, such as 'cpu-x86_64-avx2' or 'cuda-sm90'",
     STREAM_ID: "{value} is not an event id: send back the `id:` of an event this stream sent (digits, or "
                "digits-digits)",
 }
@@ -669,7 +678,8 @@ class NewVersion(BaseModel):
 
     model_id: str = Field(pattern=MODEL_ID, max_length=64, description="A model of the caller's namespace (or a "
                           "unique prefix of its id).")
-    tags: list[Annotated[str, StringConstraints(max_length=REF_MAX)]] = Field(default_factory=list, max_length=16)
+    tags: list[Annotated[str, StringConstraints(max_length=REG_WORD_MAX, pattern=REG_WORD)]] = Field(
+        default_factory=list, max_length=16)
 
 
 class TagRequest(BaseModel):

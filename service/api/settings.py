@@ -101,8 +101,8 @@ class Settings(StorageSettings):
                                       "below it); 0: no minimum.")
 
     # The registry (service/store/names.py): names, versions and tags are records a caller adds, so each is bounded.
-    max_registry_name_chars: int = Field(default=64, gt=0, le=128, description="Longest registry name or tag "
-                                         "(`aotc compile --name`, `aotc tag`).")
+    max_registry_name_chars: int = Field(default=64, gt=0, le=64, description="Longest registry name or tag "
+                                         "(`aotc compile --name`, `aotc tag`); 64 at most, as the API's paths say.")
     max_registry_names: int = Field(default=10_000, gt=0, description="Most registry names one namespace holds.")
     max_versions_per_name: int = Field(default=1_000, gt=0, description="Most versions one name holds at once "
                                        "(delete old ones to add more).")

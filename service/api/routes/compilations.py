@@ -166,8 +166,9 @@ def _builds(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @router.post("", status_code=202, response_model=CompilationAnswer, response_model_exclude_unset=True, responses={
     200: {"model": CompilationAnswer, "description": "Matching artifacts are cached"},
-    **errors(400, 404, 408, 422, 429, 503, why={
+    **errors(400, 404, 408, 409, 422, 429, 503, why={
         404: "No such model",
+        409: "A tag of 'latest', which always names the newest version",
         422: "The shapes contradict the exported program, or the target, options, name or tags do not validate",
         503: "No live worker serves the target (error.live_targets lists those served), or none of `targets`, or "
              "Redis is unreachable",

@@ -15,19 +15,21 @@ from pydantic import StringConstraints
 
 from compiler import refs
 from compiler import shapes as specs
-from compiler.errors import NotFound, Unprocessable
+from compiler.errors import NotFound
 from compiler.refs import Ref
 from compiler.targets import Target
 from service.api.auth import Compile, Principal, Pull, needs
 from service.api.deps import SettingsDep, StoreDep, resolve_model
 from service.api.pick import pick
 from service.api.schemas import (
+    CONCRETE_TARGET,
     MAX_SHAPE_ARG,
     MAX_SHAPE_ARGS,
     MAX_TARGET,
-    REF_MAX,
+    REF,
+    REG_WORD,
+    REG_WORD_MAX,
     SHAPE_ARG,
-    TARGET,
     V1_ERRORS,
     NameList,
     NameVersions,
@@ -46,12 +48,13 @@ from service.store.names import Version
 
 router = APIRouter(prefix="/v1", tags=["names"], responses=V1_ERRORS, dependencies=needs("pull"))
 
-NamePath = Annotated[str, Path(max_length=REF_MAX, description="A registry name: lowercase letters, digits, '.', "
-                               "'_', '-' (AOTC_MAX_REGISTRY_NAME_CHARS).")]
-TagPath = Annotated[str, Path(max_length=REF_MAX, description="A tag: the same grammar as a name; never 'latest'.")]
+NamePath = Annotated[str, Path(max_length=REG_WORD_MAX, pattern=REG_WORD, description="A registry name: lowercase "
+                               "letters, digits, '.', '_', '-' (at most AOTC_MAX_REGISTRY_NAME_CHARS).")]
+TagPath = Annotated[str, Path(max_length=REG_WORD_MAX, pattern=REG_WORD, description="A tag: the same grammar as a "
+                              "name; 'latest' is never set (409).")]
 VersionPath = Annotated[int, Path(ge=1, le=999_999_999, description="The version number.")]
-RefPath = Annotated[str, Path(max_length=REF_MAX, description="NAME, NAME:TAG or NAME@VERSION (NAME is "
-                              "NAME:latest).")]
+RefPath = Annotated[str, Path(max_length=2 * REG_WORD_MAX + 1, pattern=REF, description="NAME, NAME:TAG or "
+                              "NAME@VERSION (NAME is NAME:latest).")]
 _SETTING = "AOTC_MAX_REGISTRY_NAME_CHARS"
 
 
@@ -131,7 +134,8 @@ def tag_history(name: NamePath, store: StoreDep, settings: SettingsDep, who: Pul
 
 
 @router.post("/names/{name}/versions", status_code=201, response_model=VersionRecord, responses=errors(
-    404, 422, why={404: "No such model in the caller's namespace", 422: "A bad name or tag, or a limit reached"}))
+    404, 409, 422, why={404: "No such model in the caller's namespace", 409: "A tag of 'latest'",
+                        422: "A bad name or tag, or a limit reached"}))
 def add_version(name: NamePath, body: NewVersion, store: StoreDep, settings: SettingsDep,
                 who: Compile) -> dict[str, Any]:
     """Record a new version of a name pointing at a model the caller's namespace holds, and move `tags` to it
@@ -157,7 +161,8 @@ def delete_version(name: NamePath, version: VersionPath, store: StoreDep, settin
 
 
 @router.put("/names/{name}/tags/{tag}", response_model=TagAnswer, responses=errors(
-    404, 422, why={404: "No such version", 422: "A bad name or tag, or AOTC_MAX_TAGS_PER_NAME reached"}))
+    404, 409, 422, why={404: "No such version", 409: "'latest' cannot be set",
+                        422: "A bad name or tag, or AOTC_MAX_TAGS_PER_NAME reached"}))
 def move_tag(name: NamePath, tag: TagPath, body: TagRequest, store: StoreDep, settings: SettingsDep,
              who: Compile) -> dict[str, Any]:
     """Point a tag at a version, atomically; the move is recorded with the key that made it and when."""
@@ -168,7 +173,7 @@ def move_tag(name: NamePath, tag: TagPath, body: TagRequest, store: StoreDep, se
     return {"name": name, "tag": tag, "version": body.version, "previous": previous}
 
 
-@router.delete("/names/{name}/tags/{tag}", response_model=TagAnswer, responses=errors(404, 422))
+@router.delete("/names/{name}/tags/{tag}", response_model=TagAnswer, responses=errors(404, 409, 422))
 def remove_tag(name: NamePath, tag: TagPath, store: StoreDep, settings: SettingsDep, who: Compile) -> dict[str, Any]:
     """Remove a tag (recorded in the history); the version stays."""
     _name(settings, name)
@@ -187,8 +192,8 @@ def resolve_ref(ref: RefPath, store: StoreDep, settings: SettingsDep, who: Pull)
     404: "No such reference, or no artifact of its model fits the host: error.candidates says why each lost"}))
 def pick_artifact(
     ref: RefPath, store: StoreDep, settings: SettingsDep, who: Pull,
-    host: Annotated[str, Query(pattern=TARGET, max_length=MAX_TARGET, description="The host's concrete target, "
-                               "e.g. cpu-x86_64-avx2 or cuda-sm90 (the SDK detects it).")],
+    host: Annotated[str, Query(pattern=CONCRETE_TARGET, max_length=MAX_TARGET, description="The host's concrete "
+                               "target, e.g. cpu-x86_64-avx2 or cuda-sm90 (the SDK detects it).")],
     shape: Annotated[list[Annotated[str, StringConstraints(max_length=MAX_SHAPE_ARG, pattern=SHAPE_ARG)]], Query(
         default_factory=list, max_length=MAX_SHAPE_ARGS, description="NAME=SHAPE per input, as in lookup; none: any "
         "shapes")],
@@ -201,9 +206,6 @@ def pick_artifact(
     wanted = _ref(settings, ref)
     version = _resolve(store, who, wanted)
     target = Target.parse(host)
-    if not target.concrete:
-        raise Unprocessable(f"host {host!r} is a device kind; give the host's concrete target, e.g. "
-                            "cpu-x86_64-avx2 or cuda-sm90")
     spec = None
     if shape:
         model = store.models.get(version.model_id)
