@@ -1,5 +1,5 @@
-"""Deploy-time read load on the API: lookup by full id, lookup by short id, and artifact meta, at several
-concurrencies. Prints a table and writes JSON.
+"""Deploy-time read load on the API: lookup by full id, lookup by short id, artifact meta, and by registry name
+(resolve a tag; pick the artifact of a tag for a host), at several concurrencies. Prints a table and writes JSON.
 
 It starts its own redis-server (no persistence) and `aotc-server --workers 0 --api-workers N` on free loopback
 ports, stores `--models` models with two artifacts each (a static and a dynamic one, so lookup has to rank)
@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-ROUTES = ("lookup_full_id", "lookup_short_id", "meta")
+ROUTES = ("lookup_full_id", "lookup_short_id", "meta", "resolve_tag", "pick_tag")
 NAMESPACE = "bench"
 X = {"symbol": "s0", "min": 1, "max": 64}
 
@@ -66,6 +66,7 @@ def seed(store: Any, n: int, tmp: Path) -> tuple[list[str], list[str]]:
             }, package)
             art_keys.append(key)
         ids.append(model_id)
+        store.names.add_version(NAMESPACE, f"model-{i}", model_id, "bench", tags=["prod"])  # model-{i}:prod
     return ids, art_keys
 
 
@@ -219,6 +220,9 @@ def main() -> None:
                 "lookup_short_id": [f"/v1/artifacts/lookup?model_id={m[:12]}&target=cpu&shape=x=8x3x64x64"
                                     for m in ids],
                 "meta": [f"/v1/artifacts/{k}/meta" for k in art_keys],
+                "resolve_tag": [f"/v1/refs/model-{i}:prod" for i in range(len(ids))],
+                "pick_tag": [f"/v1/refs/model-{i}:prod/pick?host=cpu-x86_64-avx2&shape=x=8x3x64x64&torch=2.13.0"
+                             for i in range(len(ids))],
             }
             for n_api in [int(w) for w in args.api_workers.split(",")]:
                 port = free_port()

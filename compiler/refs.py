@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from compiler.errors import Conflict, Unprocessable
 
-HARD_MAX_CHARS = 128
+HARD_MAX_CHARS = 129  # a name and a tag of 64 characters each, and the colon
 LATEST = "latest"
 _WORD = r"[a-z0-9][a-z0-9._-]*"
 NAME_PATTERN = f"^{_WORD}$"

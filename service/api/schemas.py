@@ -139,10 +139,10 @@ _NAME_CHAR = f"[^{_char_class(_NOT_IN_NAMES)}]"
 NAME_TEXT = f"^(?: *[^ {_char_class(_NOT_IN_NAMES)}]{_NAME_CHAR}*)?$"
 TARGET = r"^(?:[Cc][Pp][Uu]|[Cc][Uu][Dd][Aa])(?:-[A-Za-z0-9_]+)*$"  # compiler.targets, in ASCII letters of any case
 TARGETS_ITEM = r"^(?:[Aa][Ll][Ll]|(?:[Cc][Pp][Uu]|[Cc][Uu][Dd][Aa])(?:-[A-Za-z0-9_]+)*)$"  # a target, or 'all'
-REF_MAX = 128  # compiler.refs.HARD_MAX_CHARS: the parser's bound; AOTC_MAX_REGISTRY_NAME_CHARS is the setting
+REF_MAX = 129  # compiler.refs.HARD_MAX_CHARS: the parser's bound; AOTC_MAX_REGISTRY_NAME_CHARS is the setting
 REG_WORD_MAX = 64  # AOTC_MAX_REGISTRY_NAME_CHARS's default and ceiling: a path never holds a longer name or tag
 REG_WORD = r"^[a-z0-9][a-z0-9._-]*$"  # a registry name or tag (compiler.refs)
-REF = r"^[a-z0-9][a-z0-9._-]*(?::[a-z0-9][a-z0-9._-]*|@[1-9][0-9]{0,8})?$"  # NAME, NAME:TAG, NAME@VERSION
+REF = r"^[a-z0-9][a-z0-9._-]{0,63}(?::[a-z0-9][a-z0-9._-]{0,63}|@[1-9][0-9]{0,8})?$"  # NAME, NAME:TAG, NAME@VERSION
 CONCRETE_TARGET = r"^(?:[Cc][Pp][Uu]|[Cc][Uu][Dd][Aa])(?:-[A-Za-z0-9_]+)+$"  # a host's target: 'cpu' will not do
 _DIM = r"[0-9]{1,19}(?:\.\.[0-9]{1,19})?"  # a size or a range; 19 digits at most, as compiler.shapes reads them
 ONE_DIM = rf"^{_DIM}$"
@@ -165,7 +165,8 @@ PATTERN_RULES = {
     REG_WORD: "{value} is not allowed as a name or tag: use lowercase letters, digits, '.', '_' and '-', starting "
               "with a letter or a digit",
     REF: "cannot read the reference {value}: write NAME, NAME:TAG or NAME@VERSION (from 1), where a name or tag is "
-         "lowercase letters, digits, '.', '_' and '-', starting with a letter or a digit (e.g. bert-base:prod)",
+         "1 to 64 lowercase letters, digits, '.', '_' and '-', starting with a letter or a digit (e.g. "
+         "bert-base:prod)",
     CONCRETE_TARGET: "{value} is not a host's target: give a concrete one, such as 'cpu-x86_64-avx2' or 'cuda-sm90'",
     STREAM_ID: "{value} is not an event id: send back the `id:` of an event this stream sent (digits, or "
                "digits-digits)",

@@ -8,9 +8,10 @@ own namespace too), so another namespace's name answers exactly as a missing one
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import json
+from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import StringConstraints
 
 from compiler import refs
@@ -19,7 +20,7 @@ from compiler.errors import NotFound
 from compiler.refs import Ref
 from compiler.targets import Target
 from service.api.auth import Compile, Principal, Pull, needs
-from service.api.deps import SettingsDep, StoreDep, resolve_model
+from service.api.deps import SettingsDep, StoreDep, find_model, resolve_model
 from service.api.pick import pick
 from service.api.schemas import (
     CONCRETE_TARGET,
@@ -43,7 +44,7 @@ from service.api.schemas import (
     errors,
 )
 from service.api.settings import Settings
-from service.store import Store
+from service.store import Store, keys, scripts
 from service.store.names import Version
 
 router = APIRouter(prefix="/v1", tags=["names"], responses=V1_ERRORS, dependencies=needs("pull"))
@@ -72,14 +73,6 @@ def _ref(settings: Settings, text: str) -> Ref:
     if ref.tag is not None and ref.tag != refs.LATEST:
         refs.check_word("tag", ref.tag, settings.max_registry_name_chars, _SETTING)
     return ref
-
-
-def _resolve(store: Store, who: Principal, ref: Ref) -> Version:
-    version = store.names.resolve(who.namespace, ref)
-    if version is None:
-        raise NotFound(f"no {ref} in namespace {who.namespace!r}; `aotc versions {ref.name}` lists its versions "
-                       "and tags")
-    return version
 
 
 def _targets(store: Store, version: Version) -> list[dict[str, Any]]:
@@ -134,7 +127,7 @@ def tag_history(name: NamePath, store: StoreDep, settings: SettingsDep, who: Pul
 
 
 @router.post("/names/{name}/versions", status_code=201, response_model=VersionRecord, responses=errors(
-    404, 409, 422, why={404: "No such model in the caller's namespace", 409: "A tag of 'latest'",
+    400, 404, 409, 422, why={404: "No such model in the caller's namespace", 409: "A tag of 'latest'",
                         422: "A bad name or tag, or a limit reached"}))
 def add_version(name: NamePath, body: NewVersion, store: StoreDep, settings: SettingsDep,
                 who: Compile) -> dict[str, Any]:
@@ -161,7 +154,7 @@ def delete_version(name: NamePath, version: VersionPath, store: StoreDep, settin
 
 
 @router.put("/names/{name}/tags/{tag}", response_model=TagAnswer, responses=errors(
-    404, 409, 422, why={404: "No such version", 409: "'latest' cannot be set",
+    400, 404, 409, 422, why={404: "No such version", 409: "'latest' cannot be set",
                         422: "A bad name or tag, or AOTC_MAX_TAGS_PER_NAME reached"}))
 def move_tag(name: NamePath, tag: TagPath, body: TagRequest, store: StoreDep, settings: SettingsDep,
              who: Compile) -> dict[str, Any]:
@@ -182,16 +175,32 @@ def remove_tag(name: NamePath, tag: TagPath, store: StoreDep, settings: Settings
     return {"name": name, "tag": tag, "version": None, "previous": previous}
 
 
+async def _resolve_async(request: Request, who: Principal, ref: Ref) -> Version:
+    """`_resolve` on the event loop (the deploy-time path): one EVALSHA, no thread-pool hop."""
+    script = getattr(request.app.state, "resolve_ref", None)
+    if script is None:
+        script = request.app.state.resolve_ref = request.app.state.aredis.register_script(scripts.RESOLVE)
+    kind, value = (("version", str(ref.version)) if ref.version is not None
+                   else ("latest", "") if ref.tag == refs.LATEST else ("tag", ref.tag or ""))
+    got = await script(keys=[keys.reg(who.namespace, ref.name, "versions"), keys.reg(who.namespace, ref.name, "tags")],
+                       args=[kind, value])
+    if not got:
+        raise NotFound(f"no {ref} in namespace {who.namespace!r}; `aotc versions {ref.name}` lists its versions "
+                       "and tags")
+    v, raw = cast(list[str], got)
+    return Version.from_raw(ref.name, v, raw)
+
+
 @router.get("/refs/{ref}", response_model=VersionRecord, responses=errors(404, 422))
-def resolve_ref(ref: RefPath, store: StoreDep, settings: SettingsDep, who: Pull) -> dict[str, Any]:
+async def resolve_ref(request: Request, ref: RefPath, settings: SettingsDep, who: Pull) -> dict[str, Any]:
     """The version a reference names in the caller's namespace: `bert-base:prod`, `bert-base@3`, `bert-base`."""
-    return _resolve(store, who, _ref(settings, ref)).to_json()
+    return (await _resolve_async(request, who, _ref(settings, ref))).to_json()
 
 
 @router.get("/refs/{ref}/pick", response_model=Pick, responses=errors(404, 422, why={
     404: "No such reference, or no artifact of its model fits the host: error.candidates says why each lost"}))
-def pick_artifact(
-    ref: RefPath, store: StoreDep, settings: SettingsDep, who: Pull,
+async def pick_artifact(
+    request: Request, ref: RefPath, settings: SettingsDep, who: Pull,
     host: Annotated[str, Query(pattern=CONCRETE_TARGET, max_length=MAX_TARGET, description="The host's concrete "
                                "target, e.g. cpu-x86_64-avx2 or cuda-sm90 (the SDK detects it).")],
     shape: Annotated[list[Annotated[str, StringConstraints(max_length=MAX_SHAPE_ARG, pattern=SHAPE_ARG)]], Query(
@@ -204,15 +213,14 @@ def pick_artifact(
     ISA level), with the reason, and why every other candidate lost (target, toolchain, shapes). 404 when none
     fits, listing each candidate and why."""
     wanted = _ref(settings, ref)
-    version = _resolve(store, who, wanted)
     target = Target.parse(host)
-    spec = None
-    if shape:
-        model = store.models.get(version.model_id)
-        if model is None:
-            raise NotFound(f"the model of {wanted} ({version.model_id[:12]}) is gone")
-        spec = specs.canonical_spec(model["inputs"], specs.parse_shape_args(shape))
-    picked = pick(store.artifacts.for_model(version.model_id), target, torch=torch, spec=spec)
+    version = await _resolve_async(request, who, wanted)
+    try:  # the model and its artifacts in one round trip, as the lookup reads them
+        found = await find_model(request.app.state.reads, version.model_id, with_artifacts=True, trust_id=True)
+    except NotFound:
+        raise NotFound(f"the model of {wanted} ({version.model_id[:12]}) is gone") from None
+    spec = specs.canonical_spec(found.model["inputs"], specs.parse_shape_args(shape)) if shape else None
+    picked = pick([json.loads(raw) for _, raw in found.artifacts], target, torch=torch, spec=spec)
     if picked.artifact is None:
         pending = [b for b in version.builds if b.get("job")]
         lines = [f"{c['key'][:12]} ({c['target']}): {'; '.join(c['why'])}" for c in picked.rejected[:20]]
