@@ -101,11 +101,11 @@ def _compile_for(store: Store, settings: Settings, who: Principal, model: dict[s
                 live = sorted({w["target"] for w in store.workers.live()})
                 # A GPU worker's Inductor (torch 2.11) builds kernels for its own GPU only: a GPU architecture is
                 # served by a worker on such a GPU, never by a newer one.
-                own_gpu = (" GPU workers build kernels for their own GPU's architecture only, so a worker on a "
-                           f"{target.arch} GPU must serve it." if target.kind == "cuda" and target.arch else "")
+                own_gpu = ("; GPU workers build kernels for their own GPU's architecture only, so only a worker "
+                           f"on an {target.arch} GPU can build it" if target.kind == "cuda" and target.arch else "")
                 raise Unavailable(
-                    f"no live worker serves target {str(target)!r} (live targets: {live or 'none'});{own_gpu} "
-                    f"start one on a matching machine with `aotc-worker`, or ask for one of the live targets",
+                    f"no live worker serves target {str(target)!r} (live targets: {live or 'none'}); start one on a "
+                    f"matching machine with `aotc-worker`, or ask for one of the live targets{own_gpu}",
                     live_targets=live,
                 )
             answers.append({"status": "cached", "key": cached["key"], "artifact": cached})

@@ -222,11 +222,13 @@ async def pick_artifact(
     spec = specs.canonical_spec(found.model["inputs"], specs.parse_shape_args(shape)) if shape else None
     picked = pick([json.loads(raw) for _, raw in found.artifacts], target, torch=torch, spec=spec)
     if picked.artifact is None:
-        pending = [b for b in version.builds if b.get("job")]
+        built = {key for key, _ in found.artifacts}
+        pending = sorted({b["target"] for b in version.builds if b.get("job") and b.get("key") not in built})
+        unserved = sorted({b["target"] for b in version.builds if b.get("status") in ("unserved", "refused")})
         lines = [f"{c['key'][:12]} ({c['target']}): {'; '.join(c['why'])}" for c in picked.rejected[:20]]
         more = f" (and {len(picked.rejected) - 20} more)" if len(picked.rejected) > 20 else ""
-        queued = (f"; its compile request queued {', '.join(sorted({b['target'] for b in pending}))}"
-                  if pending else "")
+        queued = ((f"; not built yet: {', '.join(pending)}" if pending else "")
+                  + (f"; no worker served {', '.join(unserved)} when it was compiled" if unserved else ""))
         raise NotFound(
             f"nothing of {wanted} ({version.name}@{version.version}, model {version.model_id[:12]}) fits this host "
             f"({target}{', torch ' + torch if torch else ''}"

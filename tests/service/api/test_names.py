@@ -199,7 +199,7 @@ def test_one_request_for_several_targets_reports_each(api_url, store, fake_worke
     assert [b["job"]["target"] for b in one["buckets"] + two["buckets"]] == [T1, T2]  # buckets multiply
     assert len({one["key"], two["key"], one["buckets"][0]["key"], two["buckets"][0]["key"]}) == 4
     assert gpu["status"] == "unserved" and gpu["error"]["code"] == "unavailable"
-    assert "own GPU's architecture only" in gpu["error"]["message"] and T1 in gpu["error"]["live_targets"]
+    assert "only a worker on an sm80 GPU can build it" in gpu["error"]["message"] and T1 in gpu["error"]["live_targets"]
 
     again = _compile(api_url, model_id=model_id, targets=[T1, T2])
     assert again.status_code == 202 and again.json()["status"] == "queued"

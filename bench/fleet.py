@@ -1,0 +1,127 @@
+"""A fleet scenario by name on this machine: one model name, every CPU ISA level plus a CUDA target in one request,
+two tags, a tag move; then what `aotc pull bert-base:prod` picks, and why, on this host and on others.
+
+It starts `aotc-server` (an embedded Redis and one CPU worker) with its own data dir on free ports and drives it
+with the `aotc` CLI, as a user would. Each step's command, exit status and output are printed and written to the
+JSON. The worker builds only its own target; a target no live worker serves is reported per target and does not
+fail the others. Two real compiles (two versions of a small MLP), a few minutes on 2 cores.
+
+    python bench/fleet.py --out bench/results/fleet-2cores.json
+    python bench/fleet.py --targets cpu-x86_64-v2,cpu-x86_64-v3,cpu-x86_64-v4,cuda-sm90 --out ...   # ISA levels
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+DEFAULT_TARGETS = "cpu-x86_64-default,cpu-x86_64-avx2,cpu-x86_64-avx512,cuda-sm90"
+
+
+def export_model(path: Path, seed: int) -> Path:
+    import torch
+
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(self.net(x), dim=-1)
+
+    torch.manual_seed(seed)
+    batch = torch.export.Dim("batch", min=1, max=32)
+    ep = torch.export.export(Head().eval(), (torch.randn(4, 64),), dynamic_shapes={"x": {0: batch}})
+    torch.export.save(ep, str(path))
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--targets", default=DEFAULT_TARGETS, help="comma-separated, all in one request")
+    ap.add_argument("--name", default="bert-base")
+    ap.add_argument("--other-hosts", default="cpu-x86_64-avx2,cuda-sm90", help="comma-separated hosts to pick for")
+    ap.add_argument("--out", type=Path, required=True, help="JSON results")
+    args = ap.parse_args()
+
+    from service.store.embedded import free_port
+
+    steps: list[dict[str, Any]] = []
+    results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
+                               "loadavg_before": os.getloadavg(), "targets": args.targets.split(","), "steps": steps}
+    with tempfile.TemporaryDirectory(prefix="aotc-fleet-") as tmp_s:
+        tmp = Path(tmp_s)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        env = {**{k: v for k, v in os.environ.items() if k not in ("AOTC_REDIS_URL", "AOTC_ADMIN_KEY")},
+               "AOTC_DATA_DIR": str(tmp / "data"), "PYTHONPATH": str(ROOT), "AOTC_URL": url,
+               "AOTC_HEADERS_DIR": os.environ.get("AOTC_HEADERS_DIR", str(ROOT / ".aotc" / "test-headers"))}
+        log = tmp / "server.log"
+        server = subprocess.Popen([sys.executable, "-m", "service", "--port", str(port), "--device", "cpu",
+                                   "--log-level", "warning"], env=env, cwd=ROOT, stdout=open(log, "wb"),
+                                  stderr=subprocess.STDOUT)
+
+        def aotc(*cli: str) -> dict[str, Any]:
+            t0 = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "client.cli", *cli], env=env, cwd=tmp, capture_output=True,
+                                  text=True, timeout=900)
+            step = {"command": "aotc " + " ".join(cli), "exit": done.returncode, "seconds":
+                    round(time.perf_counter() - t0, 1), "stderr": done.stderr, "stdout": done.stdout}
+            steps.append(step)
+            print(f"$ {step['command']}\n{done.stderr}{done.stdout}(exit {done.returncode}, {step['seconds']} s)\n",
+                  flush=True)
+            return step
+
+        try:
+            import httpx
+
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:  # the API, and a worker serving a target
+                try:
+                    ready = httpx.get(f"{url}/readyz", timeout=2)
+                    if ready.status_code == 200 and ready.json().get("targets"):
+                        break
+                except httpx.TransportError:
+                    pass
+                if server.poll() is not None:
+                    raise RuntimeError(log.read_text()[-3000:])
+                time.sleep(0.5)
+            results["worker_targets"] = httpx.get(f"{url}/readyz", timeout=2).json().get("targets")
+            v1, v2 = export_model(tmp / "bert-v1.pt2", 1), export_model(tmp / "bert-v2.pt2", 2)
+            target_args = [a for t in args.targets.split(",") for a in ("--target", t)]
+            shape = ["--shape", "x=1..32x64"]
+            aotc("compile", str(v1), *shape, *target_args, "--name", args.name, "--tag", "prod")
+            aotc("compile", str(v2), *shape, *target_args, "--name", args.name, "--tag", "canary")
+            aotc("versions", args.name)
+            aotc("tag", f"{args.name}@2", "prod")
+            aotc("versions", args.name)
+            aotc("versions", args.name, "--history")
+            aotc("pull", f"{args.name}:prod", "--shape", "x=8x64", "--device", "cpu")
+            for other in args.other_hosts.split(","):  # what a host of another kind would be told
+                aotc("pull", f"{args.name}:prod", "--shape", "x=8x64", "--target", other)
+        finally:
+            server.terminate()
+            try:
+                server.wait(60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+    results["loadavg_after"] = os.getloadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    print(f"{'step':60s} {'exit':>4s} {'seconds':>8s}")
+    for s in steps:
+        print(f"{s['command'][:60]:60s} {s['exit']:>4d} {s['seconds']:>8.1f}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
