@@ -108,6 +108,26 @@ def main() -> None:
             aotc("pull", f"{args.name}:prod", "--shape", "x=8x64", "--device", "cpu")
             for other in args.other_hosts.split(","):  # what a host of another kind would be told
                 aotc("pull", f"{args.name}:prod", "--shape", "x=8x64", "--target", other)
+
+            def call(method: str, path: str, **kw: Any) -> None:  # the API's own answers, for docs/api.md
+                r = httpx.request(method, f"{url}{path}", timeout=30, **kw)
+                calls.append({"request": f"{method} {path}", "body": kw.get("json"), "status": r.status_code,
+                              "answer": r.json()})
+                print(f"{method} {path} {json.dumps(kw['json']) if 'json' in kw else ''}\n{r.status_code} "
+                      f"{r.text}\n", flush=True)
+
+            calls: list[dict[str, Any]] = []
+            results["api"] = calls
+            model_id = httpx.get(f"{url}/v1/refs/{args.name}@1", timeout=30).json()["model_id"]
+            call("POST", "/v1/compilations", json={"model_id": model_id[:12], "shapes": {"x": "1..32x64"},
+                                                   "targets": args.targets.split(",")})
+            call("GET", f"/v1/refs/{args.name}:prod")
+            call("GET", f"/v1/refs/{args.name}:prod/pick", params={"host": "cpu-x86_64-avx512", "shape": "x=8x64"})
+            call("GET", f"/v1/refs/{args.name}:prod/pick", params={"host": "cuda-sm90", "shape": "x=8x64"})
+            call("PUT", f"/v1/names/{args.name}/tags/canary", json={"version": 1})
+            call("DELETE", f"/v1/names/{args.name}/tags/canary")
+            call("GET", f"/v1/names/{args.name}/history")
+            call("GET", "/v1/names")
         finally:
             server.terminate()
             try:
