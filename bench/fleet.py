@@ -8,6 +8,8 @@ fail the others. Two real compiles (two versions of a small MLP), a few minutes 
 
     python bench/fleet.py --out bench/results/fleet-2cores.json
     python bench/fleet.py --targets cpu-x86_64-v2,cpu-x86_64-v3,cpu-x86_64-v4,cuda-sm90 --out ...   # ISA levels
+    python bench/fleet.py --device cuda:0 --targets cuda,cuda-sm80 --other-hosts cpu-x86_64-avx2 \
+        --out bench/results/fleet-h100.json                        # a GPU: compiled for cuda, pulled by tag there
 """
 
 from __future__ import annotations
@@ -45,10 +47,34 @@ def export_model(path: Path, seed: int) -> Path:
     return path
 
 
+def load_by_tag(url: str, ref: str, program: Path, device: str) -> dict[str, Any]:
+    """Client.load(ref) on this machine, run against the exported program run eagerly on the same device."""
+    import logging
+
+    import torch
+
+    from client import Client
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+    x = torch.randn(8, 64, device=device)
+    with Client(url) as c:
+        picked = c.pick(ref, {"x": [8, 64]}, device=device)
+        t0 = time.perf_counter()
+        fn = c.load(ref, shapes={"x": [8, 64]}, device=device)
+        load_s = time.perf_counter() - t0
+    with torch.no_grad():
+        err = (fn(x) - torch.export.load(str(program)).module().to(device)(x)).abs().max().item()
+    out = {"ref": ref, "device": device, "host": picked["host"], "key": picked["key"], "target": picked["target"],
+           "match": picked["match"], "reason": picked["reason"], "load_s": round(load_s, 2), "max_abs_err": err}
+    print(f"Client.load({ref!r}, device={device!r}): {out}\n", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", default=DEFAULT_TARGETS, help="comma-separated, all in one request")
     ap.add_argument("--name", default="bert-base")
+    ap.add_argument("--device", default="cpu", help="the local worker's device, and the one pulled for")
     ap.add_argument("--other-hosts", default="cpu-x86_64-avx2,cuda-sm90", help="comma-separated hosts to pick for")
     ap.add_argument("--out", type=Path, required=True, help="JSON results")
     args = ap.parse_args()
@@ -66,7 +92,7 @@ def main() -> None:
                "AOTC_DATA_DIR": str(tmp / "data"), "PYTHONPATH": str(ROOT), "AOTC_URL": url,
                "AOTC_HEADERS_DIR": os.environ.get("AOTC_HEADERS_DIR", str(ROOT / ".aotc" / "test-headers"))}
         log = tmp / "server.log"
-        server = subprocess.Popen([sys.executable, "-m", "service", "--port", str(port), "--device", "cpu",
+        server = subprocess.Popen([sys.executable, "-m", "service", "--port", str(port), "--device", args.device,
                                    "--log-level", "warning"], env=env, cwd=ROOT, stdout=open(log, "wb"),
                                   stderr=subprocess.STDOUT)
 
@@ -105,7 +131,8 @@ def main() -> None:
             aotc("tag", f"{args.name}@2", "prod")
             aotc("versions", args.name)
             aotc("versions", args.name, "--history")
-            aotc("pull", f"{args.name}:prod", "--shape", "x=8x64", "--device", "cpu")
+            aotc("pull", f"{args.name}:prod", "--shape", "x=8x64", "--device", args.device)
+            results["load"] = load_by_tag(url, f"{args.name}:prod", v2, args.device)
             for other in args.other_hosts.split(","):  # what a host of another kind would be told
                 aotc("pull", f"{args.name}:prod", "--shape", "x=8x64", "--target", other)
 

@@ -658,7 +658,7 @@ class NameList(BaseModel):
 
 
 class TagMove(BaseModel):
-    """One tag move: `from` is absent for a new tag, `to` for a removal (by `aotc untag`, or with its version)."""
+    """One tag move: `from` is null for a new tag, `to` for a removal (by `aotc untag`, or with its version)."""
 
     model_config = ConfigDict(populate_by_name=True)
 

@@ -144,15 +144,16 @@ class Names:
     # -- reads --------------------------------------------------------------------------------------------------
 
     def resolve(self, ns: str, ref: Ref) -> Version | None:
-        """The version a reference names in `ns`, in one round trip (tags are not filled in)."""
+        """The version a reference names in `ns`, in one round trip, with its tags (`latest` only when asked for
+        by it: telling would cost reading every version)."""
         kind, value = (("version", str(ref.version)) if ref.version is not None
                        else ("latest", "") if ref.tag == LATEST else ("tag", ref.tag or ""))
         got = self._resolve(keys=[keys.reg(ns, ref.name, "versions"), keys.reg(ns, ref.name, "tags")],
                             args=[kind, value])
         if not got:
             return None
-        v, raw = cast(list[str], got)
-        return Version.from_raw(ref.name, v, raw)
+        v, raw, *tags = cast(list[str], got)
+        return Version.from_raw(ref.name, v, raw, tags + ([LATEST] if ref.tag == LATEST else []))
 
     def get(self, ns: str, name: str, version: int) -> Version | None:
         raw = cast(str | None, self.r.hget(keys.reg(ns, name, "versions"), str(version)))

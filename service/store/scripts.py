@@ -531,7 +531,7 @@ return removed
 """
 
 # KEYS: versions, tags. ARGV: 'tag' | 'version' | 'latest', the tag or version.
-# One round trip from a reference to its version: returns {version, record} or false.
+# One round trip from a reference to its version: returns {version, record, its tags...} or false.
 RESOLVE = """
 local v
 if ARGV[1] == 'version' then
@@ -550,5 +550,10 @@ else
 end
 local rec = redis.call('HGET', KEYS[1], v)
 if not rec then return false end
-return {v, rec}
+local out = {v, rec}
+local tags = redis.call('HGETALL', KEYS[2])
+for i = 1, #tags, 2 do
+  if tags[i + 1] == v then out[#out + 1] = tags[i] end
+end
+return out
 """

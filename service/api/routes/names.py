@@ -187,13 +187,14 @@ async def _resolve_async(request: Request, who: Principal, ref: Ref) -> Version:
     if not got:
         raise NotFound(f"no {ref} in namespace {who.namespace!r}; `aotc versions {ref.name}` lists its versions "
                        "and tags")
-    v, raw = cast(list[str], got)
-    return Version.from_raw(ref.name, v, raw)
+    v, raw, *tags = cast(list[str], got)
+    return Version.from_raw(ref.name, v, raw, tags + ([refs.LATEST] if ref.tag == refs.LATEST else []))
 
 
 @router.get("/refs/{ref}", response_model=VersionRecord, responses=errors(404, 422))
 async def resolve_ref(request: Request, ref: RefPath, settings: SettingsDep, who: Pull) -> dict[str, Any]:
-    """The version a reference names in the caller's namespace: `bert-base:prod`, `bert-base@3`, `bert-base`."""
+    """The version a reference names in the caller's namespace: `bert-base:prod`, `bert-base@3`, `bert-base`. Its
+    `tags` list the tags on it (`latest` only when the reference asked for it)."""
     return (await _resolve_async(request, who, _ref(settings, ref))).to_json()
 
 

@@ -74,7 +74,9 @@ def test_compile_by_name_records_versions_moves_tags_and_latest_follows(api_url,
     assert r.json()["version"]["version"] == 2
     assert api.get(f"{api_url}/v1/refs/{name}:prod").json()["model_id"] == second
     assert api.get(f"{api_url}/v1/refs/{name}:canary").json()["version"] == 1
-    assert api.get(f"{api_url}/v1/refs/{name}").json()["version"] == 2  # a bare name is its latest
+    latest = api.get(f"{api_url}/v1/refs/{name}").json()  # a bare name is its latest
+    assert (latest["version"], latest["tags"]) == (2, ["latest", "prod"])
+    assert api.get(f"{api_url}/v1/refs/{name}@1").json()["tags"] == ["canary"]
     assert api.get(f"{api_url}/v1/refs/{name}@1").json()["model_id"] == first
 
     moved = api.put(f"{api_url}/v1/names/{name}/tags/prod", json={"version": 1})
