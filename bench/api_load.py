@@ -188,6 +188,8 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=200_000, help="per route and concurrency")
     ap.add_argument("--api-workers", default="2", help="aotc-server --api-workers; comma-separated to compare")
     ap.add_argument("--routes", default=",".join(ROUTES))
+    ap.add_argument("--rounds", type=int, default=1, help="measure every route this often, alternating, so that "
+                    "what else the machine runs falls on each route alike; the summary takes each route's median")
     ap.add_argument("--quick", action="store_true", help="a dry run: 500 models, 1.5 s per cell")
     ap.add_argument("--no-auth", dest="auth", action="store_false", help="run the API open (no keys)")
     ap.add_argument("--out", type=Path, required=True, help="JSON results")
@@ -236,11 +238,11 @@ def main() -> None:
                     env=env, cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
                 try:
                     wait_up(f"http://127.0.0.1:{port}", server, log)
-                    for route in routes:
+                    for rnd, route in [(r, route) for r in range(args.rounds) for route in routes]:
                         for c in concurrencies:
                             cell = asyncio.run(run_cell("127.0.0.1", port, key, paths[route], c, args.seconds,
                                                         args.warmup_s, args.max_requests))
-                            cell = {"api_workers": n_api, "route": route, **cell}
+                            cell = {"api_workers": n_api, "route": route, "round": rnd, **cell}
                             results["cells"].append(cell)
                             print(f"api-workers {n_api}  {route:16s} c={c:<4d} {cell['rps']:9.1f} req/s  "
                                   f"p50 {cell['p50_ms']:8.2f} ms  p99 {cell['p99_ms']:8.2f} ms  "
@@ -260,6 +262,26 @@ def main() -> None:
     for c in results["cells"]:
         print(f"{c['api_workers']:>3d}  {c['route']:16s} {c['concurrency']:>5d} {c['rps']:>9.1f} {c['p50_ms']:>8.2f} "
               f"{c['p99_ms']:>8.2f} {c['errors']:>6d}")
+    if args.rounds > 1:  # per route and concurrency: the median of the rounds, and its ratio to the first route's
+        summary: dict[str, Any] = {}
+        for c in results["cells"]:
+            summary.setdefault(f"{c['api_workers']} {c['route']} {c['concurrency']}", []).append(c)
+        results["summary"] = []
+        print(f"\nmedians of {args.rounds} rounds")
+        for name, cells in summary.items():
+            api_n, route, conc = name.split()
+            row = {"api_workers": int(api_n), "route": route, "concurrency": int(conc),
+                   "rps": statistics.median(x["rps"] for x in cells),
+                   "p50_ms": statistics.median(x["p50_ms"] for x in cells),
+                   "p99_ms": statistics.median(x["p99_ms"] for x in cells)}
+            base = next(r for r in results["summary"] + [row]
+                        if r["route"] == routes[0] and r["concurrency"] == row["concurrency"]
+                        and r["api_workers"] == row["api_workers"])
+            row["rps_vs_" + routes[0]] = round(row["rps"] / base["rps"], 2)
+            results["summary"].append(row)
+            print(f"{api_n:>3s}  {route:16s} {conc:>5s} {row['rps']:>9.1f} req/s  p50 {row['p50_ms']:>8.2f} ms  "
+                  f"p99 {row['p99_ms']:>8.2f} ms  x{row['rps_vs_' + routes[0]]:.2f} of {routes[0]}")
+        args.out.write_text(json.dumps(results, indent=1))
     print(f"wrote {args.out}")
 
 

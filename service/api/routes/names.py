@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import StringConstraints
 
 from compiler import refs
@@ -20,6 +20,7 @@ from compiler.errors import NotFound
 from compiler.refs import Ref
 from compiler.targets import Target
 from service.api.auth import Compile, Principal, Pull, needs
+from service.api.cache import Reads, digest, render
 from service.api.deps import SettingsDep, StoreDep, find_model, resolve_model
 from service.api.pick import pick
 from service.api.schemas import (
@@ -32,6 +33,7 @@ from service.api.schemas import (
     REG_WORD_MAX,
     SHAPE_ARG,
     V1_ERRORS,
+    Limit,
     NameList,
     NameVersions,
     NewVersion,
@@ -96,10 +98,11 @@ def _targets(store: Store, version: Version) -> list[dict[str, Any]]:
 
 
 @router.get("/names", response_model=NameList, responses=errors(422))
-def list_names(store: StoreDep, who: Pull) -> dict[str, Any]:
-    """The registry names of the caller's namespace: how many versions each has, its latest and its tags."""
+def list_names(store: StoreDep, who: Pull, limit: Limit = 100) -> dict[str, Any]:
+    """The registry names of the caller's namespace, oldest first: how many versions each has, its latest and its
+    tags."""
     out = []
-    for name in store.names.names(who.namespace, 1000):
+    for name in store.names.names(who.namespace, limit):
         versions = store.names.versions(who.namespace, name)
         tags = {t: v.version for v in versions for t in v.tags if t != refs.LATEST}
         out.append({"name": name, "versions": len(versions),
@@ -209,7 +212,7 @@ async def pick_artifact(
         "shapes")],
     torch: Annotated[str | None, Query(max_length=64, pattern=r"^[0-9A-Za-z.+_-]+$",
                                        description="The host's torch version: others are rejected")] = None,
-) -> dict[str, Any]:
+) -> Response:
     """The artifact of a reference's model for this host: the exact target first, then a compatible one (a lower
     ISA level), with the reason, and why every other candidate lost (target, toolchain, shapes). 404 when none
     fits, listing each candidate and why."""
@@ -220,6 +223,13 @@ async def pick_artifact(
         found = await find_model(request.app.state.reads, version.model_id, with_artifacts=True, trust_id=True)
     except NotFound:
         raise NotFound(f"the model of {wanted} ({version.model_id[:12]}) is gone") from None
+    # Rendered once per (query, version, artifacts as Redis holds them now), as the lookup's answers are: a tag moved,
+    # a version or an artifact published, deleted or rewritten picks afresh.
+    reads: Reads = request.app.state.reads
+    query = ("pick", str(wanted), found.model_id, str(target), tuple(shape), torch)
+    fingerprint = digest(json.dumps(version.to_json(), sort_keys=True), found.fingerprint.hex())
+    if (body := reads.answers.get(query, fingerprint)) is not None:
+        return Response(body, media_type="application/json")
     spec = specs.canonical_spec(found.model["inputs"], specs.parse_shape_args(shape)) if shape else None
     picked = pick([json.loads(raw) for _, raw in found.artifacts], target, torch=torch, spec=spec)
     if picked.artifact is None:
@@ -237,6 +247,7 @@ async def pick_artifact(
             + ("; ".join(lines) + more if lines else "it has no artifacts yet") + queued,
             candidates=picked.rejected[:100])
     a = picked.artifact
-    return {"ref": str(wanted), "version": version.to_json(), "host": str(target), "key": a["key"],
-            "target": a["factors"]["target"], "match": picked.match, "reason": picked.reason,
-            "rejected": picked.rejected}
+    answer = {"ref": str(wanted), "version": version.to_json(), "host": str(target), "key": a["key"],
+              "target": a["factors"]["target"], "match": picked.match, "reason": picked.reason,
+              "rejected": picked.rejected}
+    return Response(reads.answers.put(query, fingerprint, render(Pick, answer)), media_type="application/json")

@@ -272,6 +272,13 @@ def test_the_pick_takes_the_exact_target_then_the_highest_compatible_and_says_wh
     assert (compat["key"], compat["match"]) == (c3, "compatible")
     assert "cpu-x86_64-avx2 runs on it" in compat["reason"]
 
+    # A remembered pick never outlives a tag move, nor an artifact published since.
+    assert _pick(api_url, f"{name}:prod", "cpu-x86_64-avx512").json()["key"] == v4
+    api.put(f"{api_url}/v1/names/{name}/tags/prod", json={"version": 2})
+    assert _pick(api_url, f"{name}:prod", "cpu-x86_64-avx512").json()["key"] == c3
+    c4 = _publish(store, tmp_path, other, "cpu-x86_64-avx512", [8, 4])
+    assert _pick(api_url, f"{name}:prod", "cpu-x86_64-avx512").json()["key"] == c4
+
 
 def test_when_nothing_fits_the_error_lists_each_candidate_and_why(api_url, store, tmp_path):
     name = f"nofit-{RUN}"
