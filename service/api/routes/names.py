@@ -55,7 +55,8 @@ NamePath = Annotated[str, Path(max_length=REG_WORD_MAX, pattern=REG_WORD, descri
                                "letters, digits, '.', '_', '-' (at most AOTC_MAX_REGISTRY_NAME_CHARS).")]
 TagPath = Annotated[str, Path(max_length=REG_WORD_MAX, pattern=REG_WORD, description="A tag: the same grammar as a "
                               "name; 'latest' is never set (409).")]
-VersionPath = Annotated[int, Path(ge=1, le=999_999_999, description="The version number.")]
+VersionPath = Annotated[str, Path(pattern=r"^[1-9][0-9]{0,8}$", max_length=9, description="The version number "
+                                  "(from 1).")]
 RefPath = Annotated[str, Path(max_length=2 * REG_WORD_MAX + 1, pattern=REF, description="NAME, NAME:TAG or "
                               "NAME@VERSION (NAME is NAME:latest).")]
 _SETTING = "AOTC_MAX_REGISTRY_NAME_CHARS"
@@ -150,8 +151,9 @@ def delete_version(name: NamePath, version: VersionPath, store: StoreDep, settin
     """Delete a version and the tags on it. Its model's artifacts stay pinned while another version (of any name
     or namespace) holds the model; otherwise the bounded cache may evict them again, least recently pulled first."""
     _name(settings, name)
-    got = store.names.get(who.namespace, name, version)
-    removed = store.names.delete_version(who.namespace, name, version, who.key_id, limits=settings.registry_limits())
+    number = int(version)
+    got = store.names.get(who.namespace, name, number)
+    removed = store.names.delete_version(who.namespace, name, number, who.key_id, limits=settings.registry_limits())
     return {"ref": f"{name}@{version}", "tags_removed": removed,
             "model_still_held_by": len(store.names.holders(got.model_id)) if got else 0}
 
