@@ -686,7 +686,8 @@ class NewVersion(BaseModel):
 class TagRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    version: int = Field(ge=1, le=999_999_999, description="The version the tag moves to.")
+    version: Annotated[int, Field(ge=1, le=999_999_999), JSON_INT] = Field(description="The version the tag moves "
+                                                                            "to.")
 
 
 class TagAnswer(BaseModel):
