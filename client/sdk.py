@@ -573,8 +573,11 @@ def detect_target(device: str) -> Target:
     if device.split(":")[0] == "cpu" and callable(detect_cpu):  # 'auto' on a CPU-only host goes to torch for now
         found = detect_cpu()
         return found if isinstance(found, Target) else Target.parse(str(found))
-    from compiler.device import host_target  # imports torch: to ask it what the device is
-
+    try:
+        from compiler.device import host_target  # imports torch: to ask it what the device is
+    except ImportError:
+        raise ClientError(422, "cannot detect this machine's target without torch installed; name it instead "
+                          "(--target, or target=), e.g. cpu-x86_64-avx2 or cuda-sm90") from None
     try:
         return host_target(device)
     except RuntimeError as e:

@@ -145,3 +145,14 @@ def test_a_shape_string_that_cannot_be_read_is_refused_before_any_request(tmp_pa
     with scripted(tmp_path, handler) as c, pytest.raises(ClientError) as got:
         c.lookup("a07a21adf616", {"x": "8x3xbig"})
     assert got.value.status == 422 and "cannot read shape '8x3xbig'" in got.value.message
+
+
+def test_a_pull_by_name_detects_the_cpu_target_through_the_torch_free_seam_once_it_exists(monkeypatch):
+    from client.sdk import detect_target
+    from compiler import targets
+
+    # Until compiler.targets has detect_cpu_target (the CPU ISA levels), torch's view of the device decides.
+    if not hasattr(targets, "detect_cpu_target"):
+        assert detect_target("cpu").kind == "cpu"
+    monkeypatch.setattr(targets, "detect_cpu_target", lambda: targets.Target.parse("cpu-x86_64-v3"), raising=False)
+    assert str(detect_target("cpu")) == "cpu-x86_64-v3"
