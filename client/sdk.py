@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -585,7 +586,11 @@ def detect_target(device: str) -> Target:
 
 
 def _torch_version() -> str | None:
-    """The torch this machine would load with, without importing it."""
+    """The torch this machine would load with (what workers record as `torch.__version__`), without importing it
+    when it is not imported yet."""
+    loaded = sys.modules.get("torch")
+    if loaded is not None and isinstance(getattr(loaded, "__version__", None), str):
+        return str(loaded.__version__)
     try:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
