@@ -7,8 +7,8 @@ JSON. The worker builds only its own target; a target no live worker serves is r
 fail the others. Two real compiles (two versions of a small MLP), a few minutes on 2 cores.
 
     python bench/fleet.py --out bench/results/fleet-2cores.json
-    python bench/fleet.py --targets cpu-x86_64-v2,cpu-x86_64-v3,cpu-x86_64-v4,cuda-sm90 --out ...   # ISA levels
-    python bench/fleet.py --device cuda:0 --targets cuda,cuda-sm80 --other-hosts cpu-x86_64-avx2 \
+    python bench/fleet.py --targets all,cuda-sm90 --out ...                      # every level the farm serves
+    python bench/fleet.py --device cuda:0 --targets cuda,cuda-sm80 --other-hosts cpu-x86_64-v3 \
         --out bench/results/fleet-h100.json                        # a GPU: compiled for cuda, pulled by tag there
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-DEFAULT_TARGETS = "cpu-x86_64-default,cpu-x86_64-avx2,cpu-x86_64-avx512,cuda-sm90"
+DEFAULT_TARGETS = "cpu-x86_64-v2,cpu-x86_64-v3,cpu-x86_64-v4,cuda-sm90"
 
 
 def export_model(path: Path, seed: int) -> Path:
@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--targets", default=DEFAULT_TARGETS, help="comma-separated, all in one request")
     ap.add_argument("--name", default="bert-base")
     ap.add_argument("--device", default="cpu", help="the local worker's device, and the one pulled for")
-    ap.add_argument("--other-hosts", default="cpu-x86_64-avx2,cuda-sm90", help="comma-separated hosts to pick for")
+    ap.add_argument("--other-hosts", default="cpu-x86_64-v3,cuda-sm90", help="comma-separated hosts to pick for")
     ap.add_argument("--out", type=Path, required=True, help="JSON results")
     args = ap.parse_args()
 

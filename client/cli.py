@@ -46,6 +46,7 @@ from compiler.options import Mode, Precision
 from compiler.refs import Ref
 from compiler.shapes import Dim, parse_shape_args
 from compiler.targets import Target
+from compiler.weightsfile import sidecar
 
 Priority = Literal["interactive", "batch"]
 
@@ -253,8 +254,9 @@ def pull(
 ) -> None:
     """Download an artifact, verified against its signed manifest (keys: $AOTC_TRUSTED_KEYS, else the service's).
     By reference, the service picks the artifact for this machine (exact target first, then a compatible one) and
-    says why. The path is stdout's last line; exit 3 when the artifact is refused, with nothing written; exit 1
-    when nothing of a reference fits this machine (each candidate and why)."""
+    says why. A weightless package's weights blob, verified too, goes beside it as NAME.weights.safetensors, where
+    aotc's loader binds it. The path is stdout's last line; exit 3 when the artifact is refused, with nothing
+    written; exit 1 when nothing of a reference fits this machine (each candidate and why)."""
     with _service(ctx) as c:
         if not re.fullmatch(r"[0-9a-f]{32}", key):
             try:
@@ -273,9 +275,11 @@ def pull(
             key = picked["key"]
         try:
             path = c.pull(key, output)
+            weights = c.pull_weights(key, sidecar(path))
         except BadSignature as e:
             _fail(f"refused artifact {key}: {e.message}", 3)
-    _say(f"pulled {key} ({path.stat().st_size} bytes, signature and sha256 verified)")
+    extra = f"; weights {weights.name}, {weights.stat().st_size} bytes, verified" if weights else ""
+    _say(f"pulled {key} ({path.stat().st_size} bytes, signature and sha256 verified{extra})")
     typer.echo(str(path))
 
 

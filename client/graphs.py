@@ -39,7 +39,7 @@ class GraphedArtifact:
     (and why), bytes held, replays."""
 
     def __init__(self, package_path: str, meta: dict[str, Any], device: str, *, clone_outputs: bool = True,
-                 max_graphs: int = 16) -> None:
+                 max_graphs: int = 16, weights: dict[str, torch.Tensor] | None = None) -> None:
         self.device = device
         self.spec: list[dict[str, Any]] = list(meta.get("spec") or [])
         self.impl = native_graph_support() or "aotc"
@@ -49,14 +49,14 @@ class GraphedArtifact:
         self.reason = self._why_plain()
         if self.reason is None:
             try:
-                self._pkg = load_for_graphs(package_path, device)
+                self._pkg = load_for_graphs(package_path, device, weights)
                 self._runner = GraphRunner(self._pkg.run_flat, torch.device(device), allow=self._allow,
                                            clone_outputs=clone_outputs, max_graphs=max_graphs)
             except RuntimeError as e:
                 self.reason = str(e)
         if self.reason is not None:
             log.warning("artifact %s runs without CUDA graphs: %s", meta.get("key", package_path), self.reason)
-            self._plain = aoti_load_package(package_path, device)
+            self._plain = aoti_load_package(package_path, device, weights=weights)
 
     def _why_plain(self) -> str | None:
         if not self.device.startswith("cuda"):

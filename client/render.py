@@ -91,11 +91,20 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     return table(["JOB", "STATE", "STAGE", "TARGET", "ATTEMPTS", "ARTIFACT / ERROR"], rows)
 
 
+def served(worker: dict[str, Any]) -> str:
+    """The targets a worker serves, highest first, the lower x86-64 levels by their level alone:
+    'cpu-x86_64-v4 v3 v2 v1'."""
+    targets = [str(t) for t in worker.get("targets") or [worker["target"]]]
+    first, rest = targets[0], targets[1:]
+    prefix = first.rsplit("-", 1)[0] + "-"
+    return " ".join([first, *(t[len(prefix):] if t.startswith(prefix) else t for t in rest)])
+
+
 def workers_table(workers: list[dict[str, Any]]) -> RenderableType:
     """One row per worker; then, for each unhealthy one (it claims no jobs), why: its children's failure and the
     tail of their stderr."""
-    rows = table(["WORKER", "TARGET", "DEVICE", "TOOLCHAIN", "HEALTH", "JOB"],
-                 [[w["id"], w["target"], w["device_name"], json.dumps(w["toolchain"]),
+    rows = table(["WORKER", "TARGETS", "DEVICE", "TOOLCHAIN", "HEALTH", "JOB"],
+                 [[w["id"], served(w), w["device_name"], json.dumps(w["toolchain"]),
                    "ok" if w.get("healthy", True) else "UNHEALTHY", w.get("job") or "idle"] for w in workers])
     broken = [w for w in workers if w.get("healthy", True) is False]
     if not broken:

@@ -18,6 +18,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -413,9 +414,13 @@ class Client:
             os.replace(tmp, dest)
         return dest
 
-    def _download(self, art: Artifact, part: Path, f: BinaryIO, attempts: int) -> str:
-        """Complete `part` (open for appending as `f`) from its current size; returns the sha256 of the whole."""
-        size = int(art.meta["size"])
+    def _download(self, art: Artifact, part: Path, f: BinaryIO, attempts: int, *, what: str = "",
+                  size: int | None = None, sha256: str | None = None) -> str:
+        """Complete `part` (open for appending as `f`) from its current size; returns the sha256 of the whole.
+        `what`: a sub-resource of the artifact (`weights`), whose `size` and `sha256` (the ETag) are given."""
+        size = int(art.meta["size"]) if size is None else size
+        etag = sha256 or art.sha256
+        url = f"/v1/artifacts/{art.key}" + (f"/{what}" if what else "")
         for attempt in range(1, attempts + 1):
             f.flush()  # what an attempt that was cut off still buffers belongs to the prefix
             have = os.fstat(f.fileno()).st_size
@@ -426,9 +431,9 @@ class Client:
             if have == size:
                 return digest.hexdigest()
             # If-Range: a copy of other bytes (the artifact was evicted and built again) comes back whole (200).
-            headers = {"Range": f"bytes={have}-", "If-Range": f'"{art.sha256}"'} if have else {}
+            headers = {"Range": f"bytes={have}-", "If-Range": f'"{etag}"'} if have else {}
             try:
-                with self.http.stream("GET", f"/v1/artifacts/{art.key}", headers=headers) as resp:
+                with self.http.stream("GET", url, headers=headers) as resp:
                     if resp.status_code == 307:  # S3: the bytes come from the presigned URL (S3 has its own ETag)
                         with self.direct.stream("GET", resp.headers["location"],
                                               headers={"Range": headers["Range"]} if have else {}) as direct:
@@ -520,12 +525,81 @@ class Client:
 
         built = Target.parse(str(art.meta.get("target", "")))
         device = device or ("cuda:0" if built.kind == "cuda" else "cpu")
-        _check_target(built, device)
+        _check_target(built, device, art.meta)
+        # A weightless package binds the model's weights blob: pulled and verified once, one copy per device in
+        # this process, shared by every bucket and version that names the same blob.
+        weights = self._device_weights(art, device) if art.meta.get("weights") else None
         if cuda_graphs:
             from client.graphs import load_graphed  # imports torch: only to load
 
-            return load_graphed(str(path), {"key": art.key, **art.meta}, device)
-        return aoti_load_package(str(path), device)
+            return load_graphed(str(path), {"key": art.key, **art.meta}, device, weights=weights)
+        return aoti_load_package(str(path), device, weights=weights)
+
+    def pull_weights(self, artifact: Artifact | str, dest: str | Path | None = None, *,
+                     attempts: int = 3) -> Path | None:
+        """The weights blob a weightless artifact binds, into the local cache by its sha256 (or to `dest`), verified
+        against the artifact's signed manifest: the sha256 and size, and every constant's name, shape, dtype and
+        stride as its header says them (read strictly, without torch). None for a package that carries its own
+        weights. A blob verified once in this process is not hashed again; another bucket of the model that names
+        the same blob downloads nothing more."""
+        art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
+        if not art.meta.get("weights"):
+            return None
+        signed = self.verifier.manifest(art.key, art.meta)
+        w = signed.weights
+        if w is None:
+            raise BadSignature("mismatch", f"artifact {art.key}: the record names a weights blob, its signed manifest "
+                                           "none", kid=signed.kid)
+        sha, size = str(w["sha256"]), int(w["size"])
+        cached = self.cache_dir / "weights" / f"{sha}.safetensors"
+        if not _weights_verified(cached, sha, size, w):
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            part = cached.with_name(cached.name + ".part")
+            with open(part, "ab") as f, _locked(f):
+                if _weights_verified(cached, sha, size, w):
+                    _drop_if_empty(part, f)
+                else:
+                    digest = self._download(art, part, f, attempts, what="weights", size=size, sha256=sha)
+                    got = os.fstat(f.fileno()).st_size
+                    if (digest, got) != (sha, size):
+                        part.unlink(missing_ok=True)
+                        raise BadSignature("mismatch", f"the weights of artifact {art.key} arrived corrupt or "
+                                           f"tampered with: sha256 {digest} ({got} bytes), but its signed manifest "
+                                           f"says {sha} ({size} bytes)", kid=signed.kid)
+                    os.replace(part, cached)
+            if not _weights_verified(cached, sha, size, w):
+                cached.unlink(missing_ok=True)
+                raise BadSignature("mismatch", f"the weights of artifact {art.key}: their header does not list the "
+                                               "constants its signed manifest lists", kid=signed.kid)
+        if dest is None:
+            return cached
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".part")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(cached, tmp)  # the cache's bytes, not a second copy, where one filesystem holds both
+        except OSError:
+            shutil.copyfile(cached, tmp)
+        if _file_sha256(tmp) != sha:
+            tmp.unlink(missing_ok=True)
+            raise BadSignature("mismatch", f"the weights of artifact {art.key} changed while copied", kid=signed.kid)
+        os.replace(tmp, dest)
+        return dest
+
+    def _device_weights(self, art: Artifact, device: str) -> dict[str, Any]:
+        path = self.pull_weights(art)
+        assert path is not None
+        # The signed digest (the cached file's name), never the record's: a record cannot point this artifact at
+        # tensors another artifact loaded.
+        sha = path.name.removesuffix(".safetensors")
+        with _LOADED_LOCK:
+            found = _LOADED.get((sha, device))
+            if found is None:
+                from compiler.weights import load  # imports torch: only to load
+
+                found = _LOADED[(sha, device)] = load(path, device)
+        return found
 
     def workers(self) -> list[dict[str, Any]]:
         return list(self._json("GET", "/v1/workers")["workers"])
@@ -563,17 +637,13 @@ class Client:
 
 
 def detect_target(device: str) -> Target:
-    """This machine's concrete target for `device` ('cpu', 'cuda:0'): what a pull by name asks the service for.
+    """This machine's concrete target for `device` ('cpu', 'cuda:0', 'auto'): what a pull by name asks the service
+    for. A CPU: its x86-64 level from /proc/cpuinfo (compiler.targets.detect_cpu_target, torch-free); a GPU, or
+    'auto': torch's view of the device (compiler.device), the cuda-smXX that `load` checks."""
+    from compiler.targets import detect_cpu_target
 
-    The seam for CPU ISA levels: where compiler.targets has `detect_cpu_target` (torch-free, the ISA level the
-    machine runs: cpu-x86_64-v3), a CPU uses it; until then, and for GPUs (cuda-smXX of the device), torch's view
-    through compiler.device, as `load` checks it."""
-    from compiler import targets
-
-    detect_cpu = getattr(targets, "detect_cpu_target", None)
-    if device.split(":")[0] == "cpu" and callable(detect_cpu):  # 'auto' on a CPU-only host goes to torch for now
-        found = detect_cpu()
-        return found if isinstance(found, Target) else Target.parse(str(found))
+    if device.split(":")[0] == "cpu":
+        return Target.parse(detect_cpu_target())
     try:
         from compiler.device import host_target  # imports torch: to ask it what the device is
     except ImportError:
@@ -602,9 +672,41 @@ def _path(part: str) -> str:
     return quote(part, safe=":@")
 
 
-def _check_target(target: Target, device: str) -> None:
-    """Refuse to load an artifact built for another device than the one here: a clear error beats a crash."""
-    from compiler.device import host_target  # imports torch: only to load
+# Weights blobs loaded in this process, by (sha256, device): every package that binds one shares these tensors
+# (user-managed), so three buckets of a model hold one copy. They stay for the life of the process.
+_LOADED: dict[tuple[str, str], dict[str, Any]] = {}
+_LOADED_LOCK = threading.Lock()
+# Blob files verified in this process (path -> (sha256, size, mtime_ns)): a second bucket skips hashing them again.
+_VERIFIED: dict[Path, tuple[str, int, int]] = {}
+
+
+def _weights_verified(path: Path, sha: str, size: int, signed: Mapping[str, Any]) -> bool:
+    """Whether `path` holds the signed weights blob: its sha256 and size, and a header (read strictly) listing the
+    signed constants. Remembered per process while the file is unchanged."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    if _VERIFIED.get(path) == (sha, size, st.st_mtime_ns):
+        return True
+    if st.st_size != size or _file_sha256(path) != sha:
+        return False
+    from compiler.weightsfile import FormatError, describe, read_header_file
+
+    try:
+        if describe(read_header_file(path)) != signed.get("constants"):
+            return False
+    except FormatError:
+        return False
+    _VERIFIED[path] = (sha, size, st.st_mtime_ns)
+    return True
+
+
+def _check_target(target: Target, device: str, meta: dict[str, Any] | None = None) -> None:
+    """Refuse to load an artifact built for another device than the one here: a clear error beats a crash. A CPU
+    package from before x86-64 levels (an old label, no pin among its factors) was built with -march=native: it
+    loads only on a CPU of the model that built it, since another may lack an extension it uses (SIGILL)."""
+    from compiler.device import cpu_name, host_target  # imports torch: only to load
 
     try:
         host = host_target(device)
@@ -613,6 +715,13 @@ def _check_target(target: Target, device: str) -> None:
     why = target.cannot_run_on(host)
     if why:
         raise ClientError(409, f"artifact {why}")
+    factors = (meta or {}).get("factors")
+    if target.level is not None and isinstance(factors, dict) and "isa" not in factors:
+        built_on = str(((meta or {}).get("worker") or {}).get("device_name") or "an unknown CPU")
+        if built_on != cpu_name():
+            raise ClientError(409, f"artifact was built before x86-64 levels, with -march=native on {built_on}; "
+                                   f"this CPU is {cpu_name()}, which may lack an extension it uses: compile it "
+                                   f"again for {target}")
 
 
 def _file_sha256(path: Path) -> str:

@@ -8,6 +8,16 @@ asked (Inductor's index asserts, forced on; compiler.bounds's rewrites of ops th
 error-code check on ATen fallbacks). Artifacts of formats 1 and 2 were built without any of it. A request never
 computes their keys again, so it compiles anew, and `bounded` tells deploy-time lookup not to serve them; they stay
 readable by their key, as published, with their factors saying what they are.
+
+Format 4 added the `weights` factor: whether the package carries its weights or binds the model's weights blob at
+load (compiler/weights.py), which changes the generated code. Artifacts of format 3 carry their weights; they stay
+bounded, and lookup serves both kinds alike.
+
+A CPU target that names an x86-64 level (cpu-x86_64-v3) adds the `isa` factor: the level, its `-march` and the
+vector ISA the compile pins (compiler.targets.IsaPin), with the pin's revision. It came without a format of its own:
+keys of GPU targets did not change, and no CPU key of before can be computed again, since those named ATen's capability
+(cpu-x86_64-avx512), which a request now reads as its level. Those packages were built with -march=native, so
+`pinned` tells deploy-time lookup not to serve them; their key still reaches them.
 """
 
 from __future__ import annotations
@@ -16,10 +26,13 @@ import hashlib
 import json
 from typing import Any
 
-from compiler.options import BOUNDS_REVISION, FORCED_INDUCTOR_CONFIGS
+from compiler.errors import AotcError
+from compiler.options import BOUNDS_REVISION, FORCED_INDUCTOR_CONFIGS, WEIGHTS_REVISION, weights_layout
+from compiler.targets import IsaPin, Target
 
-# bump when what a key covers changes (2: options gained precision, freezing, inductor, prims_view; 3: bounds)
-KEY_FORMAT = 3
+# bump when what a key covers changes (2: options gained precision, freezing, inductor, prims_view; 3: bounds;
+# 4: weights)
+KEY_FORMAT = 4
 FIRST_BOUNDED_FORMAT = 3
 
 
@@ -28,10 +41,20 @@ def bounds_factor() -> dict[str, Any]:
     return {"inductor": dict(FORCED_INDUCTOR_CONFIGS), "revision": BOUNDS_REVISION}
 
 
+def _pin(target: str) -> IsaPin | None:
+    """The pin of a target spelled as its level (cpu-x86_64-v3); None for anything else, an alias included: keys
+    of the old labels stay what they were."""
+    try:
+        parsed = Target.parse(target)
+    except AotcError:
+        return None
+    return parsed.pin if str(parsed) == target else None
+
+
 def factors(
     model_id: str, spec: list[dict[str, Any]], target: str, toolchain: dict[str, Any], options: dict[str, Any]
 ) -> dict[str, Any]:
-    return {
+    out = {
         "format": KEY_FORMAT,
         "model": model_id,
         "spec": spec,
@@ -39,7 +62,26 @@ def factors(
         "toolchain": toolchain,
         "options": options,
         "bounds": bounds_factor(),
+        "weights": {"layout": weights_layout(options), "revision": WEIGHTS_REVISION},
     }
+    pin = _pin(target)
+    if pin is not None:
+        out["isa"] = pin.factor()
+    return out
+
+
+def pinned(f: dict[str, Any]) -> bool:
+    """Whether the artifact these factors describe keeps to the x86-64 level its target names, pinned as today's
+    compiles pin it, so it may be served to a caller who did not name its key. True for targets that name no level
+    (GPUs, other machines); False for the old labels' -march=native packages."""
+    target = f.get("target")
+    if not isinstance(target, str):
+        return False
+    try:
+        wanted = Target.parse(target).pin
+    except AotcError:
+        return False
+    return wanted is None or (str(Target.parse(target)) == target and f.get("isa") == wanted.factor())
 
 
 def bounded(f: dict[str, Any]) -> bool:

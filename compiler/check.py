@@ -25,9 +25,10 @@ from typing import Any
 import torch
 
 from compiler import inputs as inputs_mod
+from compiler import weights as weights_mod
 from compiler.adversarial import check_adversarial
 from compiler.compat import pytree
-from compiler.compat.aoti import aoti_load_package, load_for_graphs, native_graph_support
+from compiler.compat.aoti import aoti_load_package, constant_fqns, load_for_graphs, native_graph_support
 from compiler.device import cpu_name
 from compiler.errors import CheckFailed
 from compiler.loading import load_program
@@ -223,8 +224,21 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
             expected = eager(*args, **kwargs)
             eager_t = measure(lambda: eager(*args, **kwargs), device)
         cases.append((label, shapes, args, kwargs, expected, eager_t))
-    compiled = aoti_load_package(package_path, device)
     tolerance = PRECISION_TOLERANCE.get(precision, 0.0)
+    weights_path = weights_mod.sidecar(package_path)
+    weights_summary: dict[str, Any] | None = None
+    if weights_path.exists():
+        # A weightless package: bind its blob as a client will (user-managed), after proving the blob is the
+        # program's own tensors and that the package reads every one of them from it.
+        blob = weights_mod.load(weights_path, device)
+        weights_mod.verify_blob(ep, blob, precision)
+        compiled = aoti_load_package(package_path, device, weights=blob)
+        fqns = constant_fqns(compiled)
+        weights_mod.check_bound(fqns, blob)
+        weights_summary = {"bound": "user_managed", "constants": len(fqns), "package_fqns": sorted(fqns),
+                           "bytes": weights_path.stat().st_size}
+    else:
+        compiled = aoti_load_package(package_path, device)
     results = []
     for label, shapes, args, kwargs, expected, eager_t in cases:
         with torch.inference_mode():
@@ -235,8 +249,15 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
                         "eager_ms": round(eager_ms, 4), "compiled_ms": round(compiled_ms, 4),
                         "speedup": round(eager_ms / compiled_ms, 3) if compiled_ms > 0 else None,
                         "latency": {"eager": eager_t, "compiled": compiled_t}})
-    del compiled  # one copy of the weights at a time: the graph check and the probes load their own
     failed = [r for r in results if not r["ok"]]
+    if weights_summary is not None and not failed:
+        # The package follows its weights: perturbed in place, eager and the package must still agree.
+        _, _, args0, kwargs0, _, _ = cases[0]
+        weights_summary["perturbed"] = weights_mod.follows(
+            eager, blob, precision, functools.partial(_both, eager, compiled, args0, kwargs0),
+            lambda e, a: compare(e, a, tolerance, allow_nonfinite))
+        del blob
+    del compiled  # one copy of the weights at a time: the graph check and the probes load their own
     graph_summary: dict[str, Any] = {"impl": None, "captured": False}
     if not device.startswith("cuda"):
         graph_summary["reason"] = "CUDA graphs need a CUDA device"
@@ -265,6 +286,7 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         "notes": sorted({n for r in results for n in r.get("notes", [])}),
         "allow_nonfinite": allow_nonfinite,
         "nonfinite": [{"point": r["point"], **n} for r in results for n in r.get("nonfinite", [])],
+        "weights": weights_summary,
     }
     if failed:
         raise CheckFailed(f"artifact disagrees with eager at {failed[0]['point']} shapes: {failed[0]['why']}",
@@ -283,6 +305,11 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
                               + (f"; and {more} more case(s), in the excerpt" if more else ""),
                               stage="check", excerpt="\n".join(found["failures"]))
     return summary
+
+
+def _both(eager: Callable[..., Any], compiled: Callable[..., Any], args: tuple[Any, ...],
+          kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    return eager(*args, **kwargs), compiled(*args, **kwargs)
 
 
 def _check_graphs(package_path: str, device: str, cases: list[Any], results: list[dict[str, Any]],

@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import socket
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from compiler.targets import Target
+from compiler.targets import X86, Target, detect_cpu_target, served_targets
 
 
 def _version(dist: str) -> str | None:
@@ -39,7 +40,8 @@ def resolve_device(device: str) -> str:
 
 
 def host_target(device: str) -> Target:
-    """The concrete target of `device` on this machine: cuda-sm90, cpu-x86_64-avx512."""
+    """The concrete target of `device` on this machine: cuda-sm90; cpu-x86_64-v4 (its psABI level, from
+    compiler.targets.detect_cpu_target); on other machines the CPU and ATen's capability, cpu-aarch64-sve256."""
     device = resolve_device(device)
     kind = device.split(":")[0]
     if kind == "cuda":
@@ -48,6 +50,9 @@ def host_target(device: str) -> Target:
         major, minor = torch.cuda.get_device_capability(torch.device(device).index or 0)
         return Target("cuda", (f"sm{major}{minor}",))
     if kind == "cpu":
+        detected = Target.parse(detect_cpu_target())
+        if detected.level is not None or platform.machine().lower() in (X86, "amd64"):
+            return detected
         isa = torch.backends.cpu.get_cpu_capability().lower()
         return Target("cpu", (platform.machine().lower(), isa))
     raise RuntimeError(f"unsupported device {device!r}: use cpu or cuda[:N]")
@@ -63,14 +68,17 @@ def cpu_name() -> str:
         return name
 
 
-def detect(device: str) -> dict[str, Any]:
-    """Describe the worker's device: concrete target, device name and toolchain."""
+def detect(device: str, targets: Iterable[str] = ()) -> dict[str, Any]:
+    """Describe the worker's device: concrete target, the targets it serves, device name and toolchain. A CPU
+    worker serves every x86-64 level at or below its host's, or those of them `targets` (AOTC_WORKER_TARGETS)
+    names; ValueError for one above the host's."""
     device = resolve_device(device)
     kind = device.split(":")[0]
-    target = str(host_target(device))
+    served = served_targets(str(host_target(device)), targets if kind == "cpu" else ())
     name = torch.cuda.get_device_name(torch.device(device).index or 0) if kind == "cuda" else cpu_name()
     return {
-        "target": target,
+        "target": served[0],  # the highest it serves: what a plain 'cpu' request gets (compiler.targets.pick_worker)
+        "targets": served,
         "device": device,
         "device_name": name,
         "host": socket.gethostname(),

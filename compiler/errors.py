@@ -16,6 +16,8 @@
      ├── SpecError                 the requested shapes contradict the exported program
      ├── UnsafeCode                the generated code calls what no kernel calls (system, exec*, dlopen, sockets,
      │                             inline asm, a header off the allow-list): refused before anything ran it
+     ├── IsaMismatch               a CPU package that uses an instruction set above its target's x86-64 level
+     │                             (compiler.isa): refused before it is checked or published
      └── CheckFailed               the artifact ran but disagrees with eager beyond tolerance
 
     BadSignature                   reason, kid: an artifact whose signed manifest does not verify (the client
@@ -136,6 +138,10 @@ class SpecError(CompileError):
 
 
 class UnsafeCode(CompileError):
+    pass
+
+
+class IsaMismatch(CompileError):
     pass
 
 

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
+from compiler.targets import IsaPin
+
 Mode = Literal["default", "max-autotune", "training"]
 Precision = Literal["keep", "bf16", "fp16"]
 
@@ -73,6 +75,19 @@ FORCED_INDUCTOR_CONFIGS: dict[str, Any] = {"assert_indirect_indexing": True, "de
 # cache-key factor, so artifacts built under the old rules are compiled again rather than served.
 BOUNDS_REVISION = 1
 
+# How a package holds its weights (a cache-key factor: compiler.cachekey `weights`). "external": built without them
+# (aot_inductor.package_constants_in_so=False and always_keep_tensor_constants=True, which change the generated code)
+# and bound at load from the model's one weights blob (compiler/weights.py). "embedded": inside the package, as
+# before; what freezing gives, since frozen weights are folded into constants of the package's own that no blob of
+# the program's FQNs could feed. Bump WEIGHTS_REVISION when how weightless packages are built changes.
+WEIGHTS_REVISION = 1
+
+
+def weights_layout(options: dict[str, Any]) -> str:
+    """"external" or "embedded" for canonical options (what a job carries)."""
+    return "embedded" if options.get("freezing") or options.get("mode") == "training" else "external"
+
+
 # Options newer than the cache key's format 2: spelled out in the canonical form (and so in the key) only when set.
 ADDED_AFTER_FORMAT_2 = ("allow_nonfinite",)
 
@@ -90,7 +105,9 @@ class CompileOptions(BaseModel):
         description="keep the program's dtypes, or compute in bf16/fp16 for inference: weights are cast, and "
         "floating inputs and outputs are cast at the edges, so the artifact takes and returns the same dtypes.",
     )
-    freezing: StrictBool = Field(default=False, description="Fold weights into the graph as constants (inference).")
+    freezing: StrictBool = Field(default=False, description=(
+        "Fold weights into the graph as constants (inference). A frozen package carries its own weights: it is "
+        "self-contained and shares no weights blob with the model's other artifacts."))
     inductor: InductorSettings = Field(default_factory=InductorSettings)
     prims_view: StrictBool = Field(default=False,
                                    description="Also record the graph decomposed to prims in the report.")
@@ -121,10 +138,21 @@ class CompileOptions(BaseModel):
     def training(self) -> bool:
         return self.mode == "training"
 
-    def inductor_configs(self) -> dict[str, Any]:
+    @property
+    def weightless(self) -> bool:
+        """Whether the package is built without its weights (compiler/weights.py)."""
+        return weights_layout(self.canonical()) == "external"
+
+    def inductor_configs(self, pin: IsaPin | None = None) -> dict[str, Any]:
         """The `inductor_configs` passed to aoti_compile_and_package. Global torch config is never touched. The
-        forced settings come last: no option can turn them off."""
+        forced settings come last: no option can turn them off. `pin`, for a CPU target that names an x86-64
+        level, adds the level's `-march` (`cpp.march`) and vector width (`cpp.simdlen`); compiler.compat.isa holds
+        Inductor to them (and spells `-march` another way where a torch lacks `cpp.march`)."""
         configs: dict[str, Any] = {}
+        if pin is not None:
+            configs["cpp.march"] = pin.march
+            if pin.simdlen is not None:
+                configs["cpp.simdlen"] = pin.simdlen
         if self.mode == "max-autotune":
             configs["max_autotune"] = True
         if self.freezing:

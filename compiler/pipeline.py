@@ -27,6 +27,7 @@ from compiler.errors import CompileError
 from compiler.inputs import Spec
 from compiler.loading import load_program
 from compiler.options import CompileOptions
+from compiler.targets import Target
 
 StageHook = Callable[[str], None]
 T = TypeVar("T")
@@ -48,8 +49,13 @@ def compile_model(
     device: str,
     out_path: str,
     on_stage: StageHook = lambda stage: None,
+    target: str | None = None,
+    isa_scan_timeout_s: float = 120.0,
 ) -> dict[str, Any]:
+    """`target`: the concrete target of the job; for an x86-64 level (cpu-x86_64-v3) the compile is pinned to it
+    and the package read against it (compiler.isa), spending at most `isa_scan_timeout_s` disassembling it."""
     timings: dict[str, float] = {}
+    pin = Target.parse(target).pin if target and device == "cpu" else None
 
     def run(stage: str, fn: Callable[[], T]) -> T:
         on_stage(stage)
@@ -68,6 +74,7 @@ def compile_model(
     report: dict[str, Any] = {
         "schema": rep.SCHEMA, "torch": torch.__version__, "device": device, "mode": options.mode,
         "options": options.canonical(), "spec": spec, "stages": {}, "notes": [],
+        **({"target": target} if target else {}),
     }
     files: dict[str, str] = {}
 
@@ -105,7 +112,7 @@ def compile_model(
 
     run("lowering", lambda: observe("lowering", lowering))
 
-    result: dict[str, Any] = {"package": None, "size": 0}
+    result: dict[str, Any] = {"package": None, "size": 0, "weights": None}
     if options.training:
         why = ("mode=training stops after AOTAutograd and lowering: the report and the graphs are the result "
                "(no package yet)")
@@ -122,7 +129,7 @@ def compile_model(
 
         t0 = time.perf_counter()
         try:
-            compiled = stages.inductor(captured, options, out_path, device, progress)
+            compiled = stages.inductor(captured, options, out_path, device, progress, pin)
         except CompileError as e:
             e.stage = e.stage or current[0]
             raise
@@ -133,6 +140,11 @@ def compile_model(
         # calls no kernel makes (UnsafeCode, final; the package is removed).
         scanned = stages.scan(compiled)
         timings["scan"] = round(scanned.seconds, 4)
+        isa_facts = None
+        if pin is not None:  # and the third: a package above its level would die of SIGILL on a host of it
+            t_isa = time.perf_counter()
+            isa_facts = stages.isa_check(compiled, pin, isa_scan_timeout_s)
+            timings["isa"] = round(time.perf_counter() - t_isa, 4)
         for name in ("fusion", "codegen", "package"):
             if compiled.phases.get(name) is not None:
                 timings[name] = compiled.phases[name]  # type: ignore[assignment]
@@ -148,10 +160,13 @@ def compile_model(
             files["graphs/inductor_post_grad.py"] = compiled.observation.graphs[-1]["code"]
         observe("package", lambda: stages.package(compiled, captured))
         report["stages"]["package"]["scan"] = scanned.facts()
+        if isa_facts is not None:
+            report["stages"]["package"]["isa"] = isa_facts
         report["hooks"] = compiled.observation.hooks
         if compiled.observation.errors:
             report["notes"] += [f"observer error (the compile carried on): {e}" for e in compiled.observation.errors]
-        result = {"package": compiled.package, "size": Path(compiled.package).stat().st_size}
+        result = {"package": compiled.package, "size": Path(compiled.package).stat().st_size,
+                  "weights": compiled.weights}
 
     report["timings"] = timings
     report_path = out_dir / "report.json"

@@ -115,6 +115,11 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 scan = s.get("scan") or {}
                 if scan:
                     detail += f"; {scan.get('files')} source(s) scanned, {len(scan.get('findings') or [])} finding(s)"
+                isa = s.get("isa") or {}
+                if isa:  # compiler.isa's evidence: a package that failed it was never published
+                    read = sum(int(c.get("instructions") or 0) for c in isa.get("code") or [])
+                    detail += (f"; kept to x86-64 {isa.get('level')} ({isa.get('compile_lines')} g++ line(s)"
+                               + (f", {read} instruction(s) read" if read else ", code not read") + ")")
         rows.append({"stage": name, "status": s.get("status"), "seconds": s.get("seconds"), "nodes_before": before,
                      "nodes_after": after, "detail": detail})
     return rows

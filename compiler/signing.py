@@ -199,10 +199,13 @@ def _finite(value: Any) -> Any:
 
 def statement(*, artifact_key: str, package_sha256: str, package_size: int, model_sha256: str,
               factors: Mapping[str, Any], toolchain: Mapping[str, Any], target: str,
-              check: Mapping[str, Any] | None, worker: Mapping[str, Any], signed_at: float | None = None
-              ) -> dict[str, Any]:
-    """The in-toto statement an artifact's manifest signs: its package by digest, and what it was built from."""
+              check: Mapping[str, Any] | None, worker: Mapping[str, Any], signed_at: float | None = None,
+              weights: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The in-toto statement an artifact's manifest signs: its package by digest, and what it was built from.
+    `weights` (a weightless package's: the weights blob's sha256 and size, and each constant's fqn, shape, dtype
+    and stride) is signed with it, so a client binds only the blob the package was checked with."""
     when = time.gmtime(signed_at if signed_at is not None else time.time())
+    extra = {"weights": dict(weights)} if weights is not None else {}
     return {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": artifact_key, "digest": {"sha256": package_sha256}}],
@@ -211,7 +214,7 @@ def statement(*, artifact_key: str, package_sha256: str, package_size: int, mode
             "artifact_key": artifact_key, "package_sha256": package_sha256, "package_size": package_size,
             "model_sha256": model_sha256, "factors": dict(factors), "toolchain": dict(toolchain), "target": target,
             "check": dict(check or {}), "signed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", when),
-            "worker": dict(worker),
+            "worker": dict(worker), **extra,
         }),
     }
 
@@ -238,6 +241,12 @@ class Manifest:
     @property
     def size(self) -> int:
         return int(self.statement["predicate"]["package_size"])
+
+    @property
+    def weights(self) -> dict[str, Any] | None:
+        """The signed weights blob (sha256, size, constants) a weightless package binds; None: self-contained."""
+        w = self.statement["predicate"].get("weights")
+        return dict(w) if isinstance(w, Mapping) else None
 
     def expect(self, *, key: str | None = None, sha256: str | None = None, size: int | None = None) -> None:
         """Raise BadSignature (`mismatch`) unless the manifest names this artifact key, package sha256 and size."""

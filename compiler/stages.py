@@ -35,11 +35,14 @@ import torch
 
 from compiler import bounds as bounds_mod
 from compiler import inputs as inputs_mod
+from compiler import isa as isa_mod
 from compiler import report as rep
 from compiler import scan as scan_mod
-from compiler.compat.aoti import aoti_compile_and_package
+from compiler import weights as weights_mod
+from compiler.compat.aoti import aoti_compile_and_package, weightless_configs
 from compiler.compat.autograd import aot_joint_and_partition
 from compiler.compat.graphs import graph_facts, is_inplace_op, node_sources, op_name
+from compiler.compat.isa import pinned_isa
 from compiler.compat.observe import InductorObservation, observe_inductor, run_and_get_code, triton_kernels_in
 from compiler.compat.prims import prims_graph
 from compiler.compat.shims import checked_fallbacks
@@ -47,6 +50,7 @@ from compiler.errors import CompileError, UnsafeCode
 from compiler.inputs import Spec
 from compiler.options import CompileOptions
 from compiler.specialize import specialize
+from compiler.targets import IsaPin
 
 ProgressHook = Any  # Callable[[str], None]
 
@@ -338,6 +342,7 @@ class Compiled:
     seconds: float
     phases: dict[str, float | None]  # fusion / codegen / package seconds, from the compile's own marks
     device: str
+    weights: str | None = None  # the weights sidecar of a weightless package (compiler/weights.py); None: embedded
 
 
 def _phases(obs: InductorObservation, total: float) -> dict[str, float | None]:
@@ -364,9 +369,10 @@ def _phases(obs: InductorObservation, total: float) -> dict[str, float | None]:
 
 
 def inductor(c: Captured, options: CompileOptions, out_path: str, device: str,
-             on_stage: ProgressHook = lambda s: None) -> Compiled:
+             on_stage: ProgressHook = lambda s: None, pin: IsaPin | None = None) -> Compiled:
     """The one compile that builds the package (aoti_compile_and_package), with the observers attached and every
-    ATen fallback of the C++ wrapper checking its error code (compiler.compat.shims)."""
+    ATen fallback of the C++ wrapper checking its error code (compiler.compat.shims). `pin`: the x86-64 level a
+    CPU package keeps to (-march and the vector ISA, compiler.compat.isa)."""
     reached = {"i": 0}
 
     def on_event(event: str) -> None:  # forward-only progress: GPUs run scheduling and codegen twice
@@ -375,14 +381,27 @@ def inductor(c: Captured, options: CompileOptions, out_path: str, device: str,
             reached["i"] = _ORDER.index(stage)
             on_stage(stage)
 
+    wanted = options.inductor_configs(pin)
+    # Weightless where this torch can build it so (compiler.compat.aoti.weightless_configs); where it cannot, the
+    # package carries its weights and the worker publishes it self-contained.
+    weightless = weightless_configs() if options.weightless else None
+    wanted.update(weightless or {})
     on_stage("fusion")
     t0 = time.perf_counter()
-    with observe_inductor(on_event) as obs, checked_fallbacks() as patched:
+    with (observe_inductor(on_event) as obs, checked_fallbacks() as patched,
+          pinned_isa(pin, wanted) as configs):
         obs.hooks["checked_fallbacks"] = ", ".join(patched) or f"none in torch {torch.__version__}"
-        package = run_and_get_code(
-            lambda: aoti_compile_and_package(c.program, out_path, options.inductor_configs()), obs)
+        if pin is not None:
+            how = "cpp.march" if "cpp.march" in configs else "cpp_builder's cflags, wrapped"
+            obs.hooks["isa"] = f"x86-64 {pin.level}: -march={pin.march} ({how}), vector ISA {pin.vec_isa or 'none'}"
+        package = run_and_get_code(lambda: aoti_compile_and_package(c.program, out_path, configs), obs)
     total = time.perf_counter() - t0
-    return Compiled(str(package), obs, total, _phases(obs, total), device)
+    weights = None
+    if weightless:
+        # The program's own tensors, after the precision cast: what the package was compiled against.
+        weights = str(weights_mod.sidecar(package))
+        weights_mod.save(weights_mod.program_weights(c.program), weights)
+    return Compiled(str(package), obs, total, _phases(obs, total), device, weights)
 
 
 # -- fusion ------------------------------------------------------------------------------------------------------
@@ -581,6 +600,7 @@ def package(compiled: Compiled, captured: Captured) -> dict[str, Any]:
         observed_by="aoti_compile_and_package's output",
         note="" if compiled.phases.get("package") is not None else "included in codegen's time",
         bytes=os.path.getsize(compiled.package),
+        weights_bytes=os.path.getsize(compiled.weights) if compiled.weights else None,
         compile_seconds=round(compiled.seconds, 3),
         contents=contents,
         dynamic_dims=dyn,
@@ -597,6 +617,16 @@ def _remove(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def isa_check(compiled: Compiled, pin: IsaPin, timeout_s: float) -> dict[str, Any]:
+    """The package read against its x86-64 level (compiler.isa): its recorded vector ISA, its g++ flags and its
+    code. One that goes above the level is removed (IsaMismatch, final), before anything runs it."""
+    try:
+        return isa_mod.audit(compiled.package, pin, timeout_s=timeout_s)
+    except Exception:
+        _remove(compiled.package)
+        raise
 
 
 def scan(compiled: Compiled) -> scan_mod.ScanResult:
@@ -616,14 +646,19 @@ def scan(compiled: Compiled) -> scan_mod.ScanResult:
     for n, code in enumerate(obs.artifacts.get("inductor_autotune_at_compile_time_code", [])):
         python[f"<autotune code {n}>"] = code
     kernels = {f"<triton kernel {name}>": src for name, src in obs.kernel_sources.items()}
+    def refuse() -> None:
+        _remove(compiled.package)
+        if compiled.weights:
+            _remove(compiled.weights)
+
     try:
         result = scan_mod.scan_package(compiled.package, python, kernels)
     except Exception as e:  # fail closed: a package that cannot be scanned is not checked either
-        _remove(compiled.package)
+        refuse()
         raise CompileError(f"the generated sources could not be scanned ({type(e).__name__}: {e}), so the "
                            "package was refused", stage="package") from e
     if result.findings:
-        _remove(compiled.package)
+        refuse()
         first, more = result.findings[0], len(result.findings) - 1
         raise UnsafeCode(
             f"the generated code calls what no kernel calls, so the package was refused before anything ran it: "

@@ -67,7 +67,8 @@ class Tiny:
 
 def _warm_up(task: dict[str, Any], d: Path) -> dict[str, Any]:
     """Compile the built-in model with the default options, so AOTInductor builds its precompiled headers in this
-    child's TMPDIR, where the worker takes them from (worker.headers)."""
+    child's TMPDIR, where the worker takes them from (worker.headers). A header is only used by compiles of the
+    same flags, so it is built for the worker's own target (the one a plain 'cpu' request gets)."""
     from compiler.archive.inspect import inspect_archive
     from compiler.options import CompileOptions
     from compiler.pipeline import compile_model
@@ -78,7 +79,8 @@ def _warm_up(task: dict[str, Any], d: Path) -> dict[str, Any]:
     inputs = inspect_archive(str(model))["inputs"]
     spec = canonical_spec(inputs, {inputs[0]["name"]: [2, 8]})
     t0 = time.perf_counter()
-    compile_model(str(model), spec, inputs, CompileOptions(), task["device"], str(d / "warmup-package.pt2"))
+    compile_model(str(model), spec, inputs, CompileOptions(), task["device"], str(d / "warmup-package.pt2"),
+                  target=task.get("target"))
     return {"seconds": round(time.perf_counter() - t0, 3)}
 
 
@@ -117,7 +119,7 @@ def main(jobdir: str, kind: str) -> int:
             options = CompileOptions(**task["options"])
             result = compile_model(
                 task["model_path"], task["spec"], task["program_inputs"], options, task["device"], task["out_path"],
-                on_stage,
+                on_stage, target=task.get("target"), isa_scan_timeout_s=float(task.get("isa_scan_timeout_s", 120)),
             )
             result["caches"] = inductor_cache_settings()
         elif kind == "check":

@@ -31,6 +31,7 @@ import redis
 from compiler.errors import Failure
 from compiler.report import attach_check  # torch-free
 from compiler.signing import Signer, key_record, statement
+from compiler.weightsfile import FormatError, describe, read_header_file
 from service.store import Lease, Store
 from service.store.blobstore import local_root
 from service.store.disk import is_disk_full
@@ -282,7 +283,8 @@ class JobRunner:
         def warm_up(adopt: Callable[[Path], None]) -> bool:
             jobdir = (self.settings.work_dir / f"warmup-{os.getpid()}").resolve()
             try:
-                outcome = self.health.run_child({"kind": "warmup", "device": self.info["device"]}, jobdir,
+                outcome = self.health.run_child({"kind": "warmup", "device": self.info["device"],
+                                                 "target": self.target}, jobdir,
                                                 sandbox=self.sandbox, timeout_s=self.settings.compile_timeout_s,
                                                 device=self.info["device"], hide=self._hide(),
                                                 keep=lambda: [f"{header_dir(Path('tmp'))}/"],
@@ -323,9 +325,11 @@ class JobRunner:
             return self._should_stop(job_id)
 
         device = self.info["device"]
+        # The job's own target: a CPU worker serves every level at or below its host's, each pinned (compiler.isa).
+        target = str(job.get("target") or self.target)
         run = partial(self.health.run_child, sandbox=self.sandbox, device=device, limits=self.limits(),
                       hide=self._hide(), on_stage=on_stage, should_cancel=cancelled)
-        share = (GemmTimingShare(store.r, self.target)
+        share = (GemmTimingShare(store.r, target)
                  if self.settings.share_gemm_timings and (job["options"] or {}).get("mode") == "max-autotune" else None)
 
         def prepare(childdir: Path) -> list[tuple[Path, Path]]:
@@ -337,7 +341,8 @@ class JobRunner:
         store.caches.record_compile()
         compiled = run(
             {"kind": "compile", "model_path": str(model_path), "spec": job["spec"], "options": job["options"],
-             "program_inputs": model["inputs"], "device": device, "out_path": str(compile_dir / "artifact.pt2")},
+             "program_inputs": model["inputs"], "device": device, "out_path": str(compile_dir / "artifact.pt2"),
+             "target": target, "isa_scan_timeout_s": self.settings.isa_scan_timeout_s},
             workdir, timeout_s=self.settings.compile_timeout_s, prepare=prepare,
             keep=lambda: [*OUTPUTS.values(), *(share.files() if share is not None else [])],
         )
@@ -363,6 +368,12 @@ class JobRunner:
                 return checked, {}
             check, timings["check"] = {**checked.result, "host": held}, round(checked.seconds, 3)
             timings["check_wait"] = held["waited_s"]
+        weights: dict[str, Any] | None = None
+        if outputs["weights"] is not None:
+            found = _weights_manifest(outputs["weights"], check)
+            if isinstance(found, Failure):
+                return Outcome(False, failure=found), {}
+            weights = found
         on_stage("publish")
         # The stage report and the generated sources go in before the record, which is written last.
         report_path = outputs["report"]
@@ -374,7 +385,7 @@ class JobRunner:
             "key": job["key"],
             "factors": job["factors"],
             "model_id": job["model_id"],
-            "target": self.target,
+            "target": target,
             "spec": job["spec"],
             "options": job["options"],
             "dynamic_dims": compiled.result["dynamic_dims"],
@@ -384,16 +395,21 @@ class JobRunner:
             "job_id": job_id,
             "worker": {"id": self.id, "device_name": self.info["device_name"], "host": self.info["host"]},
         }
+        if weights is not None:
+            record["weights"] = {"sha256": weights["sha256"], "size": weights["size"],
+                                 "constants": len(weights["constants"])}
 
         def publish() -> dict[str, Any]:
             if outputs["package"] is not None:  # a report-only record (mode=training) has no package to sign
-                record["manifest"] = self._sign(job, outputs["package"], check)
-            return store.artifacts.put(record, outputs["package"], report=report, sources=outputs["sources"])
+                record["manifest"] = self._sign(job, outputs["package"], check, weights)
+            return store.artifacts.put(record, outputs["package"], report=report, sources=outputs["sources"],
+                                       weights=outputs["weights"])
 
         artifact = self._once_redis_answers(publish, f"publish job {job_id}")
         return Outcome(True), {"key": artifact["key"], "timings": timings, "check": check}
 
-    def _sign(self, job: dict[str, Any], package: Path, check: dict[str, Any] | None) -> dict[str, Any]:
+    def _sign(self, job: dict[str, Any], package: Path, check: dict[str, Any] | None,
+              weights: dict[str, Any] | None = None) -> dict[str, Any]:
         """The signed manifest (compiler/signing.py) of a package about to be published. Signed here, in the trusted
         worker, from the file the dead child left: the key never reaches a child, and Redis only stores the result."""
         signer = self.signer
@@ -409,12 +425,39 @@ class JobRunner:
         return signer.sign(statement(
             artifact_key=job["key"], package_sha256=sha256, package_size=size,
             model_sha256=str(job["factors"].get("model") or job["model_id"]), factors=job["factors"],
-            toolchain=self.info["toolchain"], target=self.target, check=check,
-            worker={"id": self.id, "host": self.info["host"], "device_name": self.info["device_name"]}))
+            toolchain=self.info["toolchain"], target=str(job.get("target") or self.target), check=check,
+            worker={"id": self.id, "host": self.info["host"], "device_name": self.info["device_name"]},
+            weights=weights))
 
 
 REPORT_MAX_BYTES = 256 * 2**20
-OUTPUTS = {"package": "artifact.pt2", "report": "report.json", "sources": "sources.zip"}
+OUTPUTS = {"package": "artifact.pt2", "report": "report.json", "sources": "sources.zip",
+           "weights": "artifact.weights.safetensors"}  # compiler.weights.sidecar of the package's name
+OPTIONAL = ("package", "weights")  # none for mode=training; no weights for a package that carries its own
+
+
+def _weights_manifest(path: Path, check: dict[str, Any] | None) -> dict[str, Any] | Failure:
+    """What the manifest signs of a weights blob the compile left: its sha256, size and constants, read from its
+    header here (torch-free, strictly: compiler.weightsfile). Refused unless the check bound this blob and found the
+    package reading exactly these constants."""
+    try:
+        constants = describe(read_header_file(path))
+    except (FormatError, OSError) as e:
+        return Failure.bad_output("publish", f"the compile's weights blob is not a well-formed safetensors file: {e}")
+    bound = (check or {}).get("weights") or {}
+    fqns = bound.pop("package_fqns", None)  # the check's full list: compared here, then dropped from the record
+    names = sorted(c["fqn"] for c in constants)
+    if fqns is None:
+        return Failure.bad_output("publish", "publish refused: the check did not bind the package's weights blob")
+    if sorted(fqns) != names:
+        unread, lacking = sorted(set(names) - set(fqns)), sorted(set(fqns) - set(names))
+        return Failure.bad_output("publish", f"publish refused: the package's constants do not match its weights "
+                                             f"blob (the package does not read {unread[:5]}; the blob lacks "
+                                             f"{lacking[:5]})")
+    with open(path, "rb") as f:
+        sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+        size = os.fstat(f.fileno()).st_size
+    return {"sha256": sha256, "size": size, "constants": constants}
 
 
 def _take_outputs(result: dict[str, Any], childdir: Path, results: Path) -> dict[str, Path | None] | Failure:
@@ -424,7 +467,7 @@ def _take_outputs(result: dict[str, Any], childdir: Path, results: Path) -> dict
     out: dict[str, Path | None] = {}
     for key, name in OUTPUTS.items():
         claimed = result.get(key)
-        if key == "package" and claimed is None:  # mode=training: no package
+        if key in OPTIONAL and claimed is None:  # mode=training: no package; an embedded package: no weights
             out[key] = None
             continue
         taken = take(childdir, name, results) if claimed == str(childdir / name) else None

@@ -1,5 +1,5 @@
-"""The worker: reads jobs for its concrete target from the queue (worker.queue), runs each (worker.job), and keeps
-its registry record and its current lease alive from a heartbeat thread.
+"""The worker: reads jobs for the concrete targets it serves from the queue (worker.queue), runs each (worker.job),
+and keeps its registry record and its current lease alive from a heartbeat thread.
 
 Delivery is at least once. A claimed job is a lease (service.store.leases) that the heartbeat renews; a reaper in
 any worker or API process (service.store.reaper) takes back leases left to expire and requeues their jobs, so a
@@ -57,12 +57,13 @@ class Worker:
         self.settings = settings
         self.info = info
         self.target: str = info["target"]
+        self.targets: list[str] = list(info.get("targets") or [self.target])  # every level it serves, own first
         self.id = f"{info['host']}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.store = Store(settings.redis_url, storage=StorageOptions.from_settings(settings))
         self.started = time.time()
         self.stopping = threading.Event()  # shutdown requested (SIGTERM/SIGINT)
         self._hb_stop = threading.Event()
-        self.reader = Reader(self.store, self.target, self.id, batch_max_wait_s=settings.batch_max_wait_s,
+        self.reader = Reader(self.store, self.targets, self.id, batch_max_wait_s=settings.batch_max_wait_s,
                              poll_ms=settings.poll_ms)
         self.reaper = Reaper(self.store, settings.lease_s, settings.reap_interval_s)
         self.sandbox = sandbox or setup(settings, info["device"])
@@ -157,12 +158,12 @@ class Worker:
             log.warning("%s", warning)
         if self.runner.signer is not None:
             self._until_redis(self.publish_signing_key, "publish the signing key")
-        self._until_redis(lambda: self.store.queues.ensure(self.target), "create the queue")
+        self._until_redis(self.ensure_queues, "create the queues")
         self._until_redis(self.heartbeat, "register")
         hb = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         hb.start()
         self.runner.prepare()  # the trusted precompiled headers, before the first job (registered meanwhile)
-        log.info("worker %s serving %s (%s)", self.id, self.target, self.info["device_name"])
+        log.info("worker %s serving %s (%s)", self.id, ", ".join(self.targets), self.info["device_name"])
         try:
             while not self.stopping.is_set():
                 if not self.runner.health.check_disk() or not self.runner.health.healthy:
@@ -207,14 +208,21 @@ class Worker:
     def _until_redis(self, fn: Callable[[], T], what: str) -> T | None:
         """`fn` once Redis answers; None if a shutdown begins while waiting. A queue that Redis lost (it came back
         empty) is created again."""
-        return until_redis(fn, what, self.stopping.wait, recover=lambda: self.store.queues.ensure(self.target))
+        return until_redis(fn, what, self.stopping.wait, recover=self.ensure_queues)
+
+    def ensure_queues(self) -> None:
+        for target in self.targets:
+            self.store.queues.ensure(target)
 
 
 def serve(settings: WorkerSettings, max_jobs: int | None = None) -> None:
     """Run a worker until SIGTERM/SIGINT. A signal mid-job kills the child and hands the job back unspent."""
     from compiler.device import detect
 
-    info = detect(settings.device)
+    try:
+        info = detect(settings.device, settings.worker_targets)
+    except ValueError as e:  # AOTC_WORKER_TARGETS names a level above this host's
+        raise SystemExit(f"aotc-worker: refusing to start: {e}") from None
     try:
         sandbox = setup(settings, info["device"])
     except SandboxUnavailable as e:

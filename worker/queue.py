@@ -10,12 +10,14 @@ from service.store import Lease, Store, keys
 
 
 class Reader:
-    """Reads the next job for one consumer (a worker) from its target's streams."""
+    """Reads the next job for one consumer (a worker) from the streams of the targets it serves."""
 
-    def __init__(self, store: Store, target: str, consumer: str, *, batch_max_wait_s: float, poll_ms: int) -> None:
+    def __init__(self, store: Store, targets: list[str], consumer: str, *, batch_max_wait_s: float,
+                 poll_ms: int) -> None:
         self.store = store
         self.consumer = consumer
-        self.streams = [keys.queue(target, p) for p in keys.PRIORITIES]  # most urgent first
+        # Most urgent first; within a priority, the worker's own target first (a v4 host's v4 queue before v3's).
+        self.streams = [keys.queue(t, p) for p in keys.PRIORITIES for t in targets]
         self.batch_max_wait_s = batch_max_wait_s
         self.poll_ms = poll_ms
 

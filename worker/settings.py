@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from compiler.errors import AotcError
+from compiler.targets import Target
 from service.store.blobstore.settings import StorageSettings
 from service.store.redis_url import with_password_file
 
@@ -20,6 +22,14 @@ class WorkerSettings(StorageSettings):
         default=None, description="A file holding Redis's password (e.g. a Docker secret), for an AOTC_REDIS_URL "
         "without one; a password in the URL wins.")
     device: str = Field(default="auto", description="auto, cpu, cuda or cuda:N. One worker process per GPU.")
+    worker_targets: list[str] = Field(
+        default_factory=list, description="The CPU targets this worker serves, e.g. [\"cpu-x86_64-v3\"] (aliases "
+        "such as cpu-x86_64-avx2 allowed). Empty: every x86-64 level at or below the host's (an AVX-512 host serves "
+        "v4, v3, v2 and v1). A level above the host's stops the worker at start. Ignored by GPU workers.")
+    isa_scan_timeout_s: float = Field(
+        default=120.0, gt=0, description="How long a CPU compile may spend disassembling its package to check that "
+        "no instruction above its x86-64 level is in it (compiler.isa); past it the scan stops, and the report "
+        "says it is incomplete. The flags check always runs.")
     work_dir: Path = Field(default=Path(".aotc/work"), description="Scratch space for compiles.")
     compile_timeout_s: float = Field(default=1800.0, gt=0, description="A compile running longer is killed.")
     check_timeout_s: float = Field(default=600.0, gt=0, description="An artifact check running longer is killed.")
@@ -150,6 +160,14 @@ class WorkerSettings(StorageSettings):
     child_max_open_files: int = Field(
         default=8192, ge=0, description="Open files per process (RLIMIT_NOFILE) in compile and check children; 0: none."
     )
+
+    @field_validator("worker_targets")
+    @classmethod
+    def _known_targets(cls, value: list[str]) -> list[str]:
+        try:  # aliases become levels; whether this host can serve them is checked at start (compiler.device)
+            return [str(Target.parse(t)) for t in value]
+        except AotcError as e:
+            raise ValueError(f"AOTC_WORKER_TARGETS: {e.message}") from None
 
     @model_validator(mode="after")
     def _redis_password(self) -> WorkerSettings:

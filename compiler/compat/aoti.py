@@ -40,12 +40,33 @@ class LoadedPackage:
         in_spec, out_spec = self.loader.get_call_spec()
         self.in_spec = pytree.treespec_loads(in_spec)
         self.out_spec = pytree.treespec_loads(out_spec)
+        # A weightless package run before its weights are bound reads unset constants (a segfault on torch 2.13).
+        self.unbound = self.get_metadata().get(WEIGHTS_METADATA) == "external"
+        self.path = str(package_path)
+
+    def _refuse_unbound(self) -> None:
+        if self.unbound:
+            raise RuntimeError(f"the package {self.path} binds its weights at load and none were bound: load it "
+                               "with aotc's Client.load, or put its weights blob (GET /v1/artifacts/KEY/weights; "
+                               "aotc pull writes it) beside it as NAME.weights.safetensors")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse_unbound()
         return pytree.tree_unflatten(self.loader.boxed_run(self.flat_inputs(args, kwargs)), self.out_spec)
 
     def get_metadata(self) -> dict[str, str]:
         return dict(self.loader.get_metadata())
+
+    def get_constant_fqns(self) -> list[str]:
+        return list(self.loader.get_constant_fqns())
+
+    def bind_constants(self, constants: dict[str, torch.Tensor]) -> None:
+        """Bind `constants` (FQN -> tensor on the package's device) as the package's weights, user-managed: the
+        package keeps pointers to these tensors, copies nothing, and sees any change made to them in place. The
+        caller keeps them alive. Positional arguments (use_inactive, check_full_update, user_managed): the same in
+        torch 2.11 and 2.13; 2.13 adds allow_h2d_copy after them, defaulted."""
+        self.loader.load_constants(constants, False, True, True)
+        self.unbound = False
 
     def flat_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         """The tensors the package takes, in its order, from a call's arguments."""
@@ -58,35 +79,97 @@ class LoadedPackage:
     def run_flat(self, flat: list[torch.Tensor]) -> list[torch.Tensor]:
         """Run on flat input tensors, on the current CUDA stream; the flat outputs. (boxed_run empties the list it is
         given, so it gets a copy.)"""
+        self._refuse_unbound()
         return list(self.loader.boxed_run(list(flat)))
 
     def unflatten(self, outputs: list[Any]) -> Any:
         return pytree.tree_unflatten(outputs, self.out_spec)
 
 
-def aoti_load_package(package_path: str, device: str = "cpu", *,
-                      run_single_threaded: bool = False) -> Callable[..., Any]:
+# The package's own metadata (aot_inductor.metadata, read back by get_metadata) marks a weightless build, so a
+# loader can refuse to run it before its weights are bound.
+WEIGHTS_METADATA = "aotc_weights"
+
+
+def weightless_configs() -> dict[str, Any] | None:
+    """The Inductor settings that build a package without its weights, where this torch has them (2.11 and 2.13
+    do), else None: the package is built self-contained. `always_keep_tensor_constants` stops Inductor inlining
+    small constants (any 0-d one, 1-d of 8 elements or fewer: graph.py `can_inline_constant`) as literals, which a
+    package bound to other weights would silently ignore. Never `package_constants_on_disk_format`: its
+    "pickle_weights" is pickle."""
+    from torch._inductor import config
+
+    if not hasattr(config.aot_inductor, "package_constants_in_so") or not hasattr(
+            config, "always_keep_tensor_constants"):
+        return None
+    configs: dict[str, Any] = {"aot_inductor.package_constants_in_so": False, "always_keep_tensor_constants": True}
+    if hasattr(config.aot_inductor, "metadata"):
+        configs["aot_inductor.metadata"] = {WEIGHTS_METADATA: "external"}
+    if hasattr(config.aot_inductor, "package_constants_on_disk_format"):
+        configs["aot_inductor.package_constants_on_disk_format"] = None
+    return configs
+
+
+def bind(package: Any, constants: dict[str, torch.Tensor]) -> None:
+    """Bind weights into a loaded package, user-managed (the package uses these tensors, not copies)."""
+    if isinstance(package, LoadedPackage):
+        package.bind_constants(constants)
+    else:  # torch's AOTICompiledModel
+        package.load_constants(constants, check_full_update=True, user_managed=True)
+
+
+def constant_fqns(package: Any) -> list[str]:
+    return list(package.get_constant_fqns())
+
+
+def aoti_load_package(package_path: str, device: str = "cpu", *, run_single_threaded: bool = False,
+                      weights: dict[str, torch.Tensor] | None = None) -> Callable[..., Any]:
     """Load a package for `device` (cuda:N picks the GPU). Falls back to torch's own loader if the C++ loader's
-    signature differs in this torch version. `run_single_threaded=True` loads it for CUDA graph capture."""
+    signature differs in this torch version. `run_single_threaded=True` loads it for CUDA graph capture.
+    `weights` (FQN -> tensor on `device`) are bound into it; without them, a weights sidecar beside the package
+    (compiler.weights.sidecar) is loaded and bound if there is one."""
     try:
-        return LoadedPackage(package_path, device, run_single_threaded)
+        package: Any = LoadedPackage(package_path, device, run_single_threaded)
     except (AttributeError, TypeError):
         from torch._inductor import aoti_load_package as _load
 
         index = torch.device(device).index
         if device.startswith("cuda") and index is not None:
-            return _load(package_path, run_single_threaded=run_single_threaded, device_index=index)
-        return _load(package_path, run_single_threaded=run_single_threaded)
+            package = _load(package_path, run_single_threaded=run_single_threaded, device_index=index)
+        else:
+            package = _load(package_path, run_single_threaded=run_single_threaded)
+    _bind_weights(package, package_path, device, weights)
+    return package
 
 
-def load_for_graphs(package_path: str, device: str) -> LoadedPackage:
-    """The package loaded in single-threaded mode with the flat-tensor interface CUDA graph capture needs. Raises
-    RuntimeError naming what this torch lacks when its loader cannot do that."""
+def _bind_weights(package: Any, package_path: str, device: str, weights: dict[str, torch.Tensor] | None) -> None:
+    from compiler import weights as weights_mod
+
+    if weights is None:
+        side = weights_mod.sidecar(package_path)
+        if not side.exists():
+            return
+        weights = weights_mod.load(side, device)
+    bind(package, {k: weights[k] for k in constant_fqns(package) if k in weights})
+    # the package holds raw pointers: keep the tensors alive as long as it is
     try:
-        return LoadedPackage(package_path, device, run_single_threaded=True)
+        package._aotc_weights = weights
+    except AttributeError:
+        pass
+
+
+def load_for_graphs(package_path: str, device: str,
+                    weights: dict[str, torch.Tensor] | None = None) -> LoadedPackage:
+    """The package loaded in single-threaded mode with the flat-tensor interface CUDA graph capture needs, its
+    weights bound as `aoti_load_package` binds them. Raises RuntimeError naming what this torch lacks when its
+    loader cannot do that."""
+    try:
+        package = LoadedPackage(package_path, device, run_single_threaded=True)
     except (AttributeError, TypeError) as e:
         raise RuntimeError(f"torch {torch.__version__} has no AOTIModelPackageLoader(..., run_single_threaded, ...) "
                            f"to capture a package's run in a CUDA graph: {e}") from e
+    _bind_weights(package, package_path, device, weights)
+    return package
 
 
 # The last torch checked for CUDA-graph support of its own in AOTInductor packages (none through this one).

@@ -2,7 +2,9 @@
 //
 //   1. verify: the manifest's Ed25519 signature by a pinned key, the statement's subject against the artifact key
 //      the server asked for, and the package's size and sha256 against the statement (verify.cpp);
-//   2. load: torch::inductor::AOTIModelPackageLoader, from a private copy of the bytes that were hashed;
+//   2. load: torch::inductor::AOTIModelPackageLoader, from a private copy of the bytes that were hashed; a weightless
+//      package's weights blob (--weights) is verified the same way, each constant checked against the manifest,
+//      and bound with load_constants(..., user_managed=true);
 //   3. run: on tensors read from a file, writing the outputs to a file.
 //
 // Tensor files are torch's own serialisation format (a zip holding a pickle and the raw tensor bytes), read and
@@ -34,25 +36,28 @@
 #include <vector>
 
 #include "verify.h"
+#include "weights.h"
 
 namespace {
 
 constexpr int kExitError = 1, kExitUsage = 2, kExitRefused = 3;
 constexpr const char* kUsage = R"(usage: aotc_run --package PKG.pt2 --inputs IN.pt --outputs OUT.pt
                 --artifact-key KEY --manifest MANIFEST.json --trusted-key KEY.b64 [--trusted-key ...]
-                [--signing-keys KEYS.json] [--device cpu|cuda|cuda:N] [--repeat N]
+                [--weights W.safetensors] [--signing-keys KEYS.json] [--device cpu|cuda|cuda:N] [--repeat N]
        aotc_run --package PKG.pt2 --inputs IN.pt --outputs OUT.pt --insecure-skip-verify [...]
 
 Verifies PKG.pt2 against its signed manifest (GET /v1/artifacts/KEY/manifest) and pinned public keys (raw
 32-byte Ed25519 keys in base64, as GET /v1/signing-keys lists them; KEYS.json, that answer saved, adds the
 service's revocations), then loads it with AOTIModelPackageLoader and runs it on the tensors in IN.pt
 (torch.save([x, ...])), writing a tuple of outputs to OUT.pt (torch.load(OUT.pt, weights_only=True)).
+A weightless package (its manifest names a weights blob) needs --weights: the blob (GET /v1/artifacts/KEY/weights,
+or NAME.weights.safetensors beside what aotc pull wrote), verified against the manifest and bound at load.
 --device cuda needs a program built against a CUDA torch wheel and a CUDA package.
 Exit status: 0 ran, 1 error, 2 usage, 3 refused (nothing loaded).
 )";
 
 struct Args {
-  std::string package, inputs, outputs, artifact_key, manifest, signing_keys, device = "cpu";
+  std::string package, inputs, outputs, artifact_key, manifest, signing_keys, weights, device = "cpu";
   std::vector<std::string> trusted_keys;
   bool skip_verify = false;
   int repeat = 0;
@@ -83,6 +88,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--manifest") a.manifest = value;
     else if (flag == "--trusted-key") a.trusted_keys.push_back(value);
     else if (flag == "--signing-keys") a.signing_keys = value;
+    else if (flag == "--weights") a.weights = value;
     else if (flag == "--device") a.device = value;
     else if (flag == "--repeat") {
       try {
@@ -176,16 +182,18 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 // comes before libstdc++ in the search order our calls bind to those. With torch 2.11+cu130 and Ubuntu's g++ 13 that
 // crashed (SIGSEGV in PrivateDir's std::filesystem::remove_all, on the GPU machine).
 struct PrivateDir {
-  std::string path, file;
+  std::string path, file, weights;
   PrivateDir() {
     const char* tmp = std::getenv("TMPDIR");
     std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/aotc_run-XXXXXX";
     if (!mkdtemp(tmpl.data())) throw std::runtime_error("cannot create a private directory " + tmpl);
     path = tmpl;
     file = path + "/package.pt2";
+    weights = path + "/weights.safetensors";
   }
   ~PrivateDir() {
     ::unlink(file.c_str());
+    ::unlink(weights.c_str());
     ::rmdir(path.c_str());
   }
 };
@@ -196,21 +204,33 @@ int run(const Args& args) {
   const std::string& package = dir.file;
 
   auto t0 = std::chrono::steady_clock::now();
+  aotc::Expected want;
   if (args.skip_verify) {
     std::cerr << "aotc_run: WARNING: --insecure-skip-verify: loading " << args.package
               << " without checking its signature or digest\n";
     aotc::copy_and_hash(args.package, package);
+    if (!args.weights.empty()) aotc::copy_and_hash(args.weights, dir.weights);
   } else {
     std::vector<aotc::TrustedKey> keys;
     for (const auto& k : args.trusted_keys) keys.push_back(aotc::read_trusted_key(k));
     std::vector<std::string> revoked;
     if (!args.signing_keys.empty()) revoked = aotc::read_revoked(args.signing_keys);
-    aotc::Expected want =
-        aotc::verify_manifest(aotc::read_file(args.manifest, 1 << 20), keys, revoked, args.artifact_key);
+    want = aotc::verify_manifest(aotc::read_file(args.manifest, 16 << 20), keys, revoked, args.artifact_key);
     aotc::Digest got = aotc::copy_and_hash(args.package, package);
     aotc::check_package(got, want, args.package);
+    if (want.weights_sha256.empty() != args.weights.empty())
+      throw aotc::Refused(want.weights_sha256.empty()
+                              ? "--weights given, but the manifest says the package carries its own weights"
+                              : "the package binds its weights at load: pass its weights blob (sha256 " +
+                                    want.weights_sha256 + ") with --weights (GET /v1/artifacts/" +
+                                    want.artifact_key + "/weights)");
+    if (!args.weights.empty()) aotc::check_weights(aotc::copy_and_hash(args.weights, dir.weights), want, args.weights);
     std::printf("verified %s: signed by key %s, %llu bytes, sha256 %s (%.1f ms)\n", want.artifact_key.c_str(),
                 want.keyid.c_str(), static_cast<unsigned long long>(want.size), want.sha256.c_str(), ms_since(t0));
+    if (!args.weights.empty())
+      std::printf("verified weights: %llu bytes, sha256 %s, %zu constants\n",
+                  static_cast<unsigned long long>(want.weights_size), want.weights_sha256.c_str(),
+                  want.constants.size());
   }
 
   // The package says which device it was compiled for; a mismatch would otherwise fail deep inside the runner.
@@ -230,6 +250,14 @@ int run(const Args& args) {
                                                  device.is_cuda() ? device.index() : c10::DeviceIndex(-1));
   std::printf("loaded with AOTIModelPackageLoader (torch %s, %s) in %.1f ms\n", TORCH_VERSION,
               device.str().c_str(), ms_since(t0));
+  // Kept alive as long as the loader: user-managed constants are the package's only copy of the weights.
+  std::unordered_map<std::string, at::Tensor> weights;
+  if (!args.weights.empty()) {
+    t0 = std::chrono::steady_clock::now();
+    weights = aotc::load_weights(dir.weights, want, device);
+    loader.load_constants(weights, /*use_inactive=*/false, /*check_full_update=*/true, /*user_managed=*/true);
+    std::printf("bound %zu weights in %.1f ms\n", weights.size(), ms_since(t0));
+  }
 
   auto sync = [&] {
     if (device.is_cuda()) torch::cuda::synchronize(device.index());

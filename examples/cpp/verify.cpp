@@ -119,7 +119,46 @@ std::string join(const std::vector<std::string>& xs) {
   return out.empty() ? "none" : out;
 }
 
+std::vector<std::int64_t> int_list(const json::Value& v, const std::string& what) {
+  if (!v.is_array()) throw Refused(what + " is not a list");
+  std::vector<std::int64_t> out;
+  for (const auto& item : v.items) {
+    try {
+      std::uint64_t n = json::as_uint64(item, what);
+      if (n > (std::uint64_t(1) << 62)) throw Refused(what + " holds a number too large");
+      out.push_back(std::int64_t(n));
+    } catch (const json::Error& e) {
+      throw Refused(e.what());
+    }
+  }
+  return out;
+}
+
+// The predicate's "weights": {"sha256", "size", "constants": [{"fqn", "shape", "dtype", "stride"}, ...]}.
+void read_weights(const json::Value& w, Expected& out) {
+  using T = json::Value::Type;
+  if (!w.is_object()) throw Refused("predicate weights is not an object");
+  out.weights_sha256 = member(w, "sha256", T::String, "predicate weights").text;
+  if (!is_sha256_hex(out.weights_sha256)) throw Refused("predicate weights sha256 is not 64 lowercase hex digits");
+  try {
+    out.weights_size = json::as_uint64(member(w, "size", T::Number, "predicate weights"), "predicate weights size");
+  } catch (const json::Error& e) {
+    throw Refused(e.what());
+  }
+  for (const auto& c : member(w, "constants", T::Array, "predicate weights").items) {
+    if (!c.is_object()) throw Refused("a signed constant is not an object");
+    Constant k;
+    k.fqn = member(c, "fqn", T::String, "signed constant").text;
+    k.dtype = member(c, "dtype", T::String, "signed constant " + k.fqn).text;
+    k.shape = int_list(member(c, "shape", T::Array, "signed constant " + k.fqn), "shape of " + k.fqn);
+    k.stride = int_list(member(c, "stride", T::Array, "signed constant " + k.fqn), "stride of " + k.fqn);
+    if (k.shape.size() != k.stride.size()) throw Refused("signed constant " + k.fqn + ": shape and stride differ");
+    out.constants.push_back(std::move(k));
+  }
+}
+
 }  // namespace
+
 
 std::string read_file(const std::string& path, std::uint64_t max_bytes) {
   std::ifstream f(path, std::ios::binary);
@@ -223,7 +262,16 @@ Expected verify_manifest(const std::string& envelope_json, const std::vector<Tru
   } catch (const json::Error& e) {
     throw Refused(e.what());
   }
-  return {artifact_key, sha, size, signer};
+  Expected out{artifact_key, sha, size, signer, "", 0, {}};
+  if (const json::Value* w = pred.find("weights")) read_weights(*w, out);
+  return out;
+}
+
+void check_weights(const Digest& got, const Expected& want, const std::string& path) {
+  if (got.size != want.weights_size || got.sha256 != want.weights_sha256)
+    throw Refused("weights " + path + " have sha256 " + got.sha256 + " (" + std::to_string(got.size) +
+                  " bytes); the manifest says " + want.weights_sha256 + " (" + std::to_string(want.weights_size) +
+                  " bytes)");
 }
 
 Digest copy_and_hash(const std::string& src, const std::string& dst) {

@@ -35,12 +35,24 @@ struct TrustedKey {
   std::string keyid;  // hex(sha256(raw))[:16]
 };
 
+// One constant a weightless package binds, as the manifest signs it (compiler/weights.py).
+struct Constant {
+  std::string fqn;
+  std::string dtype;  // torch's name: float32, bfloat16, int64, ...
+  std::vector<std::int64_t> shape, stride;
+};
+
 // What a valid manifest promises about the package.
 struct Expected {
   std::string artifact_key;
   std::string sha256;  // lowercase hex
   std::uint64_t size = 0;
   std::string keyid;   // the trusted key that signed it
+  // A weightless package's weights blob (predicate "weights"): its digest, size and constants. Empty sha256: the
+  // package carries its own weights.
+  std::string weights_sha256;
+  std::uint64_t weights_size = 0;
+  std::vector<Constant> constants;
 };
 
 // A file holding one base64 public key (surrounding whitespace allowed).
@@ -65,6 +77,9 @@ Digest copy_and_hash(const std::string& src, const std::string& dst);
 
 // Throws Refused unless the copy's digest and size are the manifest's.
 void check_package(const Digest& got, const Expected& want, const std::string& path);
+
+// Throws Refused unless the weights copy's digest and size are the ones the manifest signs.
+void check_weights(const Digest& got, const Expected& want, const std::string& path);
 
 std::string read_file(const std::string& path, std::uint64_t max_bytes);
 

@@ -35,11 +35,13 @@ def rank(
     package) are never picked. `mode`, when given, must be the artifact's compile mode. `graphs`: the caller will
     replay CUDA graphs (Client.load(cuda_graphs=True)), so the check's graph-replay medians rank, where every
     candidate has one that passed; otherwise the plain medians do. An artifact built before today's bounds (forced
-    index asserts, compiler.bounds; `cachekey.bounded`) is never picked: only its own key reaches it."""
+    index asserts, compiler.bounds; `cachekey.bounded`) is never picked, nor is a CPU package built under an old
+    label with -march=native (`cachekey.pinned`): only its own key reaches them."""
     fits = [
         a
         for a in artifacts
         if cachekey.bounded(a["factors"])
+        and cachekey.pinned(a["factors"])
         and target.matches(a["factors"]["target"])
         and specs.covers(a["factors"]["spec"], [i["shape"] for i in spec])
         and (a["factors"]["options"] == options if options is not None else a.get("package", True))

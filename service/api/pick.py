@@ -3,7 +3,7 @@
 The host says what it is (its concrete target, from compiler.device or compiler.targets.detect_cpu_target, and its
 torch version); the pick filters every stored artifact of the version's model by target, toolchain and shapes, and
 takes the exact target first, then a compatible one (code for a lower ISA level runs on a higher one: a v3 package
-on a v4 host). Among compatible targets the highest wins: the one every other compatible one could run on. Within
+on a v4 host). Old CPU labels compare as the level they stand for (compiler.targets.ALIASES). Among compatible targets the highest wins: the one every other compatible one could run on. Within
 a target, lookup.rank's order (static before dynamic, narrowest range, fastest measured, newest).
 """
 
@@ -44,6 +44,11 @@ def _why_not(a: dict[str, Any], host: Target, torch: str | None, spec: list[dict
     return why
 
 
+def _target(a: dict[str, Any]) -> str:
+    """An artifact's target as compiler.targets names it now (an old label, `cpu-x86_64-avx2`, is its level)."""
+    return str(Target.parse(a["factors"]["target"]))
+
+
 def _highest(targets: list[str]) -> str:
     """Of compatible targets, the one all the others could run on (the highest level), else the first by name."""
     for t in sorted(targets):
@@ -62,13 +67,13 @@ def pick(artifacts: list[dict[str, Any]], host: Target, *, torch: str | None = N
         (rejected.append(_entry(a, why)) if why else fits.append(a))
     if not fits:
         return Picked(None, rejected=rejected)
-    exact = [a for a in fits if a["factors"]["target"] == str(host)]
+    exact = [a for a in fits if _target(a) == str(host)]
     if exact:
         group, match = exact, "exact"
         reason = f"built for this host's target {host}"
     else:
-        best = _highest([a["factors"]["target"] for a in fits])
-        group, match = [a for a in fits if a["factors"]["target"] == best], "compatible"
+        best = _highest(sorted({_target(a) for a in fits}))
+        group, match = [a for a in fits if _target(a) == best], "compatible"
         reason = f"no build for {host}; {best} runs on it, and is the highest such target built"
     chosen = (rank(group, Target(host.kind), spec) if spec is not None else None) or max(
         group, key=lambda a: a.get("created", 0))
@@ -77,8 +82,8 @@ def pick(artifacts: list[dict[str, Any]], host: Target, *, torch: str | None = N
                   "narrowest range, then the fastest checked)"
     for a in fits:
         if a is not chosen:
-            lost = ("another build of the same target ranked higher" if a["factors"]["target"] ==
-                    chosen["factors"]["target"] else f"{chosen['factors']['target']} is a closer match")
+            lost = ("another build of the same target ranked higher" if _target(a) == _target(chosen)
+                    else f"{_target(chosen)} is a closer match")
             rejected.append(_entry(a, [f"not picked: {lost}"]))
     return Picked(chosen, match, reason, rejected)
 

@@ -154,7 +154,7 @@ PATTERN_RULES = {
     NAME_TEXT: "{value} is not printable text: a name may hold letters, digits, punctuation and spaces, but no "
                "control or formatting characters, and is not blank",
     TARGET: "unknown target {value}: use 'cpu', 'cuda', or a concrete target such as 'cuda-sm90' or "
-            "'cpu-x86_64-avx512'",
+            "'cpu-x86_64-v3'",
     ONE_DIM: "cannot read dim {value}: a dim is a size (8) or a range (1..32) of at most 19 digits (sizes fit in "
              "int64)",
     SHAPE: "cannot read shape {value}: each dim is a size (8) or a range (1..32) of at most 19 digits (sizes fit "
@@ -254,7 +254,8 @@ class CacheFactors(Record):
     model: str
     options: dict[str, Any]
     spec: list[InputSpec]
-    target: str = Field(description="The concrete target, e.g. 'cuda-sm90' or 'cpu-x86_64-avx512'.")
+    target: str = Field(description="The concrete target, e.g. 'cuda-sm90' or 'cpu-x86_64-v3' (artifacts built "
+                        "before x86-64 levels name ATen's capability, 'cpu-x86_64-avx512').")
     toolchain: dict[str, Any]
 
 
@@ -441,7 +442,9 @@ class CompilationRequest(BaseModel):
         examples=[{"x": [8, 3, 224, 224]}, {"x": [{"min": 1, "max": 32}, 3, 224, 224]}],
     )
     target: str = Field(default="cpu", pattern=TARGET, max_length=MAX_TARGET,
-                        description="'cpu', 'cuda', or a concrete target such as 'cuda-sm90'.")
+                        description="'cpu', 'cuda', or a concrete target: 'cuda-sm90', or an x86-64 level "
+                        "'cpu-x86_64-v1' to 'cpu-x86_64-v4' (the old 'cpu-x86_64-default', '-avx2' and '-avx512' "
+                        "are read as v1, v3 and v4). 'cpu' gets the level of most live CPU workers' hosts.")
     options: CompileOptions = Field(default_factory=CompileOptions)
     buckets: list[Shapes] = Field(
         default_factory=list,
@@ -536,7 +539,10 @@ class WorkerRecord(Record):
     jobs_done: int | None = None
     pid: int | None = None
     started: float | None = None
-    target: str = Field(description="The concrete target it compiles for.")
+    target: str = Field(description="The concrete target it compiles for by default: the highest it serves.")
+    targets: list[str] | None = Field(default=None, description="Every target it serves, highest first: a CPU "
+                                      "worker serves each x86-64 level at or below its host's (AOTC_WORKER_TARGETS "
+                                      "narrows it). Absent for workers that predate levels.")
     toolchain: dict[str, Any]
     healthy: bool = Field(default=True, description="False: its compile children keep failing before their work "
                           "starts (a broken environment), so it claims no jobs until a probe child passes.")

@@ -9,6 +9,11 @@ go, each in one script with its record and index entries (the EVICT script), so 
 be pulled. Models, job records and the index are never evicted. Each publish writes blobs of its own
 (`{key}.{generation}`, named in the record's `blob`), so deleting an evicted artifact's bytes can never touch those
 of a later publish of the same key; blob ids to delete wait in `blobs:garbage` until they are gone.
+
+Weights are stored once (compiler/weights.py): a weightless artifact's record names its weights blob by sha256
+(`weights`), a blob of kind `weights` shared by every artifact of that model and precision. Its bytes count once
+in AOTC_STORE_MAX_GB; the artifacts that use it are a set (`weights:users:{sha256}`), and when eviction takes the
+last of them the blob is deleted after WEIGHTS_GRACE_S. A pinned artifact keeps its weights, as it keeps itself.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from service.store.memory import is_out_of_memory
 
 log = logging.getLogger("aotc.store")
 PUBLISH_GRACE_S = 6 * 3600  # the blobs of a publish that has not finished by then are garbage
+# A weights blob whose last artifact was evicted waits this long before it is deleted: a publish that found it
+# stored a moment before takes it back meanwhile (PUBLISH calls off the deletion).
+WEIGHTS_GRACE_S = 600.0
 
 
 class Artifacts:
@@ -45,20 +53,28 @@ class Artifacts:
     # -- publish ------------------------------------------------------------------------------------------------
 
     def put(self, record: dict[str, Any], package: Path | None, *, report: dict[str, Any] | None = None,
-            sources: Path | None = None) -> dict[str, Any]:
+            sources: Path | None = None, weights: Path | None = None) -> dict[str, Any]:
         """Publish an artifact: blobs first, record last, so a reader never sees a record without its bytes.
 
         `report` (the stage report) and `sources` (a zip of the graphs and generated code) are stored before the
         record too. `package=None` publishes a report-only record (mode=training): "package" is false and there
         are no bytes to pull. Idempotent: a job that ran twice finds its own result and stores nothing again.
         Makes room first, evicting the least recently pulled artifacts beyond AOTC_STORE_MAX_GB.
+
+        `weights` is the file of the weights blob `record["weights"]["sha256"]` names: stored unless a blob of that
+        digest is already there (another bucket, target or version of the model stored it).
         """
         key = record["key"]
         existing = self.get(key)
         if existing:
             return existing
+        digest = str(record["weights"]["sha256"]) if weights is not None else ""
         incoming = sum(os.path.getsize(p) for p in (package, sources) if p is not None)
+        if digest and not self.r.hexists(keys.WEIGHTS_BYTES, digest):
+            incoming += os.path.getsize(weights)  # type: ignore[arg-type]
         self.make_room(incoming, spare=key)
+        if weights is not None:
+            self._store_weights(digest, weights)
         blob = f"{key}.{secrets.token_hex(4)}"
         # Until the record names them, these blobs are garbage if this process dies: collected after the grace.
         self.r.zadd(keys.BLOBS_GARBAGE, {blob: time.time() + PUBLISH_GRACE_S})
@@ -76,14 +92,30 @@ class Artifacts:
             stored += manifest["size"]
             record = {**record, "package": True, "size": manifest["size"], "sha256": manifest["sha256"]}
         record = {**record, "blob": blob, "created": time.time()}
+        weights_size = int(record["weights"]["size"]) if digest else 0
         published = self._publish(
             keys=[keys.artifact(key), keys.ARTIFACTS_INDEX, keys.artifacts_by_model(record["factors"]["model"]),
-                  keys.ARTIFACTS_PULLED, keys.ARTIFACTS_BYTES, keys.ARTIFACTS_TOTAL, keys.BLOBS_GARBAGE],
-            args=[canonical_json(record), record["created"], key, stored, blob])
+                  keys.ARTIFACTS_PULLED, keys.ARTIFACTS_BYTES, keys.ARTIFACTS_TOTAL, keys.BLOBS_GARBAGE,
+                  keys.WEIGHTS_BYTES, keys.weights_users(digest or "-")],
+            args=[canonical_json(record), record["created"], key, stored, blob, digest, weights_size])
         if not published:  # another delivery of the job published first: these blobs are surplus
             self._delete_blobs(blob)
             self.r.zrem(keys.BLOBS_GARBAGE, blob)
+        elif weights is not None:
+            # A collection that claimed this digest just before PUBLISH called it off may have deleted it since:
+            # the record names it now, so it is stored again.
+            self._store_weights(digest, weights)
         return self.get(key) or record
+
+    def _store_weights(self, digest: str, weights: Path) -> None:
+        if self.blobs.exists("weights", digest):
+            return
+        with open(weights, "rb") as f:
+            manifest = self.blobs.put("weights", digest, f)
+        if manifest["sha256"] != digest:
+            self.blobs.delete("weights", digest)
+            raise ValueError(f"weights file {weights} has sha256 {manifest['sha256']}, not the {digest} it was "
+                             "published as")
 
     # -- the bounded cache --------------------------------------------------------------------------------------
 
@@ -95,7 +127,7 @@ class Artifacts:
             evicted = cast(list[str], self._evict(
                 keys=[keys.ARTIFACTS_PULLED, keys.ARTIFACTS_BYTES, keys.ARTIFACTS_TOTAL, keys.ARTIFACTS_PINNED,
                       keys.ARTIFACTS_INDEX, keys.BLOBS_GARBAGE],
-                args=[self.max_bytes, incoming, spare, keys.PREFIX]))
+                args=[self.max_bytes, incoming, spare, keys.PREFIX, time.time() + WEIGHTS_GRACE_S]))
             if evicted:
                 log.info("evicted %d artifact(s) to stay under %d bytes: %s", len(evicted), self.max_bytes,
                          " ".join(evicted))
@@ -111,6 +143,9 @@ class Artifacts:
         """Delete the blobs of evicted artifacts, and of publishes that never finished. Returns how many."""
         due = cast(list[str], self.r.zrangebyscore(keys.BLOBS_GARBAGE, "-inf", time.time(), start=0, num=256))
         for blob in due:
+            if blob.startswith(keys.WEIGHTS_GARBAGE):
+                self._collect_weights(blob)
+                continue
             try:
                 self._delete_blobs(blob)
             except Exception as e:  # left in the set: the next collection tries again
@@ -118,6 +153,23 @@ class Artifacts:
                 continue
             self.r.zrem(keys.BLOBS_GARBAGE, blob)
         return len(due)
+
+    def _collect_weights(self, member: str) -> None:
+        """Delete a weights blob that has had no user for WEIGHTS_GRACE_S, unless one came back (claimed by
+        ZREM first: of two collections, one deletes)."""
+        digest = member[len(keys.WEIGHTS_GARBAGE):]
+        if not self.r.zrem(keys.BLOBS_GARBAGE, member) or self.r.scard(keys.weights_users(digest)):
+            return
+        try:
+            self.blobs.delete("weights", digest)
+        except Exception as e:  # back in the set: the next collection tries again
+            log.warning("could not delete weights blob %s: %s", digest, e)
+            self.r.zadd(keys.BLOBS_GARBAGE, {member: time.time()})
+
+    def weights_of(self, art: dict[str, Any]) -> dict[str, Any] | None:
+        """The weights blob an artifact binds ({sha256, size}), or None: its package carries its weights."""
+        w = art.get("weights")
+        return w if isinstance(w, dict) and isinstance(w.get("sha256"), str) else None
 
     def _delete_blobs(self, blob: str) -> None:
         self.blobs.delete("artifact", blob)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol, TypedDict, runtime_checkable
 
 PIECE = 1 << 19  # the most a read hands over at once: memory per stream is a few pieces, not a whole blob
-KINDS = ("model", "artifact", "sources")
+KINDS = ("model", "artifact", "sources", "weights")
 _ID_CHARS = set(string.ascii_letters + string.digits + "._-")
 
 

@@ -29,7 +29,12 @@ All keys live under one prefix so a shared Redis can host aotc beside other tena
     artifacts:total               int   the sum of artifacts:bytes, bounded by AOTC_STORE_MAX_GB
     artifacts:pinned              set   artifact keys that are never evicted
     blobs:garbage                 zset  blob id -> time after which its artifact/sources blobs are deleted
-                                        (evicted ones: at once; a publish in progress: if it never finished)
+                                        (evicted ones: at once; a publish in progress: if it never finished);
+                                        `weights:{sha256}` -> when a weights blob no artifact uses is deleted
+    (blob store) {sha256}         blob  a model's weights at one precision (kind `weights`, safetensors), shared
+                                        by every artifact whose manifest names that digest (compiler/weights.py)
+    weights:users:{sha256}        set   artifact keys that bind this weights blob; empty: it goes to garbage
+    weights:bytes                 hash  weights sha256 -> its bytes, counted once in artifacts:total
     probe                         str   a short-lived write that tells an out-of-memory Redis apart
     worker:{id}                   str   worker record (JSON), expires unless heartbeats renew it
     workers:index                 zset  worker id -> last heartbeat
@@ -155,6 +160,12 @@ ARTIFACTS_PULLED = f"{PREFIX}artifacts:pulled"
 ARTIFACTS_BYTES = f"{PREFIX}artifacts:bytes"
 ARTIFACTS_TOTAL = f"{PREFIX}artifacts:total"
 ARTIFACTS_PINNED = f"{PREFIX}artifacts:pinned"
+WEIGHTS_BYTES = f"{PREFIX}weights:bytes"
+WEIGHTS_GARBAGE = "weights:"  # a blobs:garbage member naming a weights blob: this, then its sha256
+
+
+def weights_users(sha256: str) -> str:
+    return f"{PREFIX}weights:users:{sha256}"
 BLOBS_GARBAGE = f"{PREFIX}blobs:garbage"
 PROBE = f"{PREFIX}probe"
 

@@ -199,24 +199,33 @@ class Namespaces:
             pipe.execute()
 
     def stored_bytes(self, ns: str, batch: int = 500) -> int:
-        """What this namespace holds: its models' bytes plus the bytes of their artifacts still stored. Counted
-        afresh (a few round trips per `batch` models), so evictions and shared content never leave it stale."""
+        """What this namespace holds: its models' bytes plus the bytes of their artifacts still stored, and each
+        weights blob those artifacts bind, once. Counted afresh (a few round trips per `batch` models), so
+        evictions and shared content never leave it stale."""
         total, start = 0, 0
+        digests: set[str] = set()
         while ids := cast(list[str], self.r.zrange(keys.ns(ns, "models"), start, start + batch - 1)):
             start += batch
-            total += self._bytes_of(ids)
+            total += self._bytes_of(ids, digests)
+        if digests:
+            ds = sorted(digests)
+            total += sum(int(b) for b in cast(list[str | None], self.r.hmget(keys.WEIGHTS_BYTES, ds)) if b)
         return total
 
-    def _bytes_of(self, model_ids: list[str]) -> int:
+    def _bytes_of(self, model_ids: list[str], digests: set[str]) -> int:
         pipe = self.r.pipeline(transaction=False)
         for m in model_ids:
             pipe.get(keys.model(m))
             pipe.smembers(keys.artifacts_by_model(m))
         replies = pipe.execute()
         total = sum(json.loads(raw).get("size", 0) for raw in replies[::2] if raw)
-        arts = [a for members in replies[1::2] for a in members]
+        arts = sorted(a for members in replies[1::2] for a in members)
         if arts:
             total += sum(int(b) for b in cast(list[str | None], self.r.hmget(keys.ARTIFACTS_BYTES, arts)) if b)
+            for raw in cast(list[str | None], self.r.mget([keys.artifact(a) for a in arts])):
+                w = json.loads(raw).get("weights") if raw else None
+                if isinstance(w, dict) and isinstance(w.get("sha256"), str):
+                    digests.add(w["sha256"])
         return total
 
     def names(self) -> list[str]:

@@ -306,10 +306,11 @@ for i = 0, tonumber(m[1]) - 1 do redis.call('DEL', prefix .. i) end
 return 1
 """
 
-# KEYS: record, index, by-model set, pulled, bytes, total, garbage.
-# ARGV: record JSON, created, key, bytes held in the blob store, blob id.
+# KEYS: record, index, by-model set, pulled, bytes, total, garbage, weights bytes, weights users of its digest.
+# ARGV: record JSON, created, key, bytes held in the blob store, blob id, weights sha256 ('' for none), its bytes.
 # Publishes an artifact whose blobs are stored: the record, its index entries and its accounting at once. Returns 1,
-# or 0 when the key was already published (the caller's blobs are then surplus).
+# or 0 when the key was already published (the caller's blobs are then surplus). A weights blob's users gain the key;
+# its bytes count once in the total, from its first user on; a pending deletion of it is called off.
 PUBLISH = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
@@ -319,6 +320,11 @@ redis.call('ZADD', KEYS[4], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[5], ARGV[3], ARGV[4])
 redis.call('INCRBY', KEYS[6], ARGV[4])
 redis.call('ZREM', KEYS[7], ARGV[5])
+if ARGV[6] ~= '' then
+  redis.call('SADD', KEYS[9], ARGV[3])
+  if redis.call('HSETNX', KEYS[8], ARGV[6], ARGV[7]) == 1 then redis.call('INCRBY', KEYS[6], ARGV[7]) end
+  redis.call('ZREM', KEYS[7], 'weights:' .. ARGV[6])
+end
 return 1
 """
 
@@ -333,7 +339,9 @@ return 1
 """
 
 # KEYS: pulled, bytes, total, pinned, index, garbage.
-# ARGV: the bound in bytes, bytes about to be added, a key never to evict ('' for none), the key prefix ('aotc:').
+# ARGV: the bound in bytes, bytes about to be added, a key never to evict ('' for none), the key prefix ('aotc:'),
+# when a weights blob that loses its last user is deleted (a grace, so a publish that found it a moment ago keeps it).
+# An evicted artifact leaves its weights blob's users; the last one out takes its bytes off the total.
 # Evicts the least recently pulled artifacts that are not pinned, nor of a model a registry version holds, until
 # total + incoming fits the bound: each one's record, report, index entries and accounting go at once, and its blob
 # id goes to blobs:garbage (score 0: delete now). The first write is a DEL, which Redis allows even when it is out of
@@ -372,6 +380,17 @@ while total + incoming > bound do
         if type(rec.blob) == 'string' then blob = rec.blob end
         if type(rec.factors) == 'table' and type(rec.factors.model) == 'string' then
           redis.call('SREM', p .. 'artifacts:by-model:' .. rec.factors.model, key)
+        end
+        if type(rec.weights) == 'table' and type(rec.weights.sha256) == 'string' then
+          local d = rec.weights.sha256
+          local users = p .. 'weights:users:' .. d
+          redis.call('SREM', users, key)
+          if redis.call('SCARD', users) == 0 then
+            local wb = tonumber(redis.call('HGET', p .. 'weights:bytes', d) or '0')
+            redis.call('HDEL', p .. 'weights:bytes', d)
+            total = redis.call('DECRBY', KEYS[3], wb)
+            redis.call('ZADD', KEYS[6], ARGV[5], 'weights:' .. d)
+          end
         end
       end
       local bytes = tonumber(redis.call('HGET', KEYS[2], key) or '0')

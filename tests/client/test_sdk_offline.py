@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 
 import httpx
@@ -13,6 +15,7 @@ import pytest
 from client.sdk import Client, ClientError, JobFailed
 from compiler.errors import BadSignature
 from compiler.signing import Signer, key_record, statement
+from procs import ROOT
 
 JOB = "a26295e1974f4d7eb225520e162a5310"
 KEY = "491be8f7" * 4
@@ -147,12 +150,9 @@ def test_a_shape_string_that_cannot_be_read_is_refused_before_any_request(tmp_pa
     assert got.value.status == 422 and "cannot read shape '8x3xbig'" in got.value.message
 
 
-def test_a_pull_by_name_detects_the_cpu_target_through_the_torch_free_seam_once_it_exists(monkeypatch):
-    from client.sdk import detect_target
-    from compiler import targets
-
-    # Until compiler.targets has detect_cpu_target (the CPU ISA levels), torch's view of the device decides.
-    if not hasattr(targets, "detect_cpu_target"):
-        assert detect_target("cpu").kind == "cpu"
-    monkeypatch.setattr(targets, "detect_cpu_target", lambda: targets.Target.parse("cpu-x86_64-v3"), raising=False)
-    assert str(detect_target("cpu")) == "cpu-x86_64-v3"
+def test_a_pull_by_name_detects_the_cpu_level_without_torch():
+    code = ("import sys; from client.sdk import detect_target; from compiler.targets import detect_cpu_target; "
+            "print(detect_target('cpu'), detect_cpu_target(), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    detected, expected, torch_loaded = out.stdout.split()
+    assert detected == expected and torch_loaded == "False"

@@ -23,10 +23,10 @@ def key(options: CompileOptions) -> str:
 def test_keys_of_requests_that_do_not_set_allow_nonfinite_do_not_depend_on_it():
     assert "allow_nonfinite" not in CompileOptions().canonical()
     assert key(CompileOptions(allow_nonfinite=False)) == key(CompileOptions())
-    # Pinned at key format 3, so that a change to what a key covers is a decision, not an accident.
-    assert key(CompileOptions()) == "5f7c125500f5feb477c70512d7e9c7d7"
+    # Pinned at key format 4 (weights), so that a change to what a key covers is a decision, not an accident.
+    assert key(CompileOptions()) == "17d8d2b8ba7f528f1bf56affaf948c0f"
     tuned = CompileOptions(mode="max-autotune", precision="bf16", freezing=True, inductor={"max_fusion_size": 32})
-    assert key(tuned) == "0049bb51199a85768ad291749f6f6ad9"
+    assert key(tuned) == "04d76c6584cd4c55e8bac05d0d515966"
 
 
 def test_allow_nonfinite_changes_the_key_and_round_trips_through_the_canonical_form():
@@ -49,7 +49,7 @@ def test_the_cache_key_changes_with_the_forced_assert_options(monkeypatch):
     before = key(CompileOptions())
     factors = cachekey.factors("ab" * 32, SPEC, "cpu-x86_64-avx2", {"torch": "2.13.0+cpu"},
                                CompileOptions().canonical())
-    assert factors["format"] == 3
+    assert factors["format"] == 4
     assert factors["bounds"]["inductor"] == {"assert_indirect_indexing": True, "debug_index_asserts": True}
     monkeypatch.setitem(FORCED_INDUCTOR_CONFIGS, "debug_index_asserts", False)
     assert key(CompileOptions()) != before
@@ -66,7 +66,7 @@ def _record(factors: dict, created: float) -> dict:
 def test_lookup_never_serves_an_artifact_built_before_the_bounds():
     spec = [{"name": "x", "dtype": "float32", "shape": [4, 16]}]
     options = CompileOptions().canonical()
-    new = cachekey.factors("ab" * 32, spec, "cpu-x86_64-avx2", {"torch": "2.13.0+cpu"}, options)
+    new = cachekey.factors("ab" * 32, spec, "cpu-x86_64-v3", {"torch": "2.13.0+cpu"}, options)
     old = {k: v for k, v in new.items() if k != "bounds"} | {"format": 2}  # what main's workers published
     assert cachekey.bounded(new) and not cachekey.bounded(old)
     assert cachekey.cache_key(old) != cachekey.cache_key(new)
@@ -75,3 +75,15 @@ def test_lookup_never_serves_an_artifact_built_before_the_bounds():
     assert rank([_record(old, 2.0)], target, spec) is None
     assert rank([_record(new, 1.0), _record(old, 2.0)], target, spec)["factors"] == new
     assert rank([_record(old, 2.0)], target, spec, options) is None
+
+
+def test_packages_are_weightless_unless_frozen_and_the_layout_is_a_key_factor():
+    """freezing folds weights into constants of the package's own, which no blob of the program's FQNs could feed:
+    a frozen package carries its weights (embedded); every other inference package binds the model's weights blob."""
+    assert CompileOptions().weightless and CompileOptions(precision="bf16").weightless
+    assert not CompileOptions(freezing=True).weightless and not CompileOptions(mode="training").weightless
+    plain = cachekey.factors("ab" * 32, SPEC, "cpu-x86_64-avx2", {"torch": "2.13.0+cpu"}, CompileOptions().canonical())
+    frozen = cachekey.factors("ab" * 32, SPEC, "cpu-x86_64-avx2", {"torch": "2.13.0+cpu"},
+                              CompileOptions(freezing=True).canonical())
+    assert plain["weights"] == {"layout": "external", "revision": 1} and frozen["weights"]["layout"] == "embedded"
+    assert cachekey.bounded(plain) and cachekey.bounded({**plain, "format": 3})  # lookup serves both kinds alike

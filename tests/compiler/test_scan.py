@@ -20,6 +20,7 @@ from compiler.errors import Failure, UnsafeCode
 from compiler.options import CompileOptions
 from compiler.pipeline import compile_model
 from compiler.scan import scan_cpp, scan_package, scan_python, scan_sources
+from compiler.weightsfile import sidecar
 from modelzoo import InplaceReduce, export, seeded
 
 sys.path.insert(0, str(Path(__file__).parent / "hostileops"))
@@ -315,6 +316,8 @@ def test_a_compile_whose_generated_code_calls_system_fails_as_unsafe_code_and_ru
 
     def scan_keeping_a_copy(compiled: stages.Compiled):
         shutil.copy(compiled.package, aside)
+        if compiled.weights:  # its weights blob beside it, where the loader binds it
+            shutil.copy(compiled.weights, sidecar(aside))
         return real_scan(compiled)
 
     monkeypatch.setattr(stages, "scan", scan_keeping_a_copy)
@@ -326,6 +329,7 @@ def test_a_compile_whose_generated_code_calls_system_fails_as_unsafe_code_and_ru
     assert ".wrapper.cpp line " in e.message and ": system (a call no generated kernel makes)" in e.message
     assert f'std::system("touch {marker}")' in e.excerpt
     assert not (tmp_path / "a.pt2").exists() and not marker.exists()  # removed, never loaded, nothing ran
+    assert not sidecar(tmp_path / "a.pt2").exists()  # and its weights blob with it
     failure = Failure.from_exception(e, "compile")
     assert failure.type == "UnsafeCode" and not failure.retryable and failure.stage == "package"
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from compiler.compat.aoti import aoti_load_package
+from compiler.weightsfile import sidecar
 from modelzoo import MLP, ConvNet, export, seeded
 from procs import api, wait_job
 from realistic import Regions
@@ -49,7 +51,10 @@ def test_conv_net_compiles_checks_and_matches_eager(api_url, worker, client, sto
 
     path = client.pull(job["artifact"], tmp_path / "conv-aoti.pt2")
     assert hashlib.sha256(path.read_bytes()).hexdigest() == meta["sha256"]
-    compiled = torch._inductor.aoti_load_package(str(path))
+    # The package is weightless: its weights blob goes beside it, where aotc's loader binds it.
+    weights = client.pull_weights(job["artifact"], sidecar(path))
+    assert weights is not None and hashlib.sha256(weights.read_bytes()).hexdigest() == meta["weights"]["sha256"]
+    compiled = aoti_load_package(str(path))
     xs = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(compiled(xs), model(xs), rtol=1e-4, atol=1e-5)
@@ -78,6 +83,11 @@ def test_mlp_dynamic_batch_one_artifact_serves_the_range(api_url, worker, client
     assert client.lookup(rec["id"], {"x": [65, 32]}, target="cpu") is None
     r = api.get(f"{client.url}/v1/artifacts/lookup", params={"model_id": rec["id"], "shape": "x=65x32"})
     assert r.status_code == 404 and "x=65x32" in r.json()["error"]["message"]
+
+    # The package is weightless: Client.load bound the process's one copy of its signed blob, which any other
+    # bucket or version naming the same digest gets too (tests/compiler/test_weights.py: buckets write one blob).
+    assert art.meta["weights"]["sha256"] == client.verifier.manifest(art.key, art.meta).weights["sha256"]
+    assert fn._aotc_weights is client._device_weights(art, "cpu")  # type: ignore[attr-defined]
 
 
 def test_grad_mode_regions_and_dashed_module_names_compile(api_url, worker, client, tmp_path):
@@ -131,4 +141,4 @@ def test_no_live_worker_for_target_is_a_clear_503(api_url, worker, tmp_path):
     assert r.status_code == 503
     err = r.json()["error"]
     assert "no live worker serves target 'cuda'" in err["message"]
-    assert err["live_targets"] == [worker["target"]]
+    assert err["live_targets"] == sorted(worker["targets"])

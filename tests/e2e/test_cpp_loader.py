@@ -22,6 +22,7 @@ import torch
 from client import Client
 from client.sdk import Artifact
 from compiler.signing import Signer, key_id
+from compiler.weightsfile import sidecar
 from modelzoo import MLP, export, seeded
 from procs import ROOT, api
 
@@ -57,6 +58,7 @@ class Pulled:
     trusted_key: Path  # the signing worker's public key, pinned: its raw 32 bytes in base64
     kid: str
     model: torch.nn.Module
+    weights: Path | None = None  # a weightless package's weights blob (GET /v1/artifacts/{key}/weights)
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +72,8 @@ def pulled(api_url: str, worker: dict, tmp_path_factory: pytest.TempPathFactory)
         art = c.compile(path, {"x": [{"min": 1, "max": 16}, 32]}, target="cpu")
         assert isinstance(art, Artifact)  # one artifact, no buckets
         package = c.pull(art, tmp / "mlp-cpu.pt2")
+        weights = c.pull_weights(art, sidecar(package))
+        assert weights is not None  # built weightless: the weights come as their own blob
     r = api.get(f"{api_url}/v1/artifacts/{art.key}/manifest")
     assert r.status_code == 200, r.text
     (tmp / "manifest.json").write_bytes(r.content)
@@ -79,16 +83,19 @@ def pulled(api_url: str, worker: dict, tmp_path_factory: pytest.TempPathFactory)
     (tmp / "signing-keys.json").write_bytes(keys.content)
     (record,) = [k for k in keys.json()["keys"] if k["kid"] == kid]
     (tmp / "worker.b64").write_text(record["public_key"] + "\n")
-    return Pulled(art.key, package, tmp / "manifest.json", tmp / "signing-keys.json", tmp / "worker.b64", kid, model)
+    return Pulled(art.key, package, tmp / "manifest.json", tmp / "signing-keys.json", tmp / "worker.b64", kid, model,
+                  weights)
 
 
-def run_cpp(exe: Path, p: Pulled, tmp: Path, x: torch.Tensor, **over: str | Path) -> subprocess.CompletedProcess[str]:
-    """aotc_run on `x`, verifying against `p`'s files unless `over` replaces one (package=, manifest=, ...)."""
+def run_cpp(exe: Path, p: Pulled, tmp: Path, x: torch.Tensor,
+            **over: str | Path | None) -> subprocess.CompletedProcess[str]:
+    """aotc_run on `x`, verifying against `p`'s files unless `over` replaces one (package=, manifest=, ...; None
+    leaves the flag out)."""
     torch.save([x], tmp / "in.pt")
     flags = {"package": p.package, "artifact-key": p.key, "manifest": p.manifest, "trusted-key": p.trusted_key,
              "signing-keys": p.signing_keys, "inputs": tmp / "in.pt", "outputs": tmp / "out.pt",
-             **{k.replace("_", "-"): v for k, v in over.items()}}
-    argv = [str(exe)] + [a for k, v in flags.items() for a in (f"--{k}", str(v))]
+             "weights": p.weights, **{k.replace("_", "-"): v for k, v in over.items()}}
+    argv = [str(exe)] + [a for k, v in flags.items() if v is not None for a in (f"--{k}", str(v))]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 
@@ -101,6 +108,7 @@ def test_cpp_example_verifies_loads_and_matches_python(aotc_run: Path, pulled: P
         assert done.returncode == 0, done.stderr
         size = pulled.package.stat().st_size
         assert f"verified {pulled.key}: signed by key {pulled.kid}, {size} bytes" in done.stdout
+        assert pulled.weights is not None and "verified weights: " in done.stdout and "bound " in done.stdout
         assert f"ran on Float[{b}, 32] -> Float[{b}, 8]" in done.stdout
         outs = torch.load(tmp_path / "out.pt", weights_only=True)
         assert isinstance(outs, tuple) and len(outs) == 1
@@ -148,6 +156,14 @@ def _another_artifact(p: Pulled, tmp: Path) -> dict[str, str]:
     return {"artifact_key": "0" * 32}
 
 
+def _tampered_weights(p: Pulled, tmp: Path) -> dict[str, Path]:
+    assert p.weights is not None
+    data = bytearray(p.weights.read_bytes())
+    data[-1] ^= 0x01  # a weight's last byte: the header still parses, the digest does not match
+    (tmp / "tampered.safetensors").write_bytes(bytes(data))
+    return {"weights": tmp / "tampered.safetensors"}
+
+
 REFUSALS: dict[str, tuple[Callable[[Pulled, Path], dict], str]] = {
     "tampered package": (_flip_a_byte, "has sha256 "),
     "truncated package": (_truncate, "bytes; the manifest says"),
@@ -155,6 +171,8 @@ REFUSALS: dict[str, tuple[Callable[[Pulled, Path], dict], str]] = {
     "another key under the trusted id": (lambda p, t: _resigned(p, t, claim_trusted_kid=True), "bad signature: "),
     "revoked key": (_revoked, "revoked key: "),
     "manifest of another artifact": (_another_artifact, "subject mismatch: "),
+    "tampered weights": (_tampered_weights, "have sha256 "),
+    "no weights for a weightless package": (lambda p, t: {"weights": None}, "binds its weights at load: pass"),
 }
 
 

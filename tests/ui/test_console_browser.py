@@ -68,7 +68,14 @@ def team_a(browser: Any, api_url: str, keys: dict[str, str]) -> Iterator[Watched
 
 
 def shot(page: Any, shots: Path, name: str) -> None:
-    page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+    # Chromium's full_page capture stretches the page past the viewport without repainting out-of-process frames,
+    # so the sandboxed code view came out blank: grow the viewport to the page instead, and put it back after.
+    size = page.viewport_size
+    height = page.evaluate("document.documentElement.scrollHeight")
+    page.set_viewport_size({"width": size["width"], "height": max(size["height"], height)})
+    page.wait_for_timeout(200)
+    page.screenshot(path=str(shots / f"{name}.png"))
+    page.set_viewport_size(size)
 
 
 def test_timeline_goes_live_to_succeeded(team_a: Watched, job: dict, api_url: str, shots_dir: Path) -> None:

@@ -125,3 +125,29 @@ def test_a_batch_job_waiting_longer_than_batch_max_wait_goes_before_interactive_
     inter = [_submit(store, target, "interactive") for _ in range(2)]
     # The old batch job first; the fresh one has not waited long enough, so interactive work goes before it.
     assert _serve_all(w, store) == [(i, "running") for i in (old_batch, inter[0], inter[1], fresh_batch)]
+
+
+def test_a_worker_serves_each_target_it_lists_its_own_first_within_a_priority(store):
+    own, lower = f"cpu-test-{uuid.uuid4().hex[:8]}-v4", f"cpu-test-{uuid.uuid4().hex[:8]}-v3"
+    info = {"target": own, "targets": [own, lower], "host": "test", "device": "cpu", "device_name": "test",
+            "toolchain": {"torch": "x"}}
+    w = Worker(WorkerSettings(redis_url=store.url, poll_ms=100), info)
+    for target in (own, lower):
+        store.queues.ensure(target)
+    low_batch = _submit(store, lower, "batch")
+    low = _submit(store, lower, "interactive")
+    mine = _submit(store, own, "interactive")
+    # Interactive before batch whatever the target; within a priority, the worker's own target first.
+    assert _serve_all(w, store) == [(mine, "running"), (low, "running"), (low_batch, "running")]
+    assert w.streams == [keys.queue(t, p) for p in keys.PRIORITIES for t in (own, lower)]
+
+
+def test_the_worker_targets_setting_reads_old_labels_and_refuses_unknown_levels(monkeypatch):
+    import pydantic
+    import pytest
+
+    monkeypatch.setenv("AOTC_WORKER_TARGETS", '["cpu-x86_64-avx2", "cpu-x86_64-v1"]')
+    assert WorkerSettings().worker_targets == ["cpu-x86_64-v3", "cpu-x86_64-v1"]
+    monkeypatch.setenv("AOTC_WORKER_TARGETS", '["cpu-x86_64-v7"]')
+    with pytest.raises(pydantic.ValidationError, match="AOTC_WORKER_TARGETS: unknown x86-64 level 'v7'"):
+        WorkerSettings()

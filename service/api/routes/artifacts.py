@@ -170,36 +170,65 @@ def download(art: ArtifactDep, request: Request, store: StoreDep) -> Response:
     if art.get("package", True) is False:
         raise Conflict(f"artifact {key} is a report only (mode=training has no package yet); see "
                        f"/v1/artifacts/{key}/report and /v1/artifacts/{key}/source")
-    sha, size = str(art["sha256"]), int(art["size"])
-    etag = f'"{sha}"'
-    headers = {"ETag": etag, "Accept-Ranges": "bytes", "X-Aotc-Sha256": sha,
-               "Content-Disposition": f'attachment; filename="{key}.pt2"'}
     if request.method == "GET":
         store.artifacts.touch(key)
+    return _serve(request, store, "artifact", store.artifacts.blob_id(art), str(art["sha256"]), int(art["size"]),
+                  f"{key}.pt2", f"artifact {key}")
+
+
+def _serve(request: Request, store: Store, kind: str, blob: str, sha: str, size: int, filename: str,
+           what: str) -> Response:
+    """A blob with its sha256 as the ETag: HEAD, If-None-Match, one Range, or a 307 to a presigned URL."""
+    etag = f'"{sha}"'
+    headers = {"ETag": etag, "Accept-Ranges": "bytes", "X-Aotc-Sha256": sha,
+               "Content-Disposition": f'attachment; filename="{filename}"'}
     if etag_matches(request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers={"ETag": etag, "Accept-Ranges": "bytes"})
     if request.method == "HEAD":
         return Response(headers={**headers, "Content-Length": str(size)}, media_type="application/octet-stream")
-    blob = store.artifacts.blob_id(art)
-    url = store.blobs.presign("artifact", blob, filename=f"{key}.pt2")
+    url = store.blobs.presign(kind, blob, filename=filename)
     if url:
         return RedirectResponse(url, status_code=307, headers={"ETag": etag, "X-Aotc-Sha256": sha})
     try:
         span = byte_range(request.headers.get("range"), request.headers.get("if-range"), etag, size)
     except Unsatisfiable:
         return JSONResponse({"error": {"code": "range_not_satisfiable", "message": (
-            f"artifact {key} is {size} bytes; the Range {request.headers.get('range')!r} starts past its end")}},
+            f"{what} is {size} bytes; the Range {request.headers.get('range')!r} starts past its end")}},
             status_code=416, headers={"Content-Range": f"bytes */{size}", "ETag": etag})
     start, end = span or (0, size)
     try:
-        body = store.blobs.iter_range("artifact", blob, start, end)
+        body = store.blobs.iter_range(kind, blob, start, end)
     except KeyError:
-        raise Unprocessable(f"artifact {key} has no stored package") from None
+        raise Unprocessable(f"{what} is not stored") from None
     headers["Content-Length"] = str(end - start)
     if span:
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
     return StreamingResponse(body, status_code=206 if span else 200, headers=headers,
                              media_type="application/octet-stream")
+
+
+_WEIGHTS: dict[int | str, dict[str, Any]] = {
+    **_PACKAGE,
+    200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+          "description": "The weights blob (safetensors), with its sha256 as the ETag"},
+    **errors(404, 409, 422, why={**_NO_ARTIFACT, 409: "The artifact's package carries its own weights",
+                                 422: "The artifact's weights blob is not stored"}),
+}
+
+
+@router.get("/{key}/weights", response_class=Response, responses=_WEIGHTS)
+@router.head("/{key}/weights", response_class=Response, responses=_WEIGHTS)
+def weights(art: ArtifactDep, request: Request, store: StoreDep) -> Response:
+    """The weights blob a weightless package binds at load: safetensors (no pickle), shared by every artifact of
+    the model at that precision, named by its sha256 (the ETag), which the artifact's signed manifest names with
+    each constant's shape, dtype and stride. Served like the package: ranges, If-None-Match, presigned URLs."""
+    key = art["key"]
+    w = store.artifacts.weights_of(art)
+    if w is None:
+        raise Conflict(f"artifact {key} carries its own weights (built with freezing, or before weights were "
+                       "stored once): pull the package alone")
+    return _serve(request, store, "weights", w["sha256"], w["sha256"], int(w["size"]),
+                  f"{w['sha256'][:16]}.safetensors", f"the weights blob of artifact {key}")
 
 
 class PinState(BaseModel):

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Response
 from compiler import cachekey, refs
 from compiler import shapes as specs
 from compiler.errors import TooManyJobs, Unavailable, Unprocessable
-from compiler.targets import Target, pick_worker
+from compiler.targets import Target, pick_worker, worker_targets
 from service.api.auth import Compile, Principal, needs
 from service.api.deps import SettingsDep, StoreDep, resolve_model
 from service.api.lookup import find_artifact
@@ -98,7 +98,7 @@ def _compile_for(store: Store, settings: Settings, who: Principal, model: dict[s
         for s in [spec, *bucket_specs]:
             cached = find_artifact(store, model["id"], target, s, options)
             if not (cached and cached["factors"]["spec"] == s):
-                live = sorted({w["target"] for w in store.workers.live()})
+                live = sorted({t for w in store.workers.live() for t in worker_targets(w)})
                 # A GPU worker's Inductor (torch 2.11) builds kernels for its own GPU only: a GPU architecture is
                 # served by a worker on such a GPU, never by a newer one.
                 own_gpu = ("; GPU workers build kernels for their own GPU's architecture only, so only a worker "
@@ -131,12 +131,12 @@ def _compile_for(store: Store, settings: Settings, who: Principal, model: dict[s
 
 
 def _targets(requested: list[str], live: list[dict[str, Any]], most: int) -> list[Target]:
-    """The targets a request names, 'all' expanded to every concrete target a live worker serves (a worker that
-    serves several, `serves`, counts each), without repeats; 422 past AOTC_MAX_TARGETS_PER_REQUEST."""
+    """The targets a request names, 'all' expanded to every concrete target a live worker serves (each level a CPU
+    worker serves counts: compiler.targets.worker_targets), without repeats; 422 past AOTC_MAX_TARGETS_PER_REQUEST."""
     out: list[Target] = []
     for text in requested:
         if text.strip().lower() == "all":
-            served = sorted({t for w in live for t in (w.get("serves") or [w["target"]])})
+            served = sorted({t for w in live for t in worker_targets(w)})
             if not served:
                 raise Unavailable("the request asks for all targets, and no live worker serves any; start one with "
                                   "`aotc-worker`", live_targets=[])
@@ -221,7 +221,7 @@ def request_compilation(req: CompilationRequest, response: Response, store: Stor
         if not served:
             raise Unavailable("none of the requested targets can be built now: " + "; ".join(
                 f"{e['target']}: {e['error']['message']}" for e in entries),
-                live_targets=sorted({w["target"] for w in store.workers.live()}))
+                live_targets=sorted({t for w in store.workers.live() for t in worker_targets(w)}))
         settled = [a for e in served for a in [e, *e.get("buckets", [])]]
         status = ("partial" if len(served) < len(entries)
                   else "cached" if all(a["status"] == "cached" for a in settled) else "queued")

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from compiler.errors import AotcError
+from compiler.targets import worker_targets
 from service.api.deps import StoreDep
 from service.api.errors import InsufficientStorage
 from service.api.liveness import Liveness
@@ -72,5 +73,5 @@ def _ready(store: Store) -> dict[str, Any]:
     workers = store.workers.live()
     unhealthy = [{"id": w["id"], "target": w.get("target", ""), "reason": w.get("unhealthy_reason") or "unhealthy",
                   "since": w.get("unhealthy_since")} for w in workers if broken(w)]
-    targets = sorted({w["target"] for w in workers if not broken(w)})
+    targets = sorted({t for w in workers if not broken(w) for t in worker_targets(w)})
     return {"ok": True, "targets": targets, "degraded": bool(unhealthy), "unhealthy_workers": unhealthy}

@@ -250,6 +250,6 @@ async def pick_artifact(
             candidates=picked.rejected[:100])
     a = picked.artifact
     answer = {"ref": str(wanted), "version": version.to_json(), "host": str(target), "key": a["key"],
-              "target": a["factors"]["target"], "match": picked.match, "reason": picked.reason,
+              "target": str(Target.parse(a["factors"]["target"])), "match": picked.match, "reason": picked.reason,
               "rejected": picked.rejected}
     return Response(reads.answers.put(query, fingerprint, render(Pick, answer)), media_type="application/json")

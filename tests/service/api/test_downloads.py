@@ -18,7 +18,9 @@ import httpx
 import psutil
 import pytest
 
+from compiler.errors import BadSignature
 from compiler.signing import Signer, key_record, statement
+from compiler.weightsfile import describe, read_header_file, write
 from procs import ROOT, Cluster, api
 from service.store import StorageOptions, Store, keys
 
@@ -30,20 +32,29 @@ class Service:
     def __init__(self, cluster: Cluster, store: Store, backend: str) -> None:
         self.cluster, self.store, self.backend, self.url = cluster, store, backend, cluster.url
 
-    def publish(self, tmp: Path, size: int) -> tuple[str, bytes]:
+    def publish(self, tmp: Path, size: int, weights: Path | None = None) -> tuple[str, bytes]:
+        """A signed artifact of `size` random bytes; with `weights`, a weightless one binding that blob."""
         key = os.urandom(16).hex()
         data = os.urandom(size)
         (tmp / key).write_bytes(data)
         factors = {"format": 1, "model": "f" * 64, "options": {}, "spec": [], "target": "cpu-x86_64-avx2",
                    "toolchain": {"torch": "2.13.0"}}
+        signed_weights = None
+        if weights is not None:
+            w = weights.read_bytes()
+            signed_weights = {"sha256": hashlib.sha256(w).hexdigest(), "size": len(w),
+                              "constants": describe(read_header_file(weights))}
         # Signed as a worker signs what it publishes, so that the SDK's pulls verify it.
         manifest = SIGNER.sign(statement(
             artifact_key=key, package_sha256=hashlib.sha256(data).hexdigest(), package_size=size,
             model_sha256="f" * 64, factors=factors, toolchain=factors["toolchain"], target=factors["target"],
-            check={}, worker={"id": "test"}))
+            check={}, worker={"id": "test"}, weights=signed_weights))
         self.store.signing.publish(key_record(SIGNER.public))
-        self.store.artifacts.put({"key": key, "factors": factors, "model_id": "f" * 64, "target": factors["target"],
-                                  "spec": [], "options": {}, "manifest": manifest}, tmp / key)
+        record: dict[str, Any] = {"key": key, "factors": factors, "model_id": "f" * 64, "target": factors["target"],
+                                  "spec": [], "options": {}, "manifest": manifest}
+        if signed_weights is not None:
+            record["weights"] = {"sha256": signed_weights["sha256"], "size": signed_weights["size"], "constants": 1}
+        self.store.artifacts.put(record, tmp / key, weights=weights)
         return key, data
 
 
@@ -237,3 +248,47 @@ def test_sixteen_streams_at_once_hold_little_memory(service: Service, tmp_path: 
     sampler.join()
     assert results == [hashlib.sha256(data).hexdigest()] * 16
     assert peak[0] - base < 64 * 2**20, f"the API grew by {(peak[0] - base) / 2**20:.0f} MB"
+
+
+def test_a_weights_blob_is_served_pulled_once_verified_and_refused_when_tampered(service: Service,
+                                                                                 tmp_path: Path) -> None:
+    from client import Client
+
+    weights = tmp_path / "w.safetensors"
+    with open(weights, "wb") as f:
+        write(f, [("head.weight", "float32", (256, 512), os.urandom(256 * 512 * 4)), ("head.bias", "float32", (4,),
+                                                                                       os.urandom(16))], {})
+    key, _ = service.publish(tmp_path, 50_000, weights=weights)
+    other, _ = service.publish(tmp_path, 50_000, weights=weights)  # a second bucket: the same blob
+    plain, _ = service.publish(tmp_path, 50_000)
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert service.store.r.smembers(keys.weights_users(digest)) == {key, other}
+
+    r = api.get(f"{service.url}/v1/artifacts/{key}/weights", headers={"Range": "bytes=8-15"}, timeout=60)
+    if service.backend == "s3":
+        assert r.status_code == 307 and r.headers["etag"] == f'"{digest}"'
+    else:
+        assert r.status_code == 206 and r.content == weights.read_bytes()[8:16] and r.headers["etag"] == f'"{digest}"'
+    r = api.get(f"{service.url}/v1/artifacts/{plain}/weights", timeout=60)
+    assert r.status_code == 409 and "carries its own weights" in r.json()["error"]["message"]
+
+    sent: list[str] = []
+    with Client(service.url, cache_dir=tmp_path / "cache") as c:
+        c.http.event_hooks = {"request": [lambda req: sent.append(req.url.path)]}
+        got = c.pull_weights(key)
+        assert got is not None and got.read_bytes() == weights.read_bytes()
+        assert c.pull_weights(other) == got  # the other bucket names the same blob: nothing more comes down
+        assert [p for p in sent if p.endswith("/weights")] == [f"/v1/artifacts/{key}/weights"]
+        assert c.pull_weights(plain) is None
+
+    # The stored bytes swapped for others: the client refuses them, keeping nothing.
+    tampered = tmp_path / "t.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    tampered.write_bytes(bytes(data))
+    with open(tampered, "rb") as f:
+        service.store.blobs.put("weights", digest, f)
+    with Client(service.url, cache_dir=tmp_path / "fresh") as c:
+        with pytest.raises(BadSignature, match="arrived corrupt or tampered with"):
+            c.pull_weights(key)
+    assert not list((tmp_path / "fresh" / "weights").glob("*.safetensors"))

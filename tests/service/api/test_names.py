@@ -219,7 +219,7 @@ def test_all_expands_to_every_served_target_within_the_limit(fake_workers):
     from compiler.targets import Target
     from service.api.routes.compilations import _targets
 
-    live = [{"target": T1}, {"target": T2, "serves": [T2, f"{T2}-low"]}]
+    live = [{"target": T1}, {"target": T2, "targets": [T2, f"{T2}-low"]}]
     assert [str(t) for t in _targets(["all", T1], live, 8)] == [T1, T2, f"{T2}-low"]
     assert _targets(["cpu", "CPU"], live, 8) == [Target("cpu")]
     with pytest.raises(Unprocessable, match="AOTC_MAX_TARGETS_PER_REQUEST"):
@@ -247,56 +247,63 @@ def _pick(url: str, ref: str, host: str, **params: Any) -> httpx.Response:
 def test_the_pick_takes_the_exact_target_then_the_highest_compatible_and_says_why(api_url, store, tmp_path):
     name = f"fleet-{RUN}"
     model_id = _model(store)
-    v4 = _publish(store, tmp_path, model_id, "cpu-x86_64-avx512", [8, 4])
-    v3 = _publish(store, tmp_path, model_id, "cpu-x86_64-avx2", [8, 4])
-    v1 = _publish(store, tmp_path, model_id, "cpu-x86_64-default", [8, 4])
+    v4 = _publish(store, tmp_path, model_id, "cpu-x86_64-v4", [8, 4])
+    v3 = _publish(store, tmp_path, model_id, "cpu-x86_64-v3", [8, 4])
+    v1 = _publish(store, tmp_path, model_id, "cpu-x86_64-v2", [8, 4])
     gpu = _publish(store, tmp_path, model_id, "cuda-sm90", [8, 4])
     api.post(f"{api_url}/v1/names/{name}/versions", json={"model_id": model_id, "tags": ["prod"]})
 
-    exact = _pick(api_url, f"{name}:prod", "cpu-x86_64-avx512", shape="x=8x4", torch="2.13.0").json()
+    exact = _pick(api_url, f"{name}:prod", "cpu-x86_64-v4", shape="x=8x4", torch="2.13.0").json()
     assert (exact["key"], exact["match"]) == (v4, "exact")
     why = {r["key"]: r["why"] for r in exact["rejected"]}
     assert why[gpu] == ["target: it was built for cuda-sm90; load it on a CUDA device"]
     assert why[v3][0].startswith("not picked") and why[v1][0].startswith("not picked")
 
-    lower = _pick(api_url, f"{name}:prod", "cpu-x86_64-avx2").json()
+    lower = _pick(api_url, f"{name}:prod", "cpu-x86_64-v3").json()
     assert (lower["key"], lower["match"]) == (v3, "exact")
-    assert any("supports avx2" in w for w in {r["key"]: r["why"] for r in lower["rejected"]}[v4])
+    assert any("this machine's CPU is cpu-x86_64-v3" in w for w in {r["key"]: r["why"] for r in lower["rejected"]}[v4])
 
-    # No exact build: the highest target the host can run (avx2 over default on an avx512 host, as v3 on v4).
+    # No exact build: the highest level the host can run (v3 over v2 on a v4 host).
     other = _model(store)
-    c3 = _publish(store, tmp_path, other, "cpu-x86_64-avx2", [8, 4])
-    _publish(store, tmp_path, other, "cpu-x86_64-default", [8, 4])
+    c3 = _publish(store, tmp_path, other, "cpu-x86_64-v3", [8, 4])
+    _publish(store, tmp_path, other, "cpu-x86_64-v2", [8, 4])
     api.post(f"{api_url}/v1/names/{name}/versions", json={"model_id": other, "tags": ["canary"]})
-    compat = _pick(api_url, f"{name}:canary", "cpu-x86_64-avx512").json()
+    compat = _pick(api_url, f"{name}:canary", "cpu-x86_64-v4").json()
     assert (compat["key"], compat["match"]) == (c3, "compatible")
-    assert "cpu-x86_64-avx2 runs on it" in compat["reason"]
+    assert "cpu-x86_64-v3 runs on it" in compat["reason"]
+
+    # An old label names its level: a package labelled cpu-x86_64-avx2 is the exact build for a v3 host.
+    legacy = _model(store)
+    old = _publish(store, tmp_path, legacy, "cpu-x86_64-avx2", [8, 4])
+    api.post(f"{api_url}/v1/names/{name}/versions", json={"model_id": legacy, "tags": ["legacy"]})
+    got = _pick(api_url, f"{name}:legacy", "cpu-x86_64-v3").json()
+    assert (got["key"], got["match"], got["target"]) == (old, "exact", "cpu-x86_64-v3")
 
     # A remembered pick never outlives a tag move, nor an artifact published since.
-    assert _pick(api_url, f"{name}:prod", "cpu-x86_64-avx512").json()["key"] == v4
+    assert _pick(api_url, f"{name}:prod", "cpu-x86_64-v4").json()["key"] == v4
     api.put(f"{api_url}/v1/names/{name}/tags/prod", json={"version": 2})
-    assert _pick(api_url, f"{name}:prod", "cpu-x86_64-avx512").json()["key"] == c3
-    c4 = _publish(store, tmp_path, other, "cpu-x86_64-avx512", [8, 4])
-    assert _pick(api_url, f"{name}:prod", "cpu-x86_64-avx512").json()["key"] == c4
+    assert _pick(api_url, f"{name}:prod", "cpu-x86_64-v4").json()["key"] == c3
+    c4 = _publish(store, tmp_path, other, "cpu-x86_64-v4", [8, 4])
+    assert _pick(api_url, f"{name}:prod", "cpu-x86_64-v4").json()["key"] == c4
 
 
 def test_when_nothing_fits_the_error_lists_each_candidate_and_why(api_url, store, tmp_path):
     name = f"nofit-{RUN}"
     model_id = _model(store)
-    high = _publish(store, tmp_path, model_id, "cpu-x86_64-avx512", [8, 4])
-    old = _publish(store, tmp_path, model_id, "cpu-x86_64-avx2", [8, 4], torch="2.11.0")
-    small = _publish(store, tmp_path, model_id, "cpu-x86_64-default", [2, 4])
+    high = _publish(store, tmp_path, model_id, "cpu-x86_64-v4", [8, 4])
+    old = _publish(store, tmp_path, model_id, "cpu-x86_64-v3", [8, 4], torch="2.11.0")
+    small = _publish(store, tmp_path, model_id, "cpu-x86_64-v2", [2, 4])
     api.post(f"{api_url}/v1/names/{name}/versions", json={"model_id": model_id})
-    r = _pick(api_url, name, "cpu-x86_64-avx2", shape="x=8x4", torch="2.13.0")
+    r = _pick(api_url, name, "cpu-x86_64-v3", shape="x=8x4", torch="2.13.0")
     assert r.status_code == 404, r.text
     err = r.json()["error"]
     why = {c["key"]: c["why"] for c in err["candidates"]}
-    assert why[high] == ["target: it was built for cpu-x86_64-avx512; this machine's CPU supports avx2"]
+    assert why[high] == ["target: it was built for cpu-x86_64-v4; this machine's CPU is cpu-x86_64-v3"]
     assert why[old] == ["toolchain: built with torch 2.11.0; this host has torch 2.13.0"]
     assert why[small] == ["shapes: it serves x=2x4; asked for x=8x4"]
     for key in (high, old, small):
         assert key[:12] in err["message"]
-    assert _pick(api_url, f"{name}:nope", "cpu-x86_64-avx2").status_code == 404
+    assert _pick(api_url, f"{name}:nope", "cpu-x86_64-v3").status_code == 404
     kind = _pick(api_url, name, "cpu")  # a device kind is not a host
     assert kind.status_code == 422 and "not a host's target" in kind.json()["error"]["message"]
 
@@ -309,8 +316,8 @@ def test_a_version_keeps_its_models_artifacts_from_eviction_until_the_last_holde
     bounded = Store(own.url, storage=StorageOptions(max_artifact_bytes=10**12))
     try:
         held, free = _model(bounded, "default"), _model(bounded, "default")
-        kept = _publish(bounded, tmp_path, held, "cpu-x86_64-avx2", [8, 4])
-        evictable = _publish(bounded, tmp_path, free, "cpu-x86_64-avx2", [8, 4])
+        kept = _publish(bounded, tmp_path, held, "cpu-x86_64-v3", [8, 4])
+        evictable = _publish(bounded, tmp_path, free, "cpu-x86_64-v3", [8, 4])
         one = bounded.names.add_version("default", f"keep-{RUN}", held, "test")
         two = bounded.names.add_version("default", f"also-{RUN}", held, "test")
         bounded.artifacts.max_bytes = 0  # everything must go that may

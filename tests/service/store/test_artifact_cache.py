@@ -207,3 +207,47 @@ def test_keys_of_one_artifact_are_named_in_keys_py() -> None:
     assert keys.artifact(k) == f"{keys.PREFIX}artifact:{k}"
     assert keys.report(k) == f"{keys.PREFIX}report:{k}"
     assert keys.artifacts_by_model(k) == f"{keys.PREFIX}artifacts:by-model:{k}"
+
+
+def publish_weightless(store: Store, tmp_path: Path, key: str, weights: Path, size: int = 2 * KB) -> dict[str, Any]:
+    """An artifact whose package binds the weights blob `weights` (named by its sha256 in the record)."""
+    import hashlib
+
+    package, sources = tmp_path / f"{key}.pt2", tmp_path / f"{key}.zip"
+    package.write_bytes(b"p" * (size - 100))
+    sources.write_bytes(b"s" * 100)
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    record = {"key": key, "factors": {"model": "m" * 64}, "model_id": "m" * 64, "target": "cpu", "spec": [],
+              "options": {}, "weights": {"sha256": digest, "size": weights.stat().st_size, "constants": 1}}
+    return store.artifacts.put(record, package, report={"key": key}, sources=sources, weights=weights)
+
+
+def test_weights_are_stored_once_counted_once_and_go_with_their_last_artifact(store: Store, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.store import artifacts as artifacts_mod
+
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"w" * 3 * KB)
+    a = publish_weightless(store, tmp_path, "a", weights)
+    publish_weightless(store, tmp_path, "b", weights)  # another bucket of the same model: no second copy
+    digest = a["weights"]["sha256"]
+    assert store.blobs.exists("weights", digest)
+    assert store.r.smembers(keys.weights_users(digest)) == {"a", "b"}
+    assert store.artifacts.total_bytes() == 2 * 2 * KB + 3 * KB  # two packages, one weights blob
+    store.models.put({"id": "m" * 64, "created": time.time(), "inputs": [], "size": 0})
+    store.namespaces.add_model("team", "m" * 64, "m")
+    assert store.namespaces.stored_bytes("team") == 2 * 2 * KB + 3 * KB  # the quota counts the weights once too
+
+    store.artifacts.pin("b")
+    publish(store, tmp_path, "c", size=4 * KB, model="n" * 64)  # 11 KB: a goes; b (pinned) keeps the weights
+    assert store.artifacts.get("a") is None and store.artifacts.get("b") is not None
+    assert store.blobs.exists("weights", digest) and store.r.smembers(keys.weights_users(digest)) == {"b"}
+
+    monkeypatch.setattr(artifacts_mod, "WEIGHTS_GRACE_S", 0.0)
+    store.artifacts.unpin("b")
+    publish(store, tmp_path, "d", size=6 * KB, model="n" * 64)  # b goes, and with it the last user of the weights
+    assert store.artifacts.get("b") is None and store.artifacts.get("c") is not None
+    assert not store.r.exists(keys.weights_users(digest)) and store.r.hget(keys.WEIGHTS_BYTES, digest) is None
+    store.artifacts.collect_garbage()
+    assert not store.blobs.exists("weights", digest)
+    assert store.artifacts.total_bytes() == 10 * KB  # c and d: the weights left the books with their last user

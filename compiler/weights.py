@@ -1,0 +1,202 @@
+"""Weights stored once: a package built without its weights, and the one safetensors blob that feeds it.
+
+A weightless package (compiler.compat.aoti.weightless_configs) carries kernels only; its constants are bound at
+load from a weights blob: every tensor the exported graph reads (parameters, buffers, lifted constants), by FQN,
+after the precision cast, in safetensors (compiler/weightsfile.py: nothing is unpickled). The blob is a function of
+the model's content and the precision alone, so every shape bucket, target and toolchain of one model shares it,
+and its sha256 is its id in the blob store.
+
+Beside a package on disk the blob is a sidecar, `NAME.weights.safetensors` for `NAME.pt2`: the compile writes it
+there, the check and its probes find it there, and `aoti_load_package` binds it when it is there.
+
+What the check proves (`verify_blob`, `check_bound`, `follows`): the blob holds exactly the program's tensors;
+the package reads every one of them from the blob (a constant Inductor inlined as a literal, or folded into a
+derived constant, is named); and the package follows the blob: weights perturbed in place change its output as
+they change eager's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from compiler import weightsfile
+from compiler.errors import CheckFailed
+from compiler.weightsfile import sidecar
+
+__all__ = ["sidecar", "program_weights", "save", "load", "describe", "verify_blob", "check_bound", "follows"]
+
+PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def program_weights(ep: torch.export.ExportedProgram, precision: str = "keep") -> dict[str, torch.Tensor]:
+    """The tensors the program's graph reads, by FQN: parameters, buffers (persistent or not) and lifted tensor
+    constants whose placeholder has users. With a precision cast, floating parameters and buffers cast as
+    compiler.specialize casts them."""
+    sig = ep.graph_signature
+    used = {n.name for n in ep.graph.nodes if n.op == "placeholder" and n.users}
+    # compiler.specialize casts with Module.to, which casts parameters and buffers, not lifted constants.
+    castable = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
+    sources = {**castable, **sig.inputs_to_lifted_tensor_constants}
+    out: dict[str, torch.Tensor] = {}
+    for placeholder, fqn in sources.items():
+        if placeholder not in used:
+            continue
+        t = ep.state_dict[fqn] if fqn in ep.state_dict else ep.constants[fqn]
+        if not isinstance(t, torch.Tensor):
+            continue
+        t = t.detach()
+        if precision in PRECISIONS and t.is_floating_point() and placeholder in castable:
+            t = t.to(PRECISIONS[precision])
+        out[fqn] = t
+    return out
+
+
+def save(weights: Mapping[str, torch.Tensor], path: str | Path) -> None:
+    """Write `weights` as safetensors, widest elements first (then by name), so that each tensor's offset is a
+    multiple of its element size and a loader can view the mapped bytes in place."""
+    order = sorted(weights, key=lambda k: (-weights[k].element_size(), k))
+    tensors: list[tuple[str, str, tuple[int, ...], Any]] = []
+    strides: dict[str, list[int]] = {}
+    for name in order:
+        t = weights[name].detach().cpu()
+        strides[name] = list(t.stride())
+        flat = t.contiguous().reshape(-1).view(torch.uint8)
+        data: Any = flat.numpy()  # a buffer of the tensor's bytes: written without a copy
+        tensors.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), data))
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "wb") as f:
+        weightsfile.write(f, tensors, {"format": "pt", weightsfile.STRIDES: json.dumps(strides, sort_keys=True)})
+    tmp.rename(path)
+
+
+def load(path: str | Path, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """The blob's tensors on `device`, checked by weightsfile.read_header first. On a CPU they are views of a
+    private mapping of the file (copy-on-write: writing to them never changes the file); elsewhere one copy each."""
+    header = weightsfile.read_header_file(path)
+    try:
+        strides = json.loads(header.metadata.get(weightsfile.STRIDES, "{}"))
+    except ValueError:
+        strides = {}
+    strides = strides if isinstance(strides, dict) else {}
+    buf = torch.from_file(str(path), shared=False, size=header.size, dtype=torch.uint8)
+    out: dict[str, torch.Tensor] = {}
+    for name, e in header.entries.items():
+        dtype = getattr(torch, e.dtype)
+        piece = buf[header.data_start + e.start: header.data_start + e.end]
+        try:
+            t = piece.view(dtype).reshape(e.shape)
+        except RuntimeError:  # an offset not aligned to the element size (another writer's order): copy it
+            t = piece.clone().view(dtype).reshape(e.shape)
+        stride = weightsfile.dense_stride(e, strides.get(name))
+        if stride is not None and stride != t.stride():
+            t = torch.empty_strided(e.shape, stride, dtype=dtype).copy_(t)
+        out[name] = t.to(device) if device != "cpu" else t
+    return out
+
+
+def describe(path: str | Path) -> list[dict[str, Any]]:
+    """The manifest's list of constants (fqn, shape, dtype, stride), from the blob's header alone."""
+    return weightsfile.describe(weightsfile.read_header_file(path))
+
+
+# -- the check ---------------------------------------------------------------------------------------------------
+
+
+def verify_blob(ep: torch.export.ExportedProgram, blob: Mapping[str, torch.Tensor], precision: str) -> None:
+    """CheckFailed unless the blob holds exactly the program's tensors (after the precision cast), bit for bit."""
+    expected = program_weights(ep, precision)
+    extra, missing = sorted(set(blob) - set(expected)), sorted(set(expected) - set(blob))
+    if extra or missing:
+        raise CheckFailed(f"the weights blob does not match the program: {len(missing)} missing "
+                          f"{missing[:5]}, {len(extra)} not in the program {extra[:5]}", stage="check")
+    for name, want in expected.items():
+        got = blob[name]
+        if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape) or not torch.equal(got.cpu(), want):
+            raise CheckFailed(f"the weights blob's {name!r} ({got.dtype}, {tuple(got.shape)}) is not the program's "
+                              f"({want.dtype}, {tuple(want.shape)})", stage="check")
+
+
+def check_bound(package_fqns: list[str], blob: Mapping[str, torch.Tensor]) -> None:
+    """CheckFailed unless the package reads every tensor of the blob, and nothing else: a weight the package does not
+    read was inlined into its code or folded into a constant of its own, and would not follow the blob."""
+    frozen = sorted(set(blob) - set(package_fqns))
+    unknown = sorted(set(package_fqns) - set(blob))
+    if frozen:
+        raise CheckFailed(
+            f"the package does not read weight {frozen[0]!r} from its weights blob"
+            + (f" (nor {len(frozen) - 1} more: {', '.join(frozen[1:6])})" if len(frozen) > 1 else "")
+            + ": it was frozen into the generated code (inlined as a literal or folded), so the package would "
+            "ignore the weights it is given", stage="check")
+    if unknown:
+        raise CheckFailed(f"the package needs constant(s) the weights blob lacks: {', '.join(unknown[:6])} "
+                          "(derived constants: freezing or constant folding)", stage="check")
+
+
+def _eager_tensor(module: torch.nn.Module, fqn: str) -> torch.Tensor | None:
+    prefix, _, attr = fqn.rpartition(".")
+    try:
+        t = getattr(module.get_submodule(prefix) if prefix else module, attr)
+    except AttributeError:
+        return None
+    return t if isinstance(t, torch.Tensor) else None
+
+
+def _perturb(t: torch.Tensor, gen: torch.Generator) -> None:
+    """Scale by 0.75..1.25 and add up to a quarter of the mean magnitude: every element moves, zeros included, signs
+    stay, and positive weights (a variance) stay positive."""
+    x = t.detach().float().cpu()
+    scale = float(x.abs().mean()) or 1.0
+    u = torch.rand(x.shape, generator=gen) * 0.5 + 0.75
+    v = torch.rand(x.shape, generator=gen) * 0.25 * scale
+    t.detach().copy_((x * u + v).to(t.device).to(t.dtype))
+
+
+def follows(eager: torch.nn.Module, blob: Mapping[str, torch.Tensor], precision: str,
+            run: Callable[[], tuple[Any, Any]], compare: Callable[[Any, Any], dict[str, Any]]) -> dict[str, Any]:
+    """Perturb every floating weight in place, in eager's module and in the blob the package holds (user-managed, so
+    the package sees the new values), and compare again; then put both back. `run` returns (eager output, package
+    output). When they disagree, halve the set of perturbed weights until one weight (or a few) is left to name.
+    CheckFailed names it; otherwise a summary."""
+    names = [n for n, t in blob.items() if t.is_floating_point() and t.numel()
+             and (e := _eager_tensor(eager, n)) is not None and e.is_floating_point()]
+    saved_eager = {n: _eager_tensor(eager, n).detach().clone() for n in names}  # type: ignore[union-attr]
+    saved_blob = {n: blob[n].detach().clone() for n in names}
+
+    def trial(subset: list[str]) -> dict[str, Any]:
+        gen = torch.Generator().manual_seed(1234)
+        for n in subset:
+            e = _eager_tensor(eager, n)
+            assert e is not None
+            _perturb(e, gen)
+            blob[n].detach().copy_(e.detach().to(blob[n].dtype))  # the same values, cast as the blob was
+        try:
+            return compare(*run())
+        finally:
+            for n in subset:
+                _eager_tensor(eager, n).detach().copy_(saved_eager[n])  # type: ignore[union-attr]
+                blob[n].detach().copy_(saved_blob[n])
+
+    with torch.inference_mode():
+        first = trial(names)
+        if first["ok"]:
+            return {"perturbed": len(names), "ok": True, "max_rel_err": first.get("max_rel_err")}
+        culprits, runs = names, 1
+        while len(culprits) > 1 and runs < 64:
+            half = culprits[: len(culprits) // 2]
+            runs += 1
+            if not trial(half)["ok"]:
+                culprits = half
+                continue
+            rest = culprits[len(culprits) // 2:]
+            runs += 1
+            if trial(rest)["ok"]:
+                break  # only perturbing both halves shows it: name them together
+            culprits = rest
+    shown = ", ".join(repr(c) for c in culprits[:6]) + (f" and {len(culprits) - 6} more" if len(culprits) > 6 else "")
+    raise CheckFailed(f"the package does not follow its weights: after perturbing them in place it disagrees with "
+                      f"eager ({first.get('why')}); weight(s) it ignores: {shown}", stage="check")

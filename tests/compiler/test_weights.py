@@ -1,0 +1,174 @@
+"""Weights stored once (compiler/weights.py, compiler/weightsfile.py): the blob format read strictly, and, on real
+compiles of the issue's Conv+BN+Linear(16->4) model, the 0.50 trap (a 4-element bias inlined into the code of a
+package built without its weights) reproduced and caught by the check, and today's weightless build passing it."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from compiler import weights as weights_mod
+from compiler import weightsfile
+from compiler.check import check_artifact
+from compiler.compat.aoti import aoti_compile_and_package, aoti_load_package, constant_fqns
+from compiler.errors import CheckFailed
+from compiler.options import CompileOptions
+from compiler.pipeline import compile_model
+from modelzoo import export, seeded
+
+
+class ConvBnHead(torch.nn.Module):
+    """The issue's model: the head's bias has 4 elements, which Inductor inlines unless told not to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.bn(self.conv(x)).mean((2, 3)))
+
+
+SPEC = [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 8}, 3, 8, 8]}]
+
+
+def _file(tensors: list[tuple[str, str, tuple[int, ...], bytes]], header: dict | None = None) -> io.BytesIO:
+    f = io.BytesIO()
+    if header is None:
+        weightsfile.write(f, tensors, {})
+    else:
+        text = json.dumps(header).encode()
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(t[3] for t in tensors))
+    f.seek(0)
+    return f
+
+
+def _header(f: io.BytesIO) -> weightsfile.Header:
+    return weightsfile.read_header(f, len(f.getbuffer()))
+
+
+def test_the_blob_header_is_read_strictly():
+    ok = _header(_file([("a", "float32", (2,), b"\0" * 8), ("b", "int8", (3,), b"\0" * 3)]))
+    assert ok.entries["a"].shape == (2,) and ok.entries["b"].dtype == "int8"
+    cases = {
+        "outside the data": {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 16]}},
+        "a gap or an overlap": {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}},
+        "bytes for shape": {"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}},
+        "unknown dtype": {"a": {"dtype": "O", "shape": [2], "data_offsets": [0, 8]}},
+        "non-negative ints": {"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}},
+    }
+    for why, header in cases.items():
+        with pytest.raises(weightsfile.FormatError, match=why):
+            _header(_file([("a", "float32", (2,), b"\0" * 8)], header))
+    with pytest.raises(weightsfile.FormatError, match="claims"):
+        weightsfile.read_header(io.BytesIO(struct.pack("<Q", 1 << 40)), 100)
+
+
+def test_save_and_load_keep_values_dtypes_and_a_transposed_stride(tmp_path: Path):
+    torch.manual_seed(0)
+    w = {"t": torch.randn(3, 5).t(), "h": torch.randn(7).bfloat16(), "n": torch.tensor(3), "b": torch.rand(4) > 0.5}
+    path = tmp_path / "w.safetensors"
+    weights_mod.save(w, path)
+    again = weights_mod.load(path)
+    for k, v in w.items():
+        assert again[k].dtype == v.dtype and again[k].stride() == v.stride() and torch.equal(again[k], v)
+    assert {c["fqn"]: c["stride"] for c in weights_mod.describe(path)}["t"] == [1, 5]
+    copy = tmp_path / "w2.safetensors"
+    weights_mod.save(dict(reversed(list(w.items()))), copy)
+    assert copy.read_bytes() == path.read_bytes()  # the same tensors give the same bytes: the digest names them
+
+
+@pytest.fixture(scope="module")
+def convbn(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    d = tmp_path_factory.mktemp("convbn")
+    model = seeded(ConvBnHead, 0).eval()
+    batch = torch.export.Dim("batch", min=1, max=8)
+    path = export(model, (torch.randn(2, 3, 8, 8),), d / "m.pt2", dynamic_shapes={"x": {0: batch}})
+    return {"dir": d, "path": path, "model": model}
+
+
+def test_every_bucket_of_a_model_writes_the_same_blob(convbn):
+    """The blob is written from the program specialised at each bucket's shapes (compiler.stages.inductor): two
+    buckets give the same bytes, hence one digest and one stored copy; another precision gives another blob."""
+    from compiler.specialize import specialize
+
+    ep = torch.export.load(str(convbn["path"]))
+    blobs = {}
+    for name, batch, precision in (("b1", 1, "keep"), ("b8", 8, "keep"), ("b8-bf16", 8, "bf16")):
+        spec = [{"name": "x", "dtype": "float32", "shape": [batch, 3, 8, 8]}]
+        program = specialize(ep, spec, SPEC, "cpu", precision)
+        weights_mod.save(weights_mod.program_weights(program), convbn["dir"] / f"{name}.safetensors")
+        blobs[name] = (convbn["dir"] / f"{name}.safetensors").read_bytes()
+    assert blobs["b1"] == blobs["b8"] and blobs["b8-bf16"] != blobs["b8"]
+
+
+@pytest.mark.slow
+def test_the_half_trap_a_small_bias_inlined_into_a_weightless_package_is_caught_by_name(convbn):
+    """Today's compile options plus package_constants_in_so=False, without always_keep_tensor_constants: the head's
+    4-element bias becomes a literal, so a package bound to perturbed weights is off by exactly what was added."""
+    ep = torch.export.load(str(convbn["path"]))
+    package = str(convbn["dir"] / "trap.pt2")
+    configs = {**CompileOptions().inductor_configs(), "aot_inductor.package_constants_in_so": False}
+    aoti_compile_and_package(ep, package, configs)
+    weights_mod.save(weights_mod.program_weights(ep), weights_mod.sidecar(package))
+
+    blob = weights_mod.load(weights_mod.sidecar(package))
+    compiled = aoti_load_package(package, "cpu", weights=blob)
+    assert "head.bias" not in constant_fqns(compiled)
+    eager, x = convbn["model"], torch.randn(8, 3, 8, 8)
+    with torch.inference_mode():
+        assert torch.allclose(compiled(x), eager(x), atol=1e-5)
+        shifted = {k: v.clone() for k, v in eager.state_dict().items()}
+        for v in blob.values():
+            v.add_(0.5)
+        for k, v in shifted.items():
+            if v.is_floating_point() and k in blob:
+                v.add_(0.5)
+        moved = torch.func.functional_call(eager, shifted, (x,))
+        assert (compiled(x) - moved).abs().max().item() == pytest.approx(0.5, abs=1e-4)
+
+    with pytest.raises(CheckFailed, match="does not read weight 'head.bias'.*frozen into the generated code"):
+        check_artifact(str(convbn["path"]), package, SPEC, "cpu", adversarial=False)
+
+
+@pytest.mark.slow
+def test_a_weightless_bf16_compile_passes_the_check_and_follows_its_weights(convbn):
+    """precision=bf16: the blob holds the weights cast as the compile cast them; the check binds it, and the
+    perturbed weights reach the package through the blob."""
+    d = convbn["dir"]
+    result = compile_model(str(convbn["path"]), SPEC, SPEC, CompileOptions(precision="bf16"), "cpu", str(d / "a.pt2"))
+    blob_path = Path(result["weights"])
+    assert blob_path == weights_mod.sidecar(result["package"])
+    described = {c["fqn"]: c for c in weights_mod.describe(blob_path)}
+    assert "head.bias" in described and "bn.num_batches_tracked" not in described  # what the graph reads, only
+    assert described["conv.weight"]["dtype"] == "bfloat16" and described["conv.weight"]["stride"] == [27, 9, 3, 1]
+    check = check_artifact(str(convbn["path"]), result["package"], SPEC, "cpu", precision="bf16", adversarial=False)
+    w = check["weights"]
+    assert w["bound"] == "user_managed" and set(w["package_fqns"]) == set(described)
+    assert w["perturbed"]["ok"] and w["perturbed"]["perturbed"] == len(described)
+    # One blob, bound into two loads of the package (two buckets' worth), each following it.
+    blob = weights_mod.load(blob_path)
+    a, b = (aoti_load_package(result["package"], "cpu", weights=blob) for _ in range(2))
+    x = torch.randn(3, 3, 8, 8)
+    with torch.inference_mode():
+        ya = a(x)
+        blob["head.bias"].add_(1.0)
+        assert torch.allclose(b(x), ya + 1.0, atol=2e-2) and torch.allclose(a(x), ya + 1.0, atol=2e-2)
+
+
+def test_a_weightless_package_run_before_its_weights_are_bound_is_refused_not_a_crash(convbn):
+    """torch's loader runs it on unset constants (SIGSEGV on torch 2.13); aotc's refuses, naming what to do."""
+    package = convbn["dir"] / "a.pt2"
+    if not package.exists():
+        pytest.skip("needs the weightless compile of the test before")
+    lonely = convbn["dir"] / "lonely.pt2"
+    lonely.write_bytes(package.read_bytes())  # no blob beside it
+    with pytest.raises(RuntimeError, match="binds its weights at load and none were bound"):
+        aoti_load_package(str(lonely), "cpu")(torch.randn(2, 3, 8, 8))

@@ -1,0 +1,78 @@
+"""Weights stored once on a GPU: the issue's Conv+BN+Linear model compiled weightless for cuda:0 (fp32 and bf16),
+checked with its blob bound on the device (user-managed) and perturbed; two loads share one device copy; and the
+0.50 trap (package_constants_in_so=False without always_keep_tensor_constants) caught by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from compiler import weights as weights_mod
+from compiler.check import check_artifact
+from compiler.compat.aoti import aoti_compile_and_package, aoti_load_package, constant_fqns, weightless_configs
+from compiler.errors import CheckFailed
+from compiler.options import CompileOptions
+from compiler.pipeline import compile_model
+from modelzoo import export, seeded
+
+SPEC = [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 8}, 3, 8, 8]}]
+
+
+class ConvBnHead(torch.nn.Module):
+    """tests/compiler/test_weights.py's model: the head's 4-element bias is what Inductor inlines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.bn(self.conv(x)).mean((2, 3)))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("gpu-weights")
+    batch = torch.export.Dim("batch", min=1, max=8)
+    path = export(seeded(ConvBnHead, 0).eval(), (torch.randn(2, 3, 8, 8),), d / "m.pt2",
+                  dynamic_shapes={"x": {0: batch}})
+    return d, path
+
+
+def test_this_torch_builds_weightless_packages():
+    assert weightless_configs() is not None, f"torch {torch.__version__} lacks the weightless settings"
+
+
+@pytest.mark.parametrize("precision", ["keep", "bf16"])
+def test_a_weightless_cuda_package_binds_its_blob_on_the_device_and_follows_it(exported, precision):
+    d, path = exported
+    result = compile_model(str(path), SPEC, SPEC, CompileOptions(precision=precision), "cuda:0",
+                           str(d / f"{precision}.pt2"))
+    assert result["weights"] is not None
+    check = check_artifact(str(path), result["package"], SPEC, "cuda:0", precision=precision, adversarial=False)
+    assert check["weights"]["perturbed"]["ok"]
+    blob = weights_mod.load(result["weights"], "cuda:0")
+    assert all(t.is_cuda for t in blob.values())
+    a, b = (aoti_load_package(result["package"], "cuda:0", weights=blob) for _ in range(2))
+    x = torch.randn(3, 3, 8, 8, device="cuda")
+    with torch.inference_mode():
+        ya = a(x)
+        blob["head.bias"].add_(1.0)  # one device copy: both packages see it
+        torch.testing.assert_close(b(x), ya + 1.0, rtol=0, atol=2e-2)
+
+
+def test_the_half_trap_is_caught_on_the_gpu(exported):
+    d, path = exported
+    ep = torch.export.load(str(path))
+    ep = torch.export.export(ep.module().cuda(), (torch.randn(2, 3, 8, 8, device="cuda"),))
+    package = str(d / "trap.pt2")
+    aoti_compile_and_package(ep, package, {**CompileOptions().inductor_configs(),
+                                           "aot_inductor.package_constants_in_so": False})
+    weights_mod.save(weights_mod.program_weights(ep), weights_mod.sidecar(package))
+    assert "head.bias" not in constant_fqns(aoti_load_package(package, "cuda:0"))
+    static = [{"name": "x", "dtype": "float32", "shape": [2, 3, 8, 8]}]
+    with pytest.raises(CheckFailed, match="does not read weight 'head.bias'"):
+        check_artifact(str(path), package, static, "cuda:0", adversarial=False)
