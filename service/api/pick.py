@@ -3,8 +3,9 @@
 The host says what it is (its concrete target, from compiler.device or compiler.targets.detect_cpu_target, and its
 torch version); the pick filters every stored artifact of the version's model by target, toolchain and shapes, and
 takes the exact target first, then a compatible one (code for a lower ISA level runs on a higher one: a v3 package
-on a v4 host). Old CPU labels compare as the level they stand for (compiler.targets.ALIASES). Among compatible targets the highest wins: the one every other compatible one could run on. Within
-a target, lookup.rank's order (static before dynamic, narrowest range, fastest measured, newest).
+on a v4 host). Old CPU labels compare as the level they stand for (compiler.targets.ALIASES). Among compatible
+targets the highest wins: the one every other compatible one could run on. Within a target, lookup.rank's order
+(static before dynamic, narrowest range, fastest measured, newest).
 """
 
 from __future__ import annotations
