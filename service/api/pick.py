@@ -3,7 +3,8 @@
 The host says what it is (its concrete target, from compiler.device or compiler.targets.detect_cpu_target, and its
 torch version); the pick filters every stored artifact of the version's model by target, toolchain and shapes, and
 takes the exact target first, then a compatible one (code for a lower ISA level runs on a higher one: a v3 package
-on a v4 host). Old CPU labels compare as the level they stand for (compiler.targets.ALIASES). Among compatible
+on a v4 host). Old CPU labels compare as the level they stand for (compiler.targets.ALIASES), and a package built
+under one (-march=native, `cachekey.pinned`) is never picked, as lookup never serves one. Among compatible
 targets the highest wins: the one every other compatible one could run on. Within a target, lookup.rank's order
 (static before dynamic, narrowest range, fastest measured, newest).
 """
@@ -42,6 +43,9 @@ def _why_not(a: dict[str, Any], host: Target, torch: str | None, spec: list[dict
         why.append("a report only (mode=training): no package to load")
     if not cachekey.bounded(f):
         why.append("built before today's bounds checks; only its own key reaches it")
+    if not cachekey.pinned(f):
+        why.append("built before x86-64 levels, with -march=native: it may use an extension this host lacks; "
+                   "only its own key reaches it (compile it again for its level)")
     return why
 
 

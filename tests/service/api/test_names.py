@@ -272,12 +272,14 @@ def test_the_pick_takes_the_exact_target_then_the_highest_compatible_and_says_wh
     assert (compat["key"], compat["match"]) == (c3, "compatible")
     assert "cpu-x86_64-v3 runs on it" in compat["reason"]
 
-    # An old label names its level: a package labelled cpu-x86_64-avx2 is the exact build for a v3 host.
+    # A package of an old label was built with -march=native: never picked (as lookup never serves one), and said so.
     legacy = _model(store)
     old = _publish(store, tmp_path, legacy, "cpu-x86_64-avx2", [8, 4])
     api.post(f"{api_url}/v1/names/{name}/versions", json={"model_id": legacy, "tags": ["legacy"]})
-    got = _pick(api_url, f"{name}:legacy", "cpu-x86_64-v3").json()
-    assert (got["key"], got["match"], got["target"]) == (old, "exact", "cpu-x86_64-v3")
+    refused = _pick(api_url, f"{name}:legacy", "cpu-x86_64-v3")
+    assert refused.status_code == 404
+    assert "-march=native" in refused.json()["error"]["candidates"][0]["why"][0], refused.text
+    assert refused.json()["error"]["candidates"][0]["key"] == old
 
     # A remembered pick never outlives a tag move, nor an artifact published since.
     assert _pick(api_url, f"{name}:prod", "cpu-x86_64-v4").json()["key"] == v4
