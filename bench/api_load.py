@@ -56,10 +56,11 @@ def seed(store: Any, n: int, tmp: Path) -> tuple[list[str], list[str]]:
         for dims in ([8, 3, 64, 64], [{"min": 1, "max": 32}, 3, 64, 64]):
             spec = [{"name": "x", "dtype": "float32", "shape": dims}]
             options = {"mode": "default", "precision": "keep", "freezing": False}
-            factors = cachekey.factors(model_id, spec, "cpu-x86_64-avx2", {"torch": "2.13.0"}, options)
+            # A level, not an old label: since levels, a package of an old label is never served by lookup.
+            factors = cachekey.factors(model_id, spec, "cpu-x86_64-v3", {"torch": "2.13.0"}, options)
             key = cachekey.cache_key(factors)
             store.artifacts.put({
-                "key": key, "factors": factors, "model_id": model_id, "target": "cpu-x86_64-avx2", "spec": spec,
+                "key": key, "factors": factors, "model_id": model_id, "target": "cpu-x86_64-v3", "spec": spec,
                 "options": options, "dynamic_dims": [], "timings": {"compile_total": 12.5, "check": 1.5},
                 "check": {"passed": True, "max_error": 1e-6, "eager_ms": 1.2, "compiled_ms": 0.8},
                 "worker": {"id": "bench", "device_name": "Bench CPU", "host": "bench"}, "job_id": "0" * 32,
@@ -223,7 +224,7 @@ def main() -> None:
                                     for m in ids],
                 "meta": [f"/v1/artifacts/{k}/meta" for k in art_keys],
                 "resolve_tag": [f"/v1/refs/model-{i}:prod" for i in range(len(ids))],
-                "pick_tag": [f"/v1/refs/model-{i}:prod/pick?host=cpu-x86_64-avx2&shape=x=8x3x64x64&torch=2.13.0"
+                "pick_tag": [f"/v1/refs/model-{i}:prod/pick?host=cpu-x86_64-v3&shape=x=8x3x64x64&torch=2.13.0"
                              for i in range(len(ids))],
             }
             for n_api in [int(w) for w in args.api_workers.split(",")]:
