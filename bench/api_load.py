@@ -12,6 +12,8 @@ the API open). Loopback only; bounded in count (`--max-requests` per cell) and t
     python bench/api_load.py --out bench/results/api-load.json              # 10,000 models, ~2 minutes of load
     python bench/api_load.py --quick --out /tmp/api-load.json               # a dry run: 500 models, ~20 s
     python bench/api_load.py --api-workers 1,2 --out ...                    # compare API process counts
+    python bench/api_load.py --stacks h11/asyncio,httptools/uvloop --rounds 3 --routes lookup_full_id \
+        --concurrency 32 --out bench/results/api-load-stacks-2cores.json   # HTTP parser and loop (AOTC_HTTP/LOOP)
 
 On a shared machine, what other processes take shows in the numbers: the JSON records the load average.
 """
@@ -38,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 ROUTES = ("lookup_full_id", "lookup_short_id", "meta", "resolve_tag", "pick_tag")
 NAMESPACE = "bench"
 X = {"symbol": "s0", "min": 1, "max": 64}
+TARGET = "cpu-x86_64-v3"  # a level, as today's workers label CPU packages: lookup serves no old label's
 
 
 def seed(store: Any, n: int, tmp: Path) -> tuple[list[str], list[str]]:
@@ -56,11 +59,10 @@ def seed(store: Any, n: int, tmp: Path) -> tuple[list[str], list[str]]:
         for dims in ([8, 3, 64, 64], [{"min": 1, "max": 32}, 3, 64, 64]):
             spec = [{"name": "x", "dtype": "float32", "shape": dims}]
             options = {"mode": "default", "precision": "keep", "freezing": False}
-            # A level, not an old label: since levels, a package of an old label is never served by lookup.
-            factors = cachekey.factors(model_id, spec, "cpu-x86_64-v3", {"torch": "2.13.0"}, options)
+            factors = cachekey.factors(model_id, spec, TARGET, {"torch": "2.13.0"}, options)
             key = cachekey.cache_key(factors)
             store.artifacts.put({
-                "key": key, "factors": factors, "model_id": model_id, "target": "cpu-x86_64-v3", "spec": spec,
+                "key": key, "factors": factors, "model_id": model_id, "target": TARGET, "spec": spec,
                 "options": options, "dynamic_dims": [], "timings": {"compile_total": 12.5, "check": 1.5},
                 "check": {"passed": True, "max_error": 1e-6, "eager_ms": 1.2, "compiled_ms": 0.8},
                 "worker": {"id": "bench", "device_name": "Bench CPU", "host": "bench"}, "job_id": "0" * 32,
@@ -189,8 +191,9 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=200_000, help="per route and concurrency")
     ap.add_argument("--api-workers", default="2", help="aotc-server --api-workers; comma-separated to compare")
     ap.add_argument("--routes", default=",".join(ROUTES))
-    ap.add_argument("--rounds", type=int, default=1, help="measure every route this often, alternating, so that "
-                    "what else the machine runs falls on each route alike; the summary takes each route's median")
+    ap.add_argument("--stacks", default="auto/auto", help="HTTP parser/event loop pairs (AOTC_HTTP/AOTC_LOOP), "
+                    "comma-separated to compare, e.g. h11/asyncio,httptools/uvloop")
+    ap.add_argument("--rounds", type=int, default=1, help="Run every stack this many times, alternately.")
     ap.add_argument("--quick", action="store_true", help="a dry run: 500 models, 1.5 s per cell")
     ap.add_argument("--no-auth", dest="auth", action="store_false", help="run the API open (no keys)")
     ap.add_argument("--out", type=Path, required=True, help="JSON results")
@@ -224,13 +227,17 @@ def main() -> None:
                                     for m in ids],
                 "meta": [f"/v1/artifacts/{k}/meta" for k in art_keys],
                 "resolve_tag": [f"/v1/refs/model-{i}:prod" for i in range(len(ids))],
-                "pick_tag": [f"/v1/refs/model-{i}:prod/pick?host=cpu-x86_64-v3&shape=x=8x3x64x64&torch=2.13.0"
+                "pick_tag": [f"/v1/refs/model-{i}:prod/pick?host={TARGET}&shape=x=8x3x64x64&torch=2.13.0"
                              for i in range(len(ids))],
             }
-            for n_api in [int(w) for w in args.api_workers.split(",")]:
+            runs = [(r, stack, int(w)) for r in range(args.rounds) for stack in args.stacks.split(",")
+                    for w in args.api_workers.split(",")]
+            for rnd, stack, n_api in runs:
+                http_impl, loop = stack.split("/")
                 port = free_port()
                 log = tmp / f"server-{n_api}.log"
                 env = {**os.environ, "AOTC_REDIS_URL": redis_srv.url, "AOTC_DATA_DIR": str(tmp / "data"),
+                       "AOTC_HTTP": http_impl, "AOTC_LOOP": loop,
                        **({"AOTC_ADMIN_KEY": secrets.token_urlsafe(24)} if args.auth else {}),
                        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
                 server = subprocess.Popen(
@@ -243,12 +250,13 @@ def main() -> None:
                         for c in concurrencies:
                             cell = asyncio.run(run_cell("127.0.0.1", port, key, paths[route], c, args.seconds,
                                                         args.warmup_s, args.max_requests))
-                            cell = {"api_workers": n_api, "route": route, "round": rnd, **cell}
+                            cell = {"stack": stack, "round": rnd + 1, "api_workers": n_api, "route": route, **cell}
                             results["cells"].append(cell)
-                            print(f"api-workers {n_api}  {route:16s} c={c:<4d} {cell['rps']:9.1f} req/s  "
+                            print(f"{stack:18s} round {rnd + 1} api-workers {n_api}  {route:16s} c={c:<4d} "
+                                  f"{cell['rps']:9.1f} req/s  "
                                   f"p50 {cell['p50_ms']:8.2f} ms  p99 {cell['p99_ms']:8.2f} ms  "
                                   f"errors {cell['errors']}", flush=True)
-                    results.setdefault("api_rss_mb", {})[str(n_api)] = _rss_mb(server.pid)
+                    results.setdefault("api_rss_mb", {})[f"{stack} {n_api}"] = _rss_mb(server.pid)
                 finally:
                     server.terminate()
                     try:
@@ -258,31 +266,20 @@ def main() -> None:
             store.close()
     results["loadavg_after"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
-    print(f"\n{'api':>3s}  {'route':16s} {'conc':>5s} {'req/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'errors':>6s}")
+    print(f"\n{'stack':18s} {'api':>3s}  {'route':16s} {'conc':>5s} {'req/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} "
+          f"{'errors':>6s}   (medians over {args.rounds} round(s))")
+    groups: dict[tuple[str, int, str, int], list[dict[str, Any]]] = {}
     for c in results["cells"]:
-        print(f"{c['api_workers']:>3d}  {c['route']:16s} {c['concurrency']:>5d} {c['rps']:>9.1f} {c['p50_ms']:>8.2f} "
-              f"{c['p99_ms']:>8.2f} {c['errors']:>6d}")
-    if args.rounds > 1:  # per route and concurrency: the median of the rounds, and its ratio to the first route's
-        summary: dict[str, Any] = {}
-        for c in results["cells"]:
-            summary.setdefault(f"{c['api_workers']} {c['route']} {c['concurrency']}", []).append(c)
-        results["summary"] = []
-        print(f"\nmedians of {args.rounds} rounds")
-        for name, cells in summary.items():
-            api_n, route, conc = name.split()
-            row = {"api_workers": int(api_n), "route": route, "concurrency": int(conc),
-                   "rps": statistics.median(x["rps"] for x in cells),
-                   "p50_ms": statistics.median(x["p50_ms"] for x in cells),
-                   "p99_ms": statistics.median(x["p99_ms"] for x in cells)}
-            base = next(r for r in results["summary"] + [row]
-                        if r["route"] == routes[0] and r["concurrency"] == row["concurrency"]
-                        and r["api_workers"] == row["api_workers"])
-            row["rps_vs_" + routes[0]] = round(row["rps"] / base["rps"], 2)
-            results["summary"].append(row)
-            print(f"{api_n:>3s}  {route:16s} {conc:>5s} {row['rps']:>9.1f} req/s  p50 {row['p50_ms']:>8.2f} ms  "
-                  f"p99 {row['p99_ms']:>8.2f} ms  x{row['rps_vs_' + routes[0]]:.2f} of {routes[0]}")
-        args.out.write_text(json.dumps(results, indent=1))
+        groups.setdefault((c["stack"], c["api_workers"], c["route"], c["concurrency"]), []).append(c)
+    results["medians"] = []
+    for (stack, n_api, route, conc), cells in groups.items():
+        m = {"stack": stack, "api_workers": n_api, "route": route, "concurrency": conc,
+             **{k: statistics.median(c[k] for c in cells) for k in ("rps", "p50_ms", "p99_ms")},
+             "errors": sum(c["errors"] for c in cells)}
+        results["medians"].append(m)
+        print(f"{stack:18s} {n_api:>3d}  {route:16s} {conc:>5d} {m['rps']:>9.1f} {m['p50_ms']:>8.2f} "
+              f"{m['p99_ms']:>8.2f} {m['errors']:>6d}")
+    args.out.write_text(json.dumps(results, indent=1))
     print(f"wrote {args.out}")
 
 

@@ -2,6 +2,8 @@
 meanwhile, and how long a restart takes with the package stored. On loopback, on this machine.
 
     .venv/bin/python bench/download.py                                  # 200 MB package, redis, file and s3
+    .venv/bin/python bench/download.py --size-mb 130 --backends file --pulls 9 \
+        --out bench/results/download-pull-2cores.json                   # the verified pull, main against now
     .venv/bin/python bench/download.py --size-mb 16 --backends redis,file --out /tmp/dl.json   # a dry run
 
 Each backend gets its own embedded redis-server (AOF on, as `aotc-server` runs it) and its own API process
@@ -11,7 +13,14 @@ moto, so its MB/s measure moto's Python server, not what a real object store ser
 - `1 stream MB/s`: one GET of the whole package, read into a reused 1 MB buffer (http.client, no hashing); the
   best of --repeat runs.
 - `16 streams MB/s`: 16 such GETs at once, in threads: 16 x size / wall time; the best of --repeat runs.
-- `pull MB/s`: `Client.pull` of the package, with its sha256 check and the write to disk.
+- `plain MB/s`, `sha256 MB/s`, `pull main MB/s`, `pull MB/s`, `x`: medians of --pulls rounds, each taking in turn one
+  plain GET (as `1 stream`), a sha256 of the pulled file (page cache warm), `Client.pull` into an empty cache as
+  git revision --before had it (default main: its client/sdk.py, loaded from git) and as it is now (signature and
+  sha256 verified, written to disk); `x` is the speed-up, from the medians.
+- `CPU s/GB main`, `CPU s/GB`: the pulling process's CPU time (all its threads) per 10^9 bytes pulled, medians: what
+  a pull costs whatever else the machine runs, where MB/s on a shared box measure the share it got.
+- `cached main s`, `cached s`: a second pull of the same artifact, which the local cache answers: the manifest's
+  signature is checked again; main hashed the whole file again, now its verified record is checked.
 - `API RSS +MB`: the API process's peak RSS during all those downloads, less its RSS before them.
 - `redis MB`: Redis's used_memory with the package stored.
 - `restart s`: stop Redis and the API, start them again: until Redis serves reads (its AOF loaded) and /readyz answers.
@@ -27,6 +36,8 @@ import http.client
 import json
 import os
 import platform
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -97,6 +108,63 @@ def _get(url: str) -> int:
         conn.close()
         return n
     raise RuntimeError(f"GET {url}: too many redirects")
+
+
+def _sdk_at(rev: str) -> Any:
+    """client/sdk.py as it is at git revision `rev` (its Client), to time the pull it had beside today's."""
+    import importlib.util
+
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:client/sdk.py"], check=True,
+                         capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp(prefix="aotc-sdk-")) / f"sdk_{rev.replace('/', '_')}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.Client
+
+
+def measure_pulls(url: str, key: str, size: int, base: Path, rounds: int, before: str) -> dict[str, Any]:
+    """`rounds` rounds, each in turn: plain HTTP (no hash, no disk), sha256 of the pulled file (warm page cache),
+    `Client.pull` at `before` and now (each into an empty cache: the whole download, signature and sha256
+    verified), then a pull the cache answers, at `before` and now (the manifest's signature checked again; the
+    file's bytes hashed again before, its verified record checked now). Medians in MB/s (10^6 bytes) and seconds."""
+    from client import Client
+
+    Before = _sdk_at(before)
+    times: dict[str, list[float]] = {k: [] for k in ("plain", "sha256", "pull_before", "pull_now",
+                                                     "cached_before", "cached_now", "cpu_before", "cpu_now")}
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        assert _get(f"{url}/v1/artifacts/{key}") == size
+        times["plain"].append(time.perf_counter() - t0)
+        for name, cls in (("before", Before), ("now", Client)):
+            cache = base / f"client-{name}"
+            shutil.rmtree(cache, ignore_errors=True)
+            with cls(url, cache_dir=cache, timeout=120) as c:
+                t0, c0 = time.perf_counter(), time.process_time()
+                path = c.pull(key)
+                times[f"pull_{name}"].append(time.perf_counter() - t0)
+                times[f"cpu_{name}"].append(time.process_time() - c0)  # this process's CPU, all its threads
+                assert path.stat().st_size == size
+                t0 = time.perf_counter()
+                c.pull(key)
+                times[f"cached_{name}"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        with open(path, "rb") as f:
+            hashlib.file_digest(f, "sha256")
+        times["sha256"].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"pull_rounds": rounds, "before": before, "times_s": {k: [round(x, 4) for x in v] for k, v in times.items()},
+            "plain_mb_s": round(size / med["plain"] / 1e6, 1), "sha256_mb_s": round(size / med["sha256"] / 1e6, 1),
+            "pull_before_mb_s": round(size / med["pull_before"] / 1e6, 1),
+            "pull_mb_s": round(size / med["pull_now"] / 1e6, 1),
+            "pull_speedup": round(med["pull_before"] / med["pull_now"], 2),
+            "cached_before_s": round(med["cached_before"], 4), "cached_now_s": round(med["cached_now"], 4),
+            "client_cpu_before_s_per_gb": round(med["cpu_before"] / size * 1e9, 3),
+            "client_cpu_now_s_per_gb": round(med["cpu_now"] / size * 1e9, 3)}
 
 
 class Peak:
@@ -220,7 +288,7 @@ class Lane:
         _stop(self.moto)
 
 
-def run_lane(backend: str, size: int, streams: int, repeat: int) -> dict[str, Any]:
+def run_lane(backend: str, size: int, streams: int, repeat: int, args_pulls: int, before: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"aotc-dl-{backend}-") as d:
         lane = Lane(backend, Path(d))
         try:
@@ -247,20 +315,13 @@ def run_lane(backend: str, size: int, streams: int, repeat: int) -> dict[str, An
                     many = min(many, time.perf_counter() - t0)
                     assert done == [size] * streams, "a stream came up short"
 
-            from client import Client
-
-            with Client(lane.url, cache_dir=Path(d) / "client", timeout=120) as c:
-                t0 = time.perf_counter()
-                path = c.pull(key)
-                pull = time.perf_counter() - t0
-                assert path.stat().st_size == size
-                path.unlink()
+            pulls = measure_pulls(lane.url, key, size, Path(d), args_pulls, before)
             redis_mb = int(redis.Redis.from_url(lane.redis.url).info("memory")["used_memory"]) / 2**20
             restart = lane.restart()
             return {"backend": backend, "size_bytes": size, "streams": streams, "repeat": repeat, "sha256": sha,
                     "one_stream_mb_s": round(size / one / 1e6, 1),
                     "many_streams_mb_s": round(size * streams / many / 1e6, 1),
-                    "pull_mb_s": round(size / pull / 1e6, 1),
+                    **pulls,
                     "api_rss_before_mb": round(rss.base / 2**20, 1),
                     "api_rss_growth_mb": round((rss.peak - rss.base) / 2**20, 1),
                     "redis_used_mb": round(redis_mb, 1), "restart_s": round(restart, 2)}
@@ -274,17 +335,23 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3, help="Report the best of this many runs of each measure.")
     ap.add_argument("--backends", default="redis,file,s3")
+    ap.add_argument("--pulls", type=int, default=7, help="Rounds of the pull comparison (medians reported).")
+    ap.add_argument("--before", default="main", help="The git revision whose client/sdk.py is 'before'.")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "download.json")
     args = ap.parse_args()
     size = int(args.size_mb * 2**20)
     rows = []
     for backend in args.backends.split(","):
         print(f"{backend}: {size / 2**20:.0f} MB ...", file=sys.stderr, flush=True)
-        rows.append(run_lane(backend, size, args.streams, args.repeat))
-    head = ("backend", "1 stream MB/s", f"{args.streams} streams MB/s", "pull MB/s", "API RSS +MB", "redis MB",
-            "restart s")
-    table = [head] + [(r["backend"], r["one_stream_mb_s"], r["many_streams_mb_s"], r["pull_mb_s"],
-                       r["api_rss_growth_mb"], r["redis_used_mb"], r["restart_s"]) for r in rows]
+        rows.append(run_lane(backend, size, args.streams, args.repeat, args.pulls, args.before))
+    head = ("backend", "1 stream MB/s", f"{args.streams} streams MB/s", "plain MB/s", "sha256 MB/s",
+            f"pull {args.before} MB/s", "pull MB/s", "x", f"CPU s/GB {args.before}", "CPU s/GB",
+            f"cached {args.before} s", "cached s", "API RSS +MB", "redis MB", "restart s")
+    table = [head] + [(r["backend"], r["one_stream_mb_s"], r["many_streams_mb_s"], r["plain_mb_s"], r["sha256_mb_s"],
+                       r["pull_before_mb_s"], r["pull_mb_s"], r["pull_speedup"], r["client_cpu_before_s_per_gb"],
+                       r["client_cpu_now_s_per_gb"], r["cached_before_s"],
+                       r["cached_now_s"], r["api_rss_growth_mb"], r["redis_used_mb"], r["restart_s"])
+                      for r in rows]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     for row in table:
         print("  ".join(str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(row, widths))))

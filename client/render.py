@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from compiler import report as rep
+from compiler import speed
 from compiler.shapes import format_spec
 
 # The stages a job walks through, in order: the worker fetches the model, the compiler loads it and runs its report
@@ -188,6 +189,12 @@ def report_notes(key: str, report: dict[str, Any]) -> list[str]:
         lines.append(f"on the worker ({check.get('device')}): {check.get('eager_ms')} ms eager -> "
                      f"{check.get('compiled_ms')} ms compiled, speedup {check.get('speedup')}x; max error vs eager "
                      f"{check.get('max_rel_err', 0):.2g}")
+        verdict = speed.verdict(check, report.get("spec") or [])
+        if verdict["slower_than_eager"]:
+            lines.append(f"SLOWER THAN EAGER on the worker ({verdict['vs_eager']}x): published because it is "
+                         "correct; lookup ranks it below any artifact that is not slower")
+        if (check.get("graphs") or {}).get("replayable") is False:  # the worker dropped its graph figures
+            lines.append(f"CUDA graphs: {speed.NOT_REPLAYABLE}")
         lines.extend(f"check note: {note}" for note in check.get("notes") or [])
     gemm = (report.get("caches") or {}).get("gemm_timings")
     if gemm:

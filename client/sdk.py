@@ -21,7 +21,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from urllib.parse import quote
 import httpx
 from httpx_sse import connect_sse
 
+from client import transfer
 from client.buckets import BucketedModel, Bundle
 from client.verify import ENV as TRUSTED_KEYS_ENV
 from client.verify import TrustSpec, Verifier, check_digest, check_file
@@ -107,6 +107,7 @@ class Client:
         key = api_key or os.environ.get("AOTC_API_KEY")
         self.http = httpx.Client(base_url=self.url, timeout=timeout,
                                  headers={"Authorization": f"Bearer {key}"} if key else None)
+        self._own_http = self.http  # pulls go through client/transfer.py only while `http` is this one
         # For presigned object-storage URLs: they carry their own signature, and must never see the API key.
         self.direct = httpx.Client(timeout=timeout)
         self.cache_dir = Path(cache_dir or os.environ.get("AOTC_CACHE_DIR") or Path.home() / ".cache" / "aotc")
@@ -371,25 +372,38 @@ class Client:
         meta = resp.json()
         return Artifact(meta["key"], meta)
 
-    def pull(self, artifact: Artifact | str, dest: str | Path | None = None, *, attempts: int = 3) -> Path:
-        """Download a package into the local cache (or `dest`), verified against its signed manifest. Cached copies
-        whose hash still matches the manifest are not downloaded again.
+    def pull(self, artifact: Artifact | str, dest: str | Path | None = None, *, attempts: int = 3,
+             rehash: bool = False, timings: dict[str, float] | None = None) -> Path:
+        """Download a package into the local cache (or `dest`), verified against its signed manifest.
 
         Before a byte is written, the manifest's signature must verify with a trusted key that is not revoked, name
         this artifact, and agree with the service's record (client/verify.py); the download must then have the
-        signed sha256 and size. Any refusal raises compiler.errors.BadSignature and leaves nothing behind.
-        The bytes land in `<key>.pt2.part` beside the cached copy and are renamed only once verified. A pull that
+        signed sha256 and size, computed while the bytes stream in (client/transfer.py). Any refusal raises
+        compiler.errors.BadSignature and leaves nothing behind.
+
+        A verified copy is recorded beside it (`<key>.pt2.verified`: its sha256, size, inode, mtime and ctime), so
+        a later pull or load of the same artifact checks the signature and that record, not every byte again; a
+        copy whose file changed since (another size, inode, mtime or ctime) is hashed again in full, as is every
+        copy with `rehash=True`. The bytes land in `<key>.pt2.part` and are renamed only once verified. A pull that
         is cut off (a dropped connection, a killed process) resumes from what that file holds with a `Range`
         request: within this call up to `attempts` times, and in any later pull. With an S3 blob store the service
-        redirects to a presigned URL and the bytes come straight from object storage."""
+        redirects to a presigned URL and the bytes come straight from object storage. `dest` is a hard link to the
+        cached copy where the file system allows (a copy, hashed again, where it does not).
+
+        `timings`, if given, gets `verify_s` (manifest and signature, and the cached copy's check) and `pull_s`
+        (the download, hashed on the way; 0 when the cache had it)."""
+        t0 = time.perf_counter()
         art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
         signed = self.verifier.manifest(art.key, art.meta)  # the record agrees with it: art.sha256 is signed
         cached = self.cache_dir / "artifacts" / f"{art.key}.pt2"
-        if not (cached.exists() and _file_sha256(cached) == signed.sha256):
+        hit = _verified(cached, signed.sha256, signed.size, rehash)
+        t1 = time.perf_counter()
+        if not hit:
             cached.parent.mkdir(parents=True, exist_ok=True)
             part = cached.with_name(cached.name + ".part")
             with open(part, "ab") as f, _locked(f):  # one writer per file, across processes
-                if cached.exists() and _file_sha256(cached) == signed.sha256:  # another pull finished meanwhile
+                if _verified(cached, signed.sha256, signed.size, rehash=False, record_only=True):  # another pull
+                    # finished meanwhile (and recorded what it verified); a copy found wrong above is not hashed twice
                     _drop_if_empty(part, f)
                 else:
                     digest = self._download(art, part, f, attempts)
@@ -398,19 +412,29 @@ class Client:
                     except BadSignature:
                         part.unlink(missing_ok=True)  # not a prefix worth resuming from
                         raise
+                    os.chmod(part, 0o444)  # an edit in place would fail, not go unseen until the next rehash
                     os.replace(part, cached)
+                    _record(cached, signed.sha256)
+        t2 = time.perf_counter()
+        if timings is not None:
+            timings["verify_s"] = t1 - t0
+            timings["pull_s"] = t2 - t1
         if dest is None:
             return cached
         dest = Path(dest)
         if dest.resolve() != cached.resolve():
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(dest.name + ".part")
-            shutil.copyfile(cached, tmp)
+            tmp.unlink(missing_ok=True)
             try:
-                check_file(signed, tmp)  # what was copied, not what the cache held a moment before
-            except BadSignature:
-                tmp.unlink(missing_ok=True)
-                raise
+                os.link(cached, tmp)  # the verified inode itself: no bytes copied, none to hash again
+            except OSError:
+                shutil.copyfile(cached, tmp)
+                try:
+                    check_file(signed, tmp)  # what was copied, not what the cache held a moment before
+                except BadSignature:
+                    tmp.unlink(missing_ok=True)
+                    raise
             os.replace(tmp, dest)
         return dest
 
@@ -421,6 +445,7 @@ class Client:
         size = int(art.meta["size"]) if size is None else size
         etag = sha256 or art.sha256
         url = f"/v1/artifacts/{art.key}" + (f"/{what}" if what else "")
+        direct = self.http is self._own_http and transfer.direct_ok(self.url)
         for attempt in range(1, attempts + 1):
             f.flush()  # what an attempt that was cut off still buffers belongs to the prefix
             have = os.fstat(f.fileno()).st_size
@@ -433,49 +458,56 @@ class Client:
             # If-Range: a copy of other bytes (the artifact was evicted and built again) comes back whole (200).
             headers = {"Range": f"bytes={have}-", "If-Range": f'"{etag}"'} if have else {}
             try:
-                with self.http.stream("GET", url, headers=headers) as resp:
-                    if resp.status_code == 307:  # S3: the bytes come from the presigned URL (S3 has its own ETag)
-                        with self.direct.stream("GET", resp.headers["location"],
-                                              headers={"Range": headers["Range"]} if have else {}) as direct:
-                            self._append(direct, f, digest, have)
-                    else:
-                        self._append(resp, f, digest, have)
+                if direct:
+                    self._fetch(url, headers, f, digest, have)
+                else:
+                    self._fetch_httpx(url, headers, f, digest, have)
                 return digest.hexdigest()
-            except _Restart:
+            except transfer.Restart:
                 f.truncate(0)
-            except httpx.TransportError:  # cut off midway: resume from what arrived
+            except (httpx.TransportError, transfer.Cutoff):  # cut off midway: resume from what arrived
                 if attempt == attempts:
                     raise
         raise ClientError(502, f"artifact {art.key}: the service never sent the bytes asked for")
 
+    def _fetch(self, url: str, headers: dict[str, str], f: BinaryIO, digest: Any, have: int) -> None:
+        """The fast path (client/transfer.py): http.client into a few reused buffers, hashed as they are written."""
+        sent = {**{k: v for k, v in self.http.headers.items() if k.lower() in ("authorization", "user-agent")},
+                **headers}
+        timeout = self.http.timeout.read
+        try:
+            transfer.fetch(self.url + url, sent, f, digest, have, timeout=timeout,
+                           redirect_headers={"Range": headers["Range"]} if have else {})
+        except transfer.Refused as e:
+            _raise_for(httpx.Response(e.status, content=e.body, headers={"content-type": "application/json"}))
+            raise ClientError(e.status, e.body[:500].decode(errors="replace")) from None
+
+    def _fetch_httpx(self, url: str, headers: dict[str, str], f: BinaryIO, digest: Any, have: int) -> None:
+        with self.http.stream("GET", url, headers=headers) as resp:
+            if resp.status_code == 307:  # S3: the bytes come from the presigned URL (S3 has its own ETag)
+                with self.direct.stream("GET", resp.headers["location"],
+                                      headers={"Range": headers["Range"]} if have else {}) as direct:
+                    self._append(direct, f, digest, have)
+            else:
+                self._append(resp, f, digest, have)
+
     @staticmethod
     def _append(resp: httpx.Response, f: BinaryIO, digest: Any, have: int) -> None:
         if resp.status_code == 416:
-            raise _Restart  # what we hold is not a prefix of this artifact
+            raise transfer.Restart  # what we hold is not a prefix of this artifact
         if not resp.is_success:
             resp.read()
         _raise_for(resp)
         if have and resp.status_code == 200:  # the whole body after all (If-Range did not match)
-            raise _Restart
+            raise transfer.Restart
         if resp.status_code == 206 and not resp.headers.get("content-range", "").startswith(f"bytes {have}-"):
-            raise _Restart
-        # Hash and write each piece in a helper thread while the next one arrives (both release the GIL): on a
-        # fast link the pull is as fast as the slowest of the three, not their sum.
-        def keep(piece: bytes) -> None:
-            digest.update(piece)
-            f.write(piece)
-
-        with ThreadPoolExecutor(1, thread_name_prefix="aotc-pull") as pool:
-            pending: Future[None] | None = None
-            try:
-                for piece in resp.iter_bytes(1 << 20):
-                    if pending is not None:
-                        pending.result()
-                    pending = pool.submit(keep, piece)
-            finally:  # what arrived is kept, in order, even when the stream was cut off: a resume starts after it
-                if pending is not None:
-                    pending.result()
-                f.flush()
+            raise transfer.Restart
+        try:
+            for piece in resp.iter_bytes(1 << 20):
+                digest.update(piece)
+                f.write(piece)
+        finally:  # what arrived is kept, in order, even when the stream was cut off: a resume starts after it
+            f.flush()
 
     def pin(self, key: str) -> dict[str, Any]:
         """Keep an artifact: a pinned artifact is never evicted from the service's bounded store."""
@@ -499,44 +531,66 @@ class Client:
         return resp.text
 
     def load(self, artifact: Artifact | Bundle | str, device: str | None = None, *,
-             pad: bool = True, cuda_graphs: bool = False, shapes: Mapping[str, Any] | None = None,
+             pad: bool = True, cuda_graphs: bool = False, rehash: bool = False,
+             timings: dict[str, float] | None = None, shapes: Mapping[str, Any] | None = None,
              target: str | None = None) -> Callable[..., Any]:
         """Pull an artifact and load it with AOTInductor; returns a callable taking the model's inputs.
         `artifact` is an Artifact, a Bundle, a key, or a registry reference ('bert-base:prod', 'bert-base@3'):
         a reference resolves to a version and its artifact for this machine (`pick`: `shapes` it must serve, and
         `target` to override the target detected for `device`), with the reason logged. The pull
-        verifies the signed manifest and the file, a cached one included, before anything is loaded. A Bundle
-        loads every artifact in it, and the callable picks the smallest bucket that fits each call (padding the
-        batch, dim 0, unless `pad=False`), else the main artifact. `cuda_graphs=True` replays a CUDA graph per
-        static shape (each bucket's), and runs plainly, with a logged reason, where it cannot (client/graphs.py)."""
+        verifies the signed manifest and the file before anything is loaded (a cached copy by its verified record,
+        or every byte with `rehash=True`: see `pull`). A Bundle loads every artifact in it, and the callable picks
+        the smallest bucket that fits each call (padding the batch, dim 0, unless `pad=False`), else the main
+        artifact. `cuda_graphs=True` replays a CUDA graph per static shape (each bucket's), and runs plainly, with
+        a logged reason, where it cannot (client/graphs.py).
+
+        `timings`, if given (a dict; not for a Bundle), gets the time to first inference split into seconds:
+        `verify_s` (manifest, signature, the cached copy's check), `pull_s` (the download, hashed as it streams),
+        `bind_s` (the device: the target check, which initialises CUDA on a GPU), `weights_s` (a weightless
+        package's weights blob: pulled and verified, or found, and put on the device), `load_s` (the package opened
+        and its weights bound) and, once the callable has run, `first_call_s` (the first call, synchronised on a
+        GPU; with graphs, its capture)."""
         if isinstance(artifact, Bundle):
-            main = ((artifact.main, self.load(artifact.main, device, cuda_graphs=cuda_graphs))
+            if timings is not None:
+                raise ValueError("timings are per artifact: load a Bundle's artifacts one by one to time them")
+            main = ((artifact.main, self.load(artifact.main, device, cuda_graphs=cuda_graphs, rehash=rehash))
                     if artifact.main.meta.get("package", True) else None)
-            return BucketedModel(main, [(b, self.load(b, device, cuda_graphs=cuda_graphs)) for b in artifact.buckets],
-                                 pad=pad)
+            return BucketedModel(main, [(b, self.load(b, device, cuda_graphs=cuda_graphs, rehash=rehash))
+                                        for b in artifact.buckets], pad=pad)
         if isinstance(artifact, Artifact):
             art = artifact
         elif _KEY.match(artifact):
             art = self.artifact(artifact)
         else:
             art = self.artifact(self.pick(artifact, shapes, device=device or "auto", target=target)["key"])
-        path = self.pull(art)
+        path = self.pull(art, rehash=rehash, timings=timings)
         from compiler.compat.aoti import aoti_load_package  # imports torch: only to load
 
+        t0 = time.perf_counter()
         built = Target.parse(str(art.meta.get("target", "")))
         device = device or ("cuda:0" if built.kind == "cuda" else "cpu")
         _check_target(built, device, art.meta)
+        t1 = time.perf_counter()
         # A weightless package binds the model's weights blob: pulled and verified once, one copy per device in
         # this process, shared by every bucket and version that names the same blob.
-        weights = self._device_weights(art, device) if art.meta.get("weights") else None
+        weights = self._device_weights(art, device, rehash) if art.meta.get("weights") else None
+        t2 = time.perf_counter()
+        fn: Callable[..., Any]
         if cuda_graphs:
             from client.graphs import load_graphed  # imports torch: only to load
 
-            return load_graphed(str(path), {"key": art.key, **art.meta}, device, weights=weights)
-        return aoti_load_package(str(path), device, weights=weights)
+            fn = load_graphed(str(path), {"key": art.key, **art.meta}, device, weights=weights)
+        else:
+            fn = aoti_load_package(str(path), device, weights=weights)
+        if timings is None:
+            return fn
+        timings["bind_s"] = t1 - t0
+        timings["weights_s"] = t2 - t1
+        timings["load_s"] = time.perf_counter() - t2
+        return _FirstCallTimed(fn, timings, device)
 
     def pull_weights(self, artifact: Artifact | str, dest: str | Path | None = None, *,
-                     attempts: int = 3) -> Path | None:
+                     attempts: int = 3, rehash: bool = False) -> Path | None:
         """The weights blob a weightless artifact binds, into the local cache by its sha256 (or to `dest`), verified
         against the artifact's signed manifest: the sha256 and size, and every constant's name, shape, dtype and
         stride as its header says them (read strictly, without torch). None for a package that carries its own
@@ -552,7 +606,7 @@ class Client:
                                            "none", kid=signed.kid)
         sha, size = str(w["sha256"]), int(w["size"])
         cached = self.cache_dir / "weights" / f"{sha}.safetensors"
-        if not _weights_verified(cached, sha, size, w):
+        if not _weights_verified(cached, sha, size, w, rehash):
             cached.parent.mkdir(parents=True, exist_ok=True)
             part = cached.with_name(cached.name + ".part")
             with open(part, "ab") as f, _locked(f):
@@ -566,7 +620,9 @@ class Client:
                         raise BadSignature("mismatch", f"the weights of artifact {art.key} arrived corrupt or "
                                            f"tampered with: sha256 {digest} ({got} bytes), but its signed manifest "
                                            f"says {sha} ({size} bytes)", kid=signed.kid)
+                    os.chmod(part, 0o444)
                     os.replace(part, cached)
+                    _record(cached, sha)  # hashed as it streamed in: the check below reads the record, not the bytes
             if not _weights_verified(cached, sha, size, w):
                 cached.unlink(missing_ok=True)
                 raise BadSignature("mismatch", f"the weights of artifact {art.key}: their header does not list the "
@@ -587,8 +643,8 @@ class Client:
         os.replace(tmp, dest)
         return dest
 
-    def _device_weights(self, art: Artifact, device: str) -> dict[str, Any]:
-        path = self.pull_weights(art)
+    def _device_weights(self, art: Artifact, device: str, rehash: bool = False) -> dict[str, Any]:
+        path = self.pull_weights(art, rehash=rehash)
         assert path is not None
         # The signed digest (the cached file's name), never the record's: a record cannot point this artifact at
         # tensors another artifact loaded.
@@ -672,6 +728,31 @@ def _path(part: str) -> str:
     return quote(part, safe=":@")
 
 
+class _FirstCallTimed:
+    """A loaded artifact that writes its first call's seconds into `timings["first_call_s"]` (on a GPU, until the
+    device is idle: a launch alone is not an inference). Other attributes are the artifact's own."""
+
+    def __init__(self, fn: Callable[..., Any], timings: dict[str, float], device: str) -> None:
+        self._fn, self._timings, self._device = fn, timings, device
+        self._first = True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._first:
+            return self._fn(*args, **kwargs)
+        t0 = time.perf_counter()
+        out = self._fn(*args, **kwargs)
+        if self._device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize(self._device)
+        self._timings["first_call_s"] = time.perf_counter() - t0
+        self._first = False
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fn, name)
+
+
 # Weights blobs loaded in this process, by (sha256, device): every package that binds one shares these tensors
 # (user-managed), so three buckets of a model hold one copy. They stay for the life of the process.
 _LOADED: dict[tuple[str, str], dict[str, Any]] = {}
@@ -680,17 +761,17 @@ _LOADED_LOCK = threading.Lock()
 _VERIFIED: dict[Path, tuple[str, int, int]] = {}
 
 
-def _weights_verified(path: Path, sha: str, size: int, signed: Mapping[str, Any]) -> bool:
+def _weights_verified(path: Path, sha: str, size: int, signed: Mapping[str, Any], rehash: bool = False) -> bool:
     """Whether `path` holds the signed weights blob: its sha256 and size, and a header (read strictly) listing the
     signed constants. Remembered per process while the file is unchanged."""
     try:
         st = path.stat()
     except FileNotFoundError:
         return False
-    if _VERIFIED.get(path) == (sha, size, st.st_mtime_ns):
+    if not rehash and _VERIFIED.get(path) == (sha, size, st.st_mtime_ns):
         return True
-    if st.st_size != size or _file_sha256(path) != sha:
-        return False
+    if not _verified(path, sha, size, rehash):  # by its record where it has one: a new process hashes no
+        return False                                  # blob a pull already verified
     from compiler.weightsfile import FormatError, describe, read_header_file
 
     try:
@@ -729,6 +810,47 @@ def _file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def _verified(cached: Path, sha256: str, size: int, rehash: bool, record_only: bool = False) -> bool:
+    """Whether `cached` holds the package with this sha256 and size: by its record (`<file>.verified`) while the
+    file is the one recorded (inode, size, mtime, ctime), else (unless `record_only`) by hashing it, and recording
+    it when it matches."""
+    try:
+        st = cached.stat()
+    except FileNotFoundError:
+        return False
+    if st.st_size != size:
+        return False
+    if not rehash:
+        try:
+            record = json.loads(cached.with_name(cached.name + ".verified").read_text())
+        except (OSError, ValueError):
+            record = None
+        if record == _stamp(st, sha256):
+            return True
+    if record_only:
+        return False
+    if _file_sha256(cached) != sha256:
+        # Found wrong: the record vouches for it no more (a copy corrupted in place can keep its stat).
+        cached.with_name(cached.name + ".verified").unlink(missing_ok=True)
+        return False
+    _record(cached, sha256)
+    return True
+
+
+def _stamp(st: os.stat_result, sha256: str) -> dict[str, Any]:
+    # ctime too: a chmod (the copy is read-only) and every write move it, and a user cannot set it back.
+    return {"sha256": sha256, "size": st.st_size, "ino": st.st_ino, "dev": st.st_dev, "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns}
+
+
+def _record(cached: Path, sha256: str) -> None:
+    """Note that `cached`, as it is now, was verified to have `sha256` (write-then-rename: never half a record)."""
+    record = cached.with_name(cached.name + ".verified")
+    tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(_stamp(cached.stat(), sha256)))
+    os.replace(tmp, record)
+
+
 def _file_sha256_object(path: Path, n: int) -> Any:
     """A sha256 object fed the first `n` bytes of `path`, to go on hashing what a resumed pull appends."""
     digest = hashlib.sha256()
@@ -747,10 +869,6 @@ def _drop_if_empty(path: Path, f: BinaryIO) -> None:
         return
     if mine.st_size == 0 and (mine.st_ino, mine.st_dev) == (there.st_ino, there.st_dev):
         path.unlink(missing_ok=True)
-
-
-class _Restart(Exception):
-    """What the partial file holds cannot be resumed: start again from nothing."""
 
 
 @contextmanager

@@ -14,12 +14,14 @@ device's name and clocks beside them: lookup compares only figures taken the sam
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -61,6 +63,23 @@ METHOD_CPU = "wall-clock"
 L2_FLUSH_BYTES = 256 * 2**20  # what do_bench zeroes before each call: more than any GPU's L2
 
 
+# Set (`untimed()`) when a timing pass of its own follows the check (compiler/timing.py, under the device lock): the
+# check then runs beside compiles and other checks, so it must not spend the device on figures nobody keeps, nor
+# disturb the timing pass of another job.
+_UNTIMED: contextvars.ContextVar[bool] = contextvars.ContextVar("aotc_check_untimed", default=False)
+METHOD_UNTIMED = "untimed-one-call"
+
+
+@contextlib.contextmanager
+def untimed() -> Iterator[None]:
+    """Within: `measure` times one call only (method METHOD_UNTIMED), a figure the timing pass replaces."""
+    token = _UNTIMED.set(True)
+    try:
+        yield
+    finally:
+        _UNTIMED.reset(token)
+
+
 def measure(fn: Callable[[], Any], device: str, *, warmup_ms: float = 100.0, rep_ms: float = 400.0,
             min_reps: int = 10, max_reps: int = 2000, budget_s: float = 4.0) -> dict[str, Any]:
     """Milliseconds per call of `fn`, as do_bench takes them: estimate from 5 calls (1 if it is slow), warm up for
@@ -69,6 +88,13 @@ def measure(fn: Callable[[], Any], device: str, *, warmup_ms: float = 100.0, rep
     two CUDA events and L2 is flushed before it; on a CPU each is timed by the wall clock. The median, quartiles,
     min and max."""
     cuda = device.startswith("cuda")
+    if _UNTIMED.get():
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        one = round((time.perf_counter() - t0) * 1e3, 5)
+        return {"median_ms": one, "p25_ms": one, "p75_ms": one, "iqr_ms": 0.0, "min_ms": one, "max_ms": one,
+                "reps": 1, "warmup_reps": 0, "method": METHOD_UNTIMED}
     fn()
     _sync(device)
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device) if cuda else None

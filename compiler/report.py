@@ -21,7 +21,7 @@ from typing import Any
 SCHEMA = 1
 STAGES = ("capture", "autograd", "lowering", "fusion", "codegen", "package")
 # What a job goes through, in order: the worker's steps around the compiler's stages (progress bars walk this).
-JOB_STAGES = ("queued", "fetch", "load", *STAGES, "check", "publish")
+JOB_STAGES = ("queued", "fetch", "load", *STAGES, "check", "timing", "publish")
 MAX_INLINE_CODE = 200_000  # characters of FX code kept inline; the whole graph is in the sources archive
 
 

@@ -191,6 +191,8 @@ class LocalWorkers:
 def _run_api(settings: Settings, host: str, port: int, api_workers: int, log_level: str) -> None:
     import uvicorn
 
+    from service.api.http import protocol
+
     if api_workers == 1:
         from service.api.app import create_app
 
@@ -198,7 +200,7 @@ def _run_api(settings: Settings, host: str, port: int, api_workers: int, log_lev
         # Redis are stopped too.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
         uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30,
-                    http="service.api.http:HTTPProtocol")  # a deadline on request headers
+                    http=protocol(settings.http), loop=settings.loop)  # a deadline on request headers
         return
     # Several processes accept on one socket, each with its own event loop and Redis connections. They read their
     # settings from the environment, so the embedded Redis' URL goes there. uvicorn supervises them (restarts one
@@ -208,7 +210,8 @@ def _run_api(settings: Settings, host: str, port: int, api_workers: int, log_lev
     os.environ["AOTC_REDIS_URL"] = settings.redis_url or ""
     os.environ[SERVER_PID] = str(os.getpid())
     config = uvicorn.Config("service.__main__:api_app", factory=True, workers=api_workers, host=host, port=port,
-                            log_level=log_level, timeout_graceful_shutdown=30, http="service.api.http:HTTPProtocol")
+                            log_level=log_level, timeout_graceful_shutdown=30, http=protocol(settings.http),
+                            loop=settings.loop)
     Multiprocess(config, sockets=[_tcp_nodelay(config.bind_socket())]).run()  # what uvicorn.run does, but this
 
 

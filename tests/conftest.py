@@ -17,6 +17,10 @@ from service.store.embedded import EmbeddedRedis
 os.environ["AOTC_API_KEY"] = ADMIN_KEY
 # Every service and worker the tests start inherits it (the disk-full tests set their own).
 os.environ.setdefault("AOTC_DISK_LOW_WATER_MB", str(DISK_LOW_WATER_MB))
+# A worker alone on its device lets the check time itself when the device lock is free (AOTC_TIMING_PASS=auto): a
+# timing child per compile would add seconds to every compile of the suite. tests/worker/test_devlock.py holds the
+# lock from another process to run the farm's path (the check untimed, then the timing pass).
+os.environ.setdefault("AOTC_TIMING_PASS", "auto")
 
 
 @pytest.fixture(scope="session")

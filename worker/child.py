@@ -15,6 +15,7 @@ whatever it shares with other compiles (max-autotune timings), the worker reads 
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import importlib
 import json
@@ -27,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 READY = "child-ready"  # the handshake's stage name (worker.health takes it out of the job's stages)
-KINDS = ("compile", "check", "warmup", "probe")
+KINDS = ("compile", "check", "time", "warmup", "probe")
 TOOLCHAIN = {"compile": ("compiler.pipeline", "compiler.compat.caches"), "check": ("compiler.check",),
+             "time": ("compiler.timing",),
              "warmup": ("compiler.pipeline", "compiler.archive.inspect")}
 
 
@@ -123,13 +125,23 @@ def main(jobdir: str, kind: str) -> int:
             )
             result["caches"] = inductor_cache_settings()
         elif kind == "check":
-            from compiler.check import check_artifact
+            from compiler.check import check_artifact, untimed
 
             on_stage("check")
             asked = task.get("options") or {}
-            result = check_artifact(task["model_path"], task["package_path"], task["spec"], task["device"],
-                                    precision=asked.get("precision", "keep"),
-                                    allow_nonfinite=bool(asked.get("allow_nonfinite", False)))
+            # `untimed`: a timing pass of its own follows (compiler/timing.py), so the check takes no figures.
+            with untimed() if task.get("untimed") else contextlib.nullcontext():
+                result = check_artifact(task["model_path"], task["package_path"], task["spec"], task["device"],
+                                        precision=asked.get("precision", "keep"),
+                                        allow_nonfinite=bool(asked.get("allow_nonfinite", False)))
+        elif kind == "time":  # the timing pass, under the device lock (compiler/timing.py)
+            from compiler.timing import time_artifact
+
+            # No on_stage here: the worker set "timing" before it waited for the lock.
+            asked = task.get("options") or {}
+            result = time_artifact(task["model_path"], task["package_path"], task["spec"], task["device"],
+                                   precision=asked.get("precision", "keep"),
+                                   allow_nonfinite=bool(asked.get("allow_nonfinite", False)))
         elif kind == "warmup":
             result = _warm_up(task, d)
         else:  # probe: the handshake is all it does

@@ -1,11 +1,12 @@
-"""One check at a time per device on a host: the check's latency figures are what deploy-time lookup ranks
-artifacts by, and two checks timing on one GPU (or on the same cores) at once slow each other down.
+"""One timing pass at a time per device on a host: the latency figures are what deploy-time lookup ranks artifacts
+by, and two passes timing on one GPU (or on the same cores) at once slow each other down.
 
 Workers that share AOTC_DATA_DIR (`aotc serve --workers N`, or containers mounting the same volume) take an
-exclusive flock on AOTC_DATA_DIR/locks/check-<device>.lock around each check child. The lock is held by the trusted
-worker, never by the sandboxed child, and the kernel drops it when the worker dies. Compiles do not take it: they
-mostly use the CPU, and the check figure records the host's load beside it.
-"""
+exclusive flock on AOTC_DATA_DIR/locks/check-<device>.lock around each timing child (compiler/timing.py). The
+correctness check before it takes no lock: it runs beside compiles and other checks, so one check no longer sets
+the farm's pace (issue 24: one job ended every 18 s, the length of a check, and jobs waited up to 91 s). The lock is
+held by the trusted worker, never by the sandboxed child, and the kernel drops it when the worker dies. Compiles do
+not take it: they mostly use the CPU, and the figure records the host's load beside it."""
 
 from __future__ import annotations
 

@@ -24,10 +24,11 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
 
+from compiler import speed  # torch-free
 from compiler.errors import Failure
 from compiler.report import attach_check  # torch-free
 from compiler.signing import Signer, key_record, statement
@@ -357,17 +358,35 @@ class JobRunner:
         check: dict[str, Any] | None = None
         timings = {**compiled.result["timings"], "compile_total": round(compiled.seconds, 3)}
         if outputs["package"] is not None:  # mode=training produces a report and graphs only: nothing to check
+            # Correctness beside compiles and other checks: no lock. Its figures were taken on a busy device, so
+            # the timing pass replaces them, under the device lock (compiler/timing.py).
+            task = {"model_path": str(model_path), "package_path": str(outputs["package"]), "spec": job["spec"],
+                    "device": device, "options": job["options"]}
             lock = lock_path(self.settings.data_dir, device) if self.settings.check_exclusive else None
-            with exclusive(lock, self.settings.check_timeout_s, cancelled) as held:
-                checked = run(
-                    {"kind": "check", "model_path": str(model_path), "package_path": str(outputs["package"]),
-                     "spec": job["spec"], "device": device, "options": job["options"]},
-                    workdir, timeout_s=self.settings.check_timeout_s,
-                )
+            # AOTC_TIMING_PASS=auto, or no lock at all: a check that finds the device free times itself under the
+            # lock (one child fewer: a worker alone on its device); otherwise it runs beside the others, untimed.
+            with exclusive(lock, 0) as held:
+                alone = lock is None or (self.settings.timing_pass == "auto" and held["exclusive"])
+                if alone:
+                    checked = run({"kind": "check", **task}, workdir, timeout_s=self.settings.check_timeout_s)
+            if not alone:
+                checked = run({"kind": "check", **task, "untimed": True}, workdir,
+                              timeout_s=self.settings.check_timeout_s)
             if not checked.ok:
                 return checked, {}
-            check, timings["check"] = {**checked.result, "host": held}, round(checked.seconds, 3)
-            timings["check_wait"] = held["waited_s"]
+            timings["check"] = round(checked.seconds, 3)
+            if alone:
+                check = {**checked.result, "host": held, "timing": {**held, "pass": "check"}}
+                timings["check_wait"] = 0.0
+            else:
+                host = {**held, "exclusive": False, "waited_s": 0.0,
+                        "reason": "the check takes no device lock: the timing pass does"}
+                timed = self._timing_pass(job_id, task, {**checked.result, "host": host}, workdir, run, cancelled)
+                if isinstance(timed, Outcome):
+                    return timed, {}
+                check, timings["timing"], timings["check_wait"] = timed
+            if speed.is_dynamic(job["spec"]):  # no client replays it: its graph figure would promise nothing
+                check = speed.not_replayable(check)
         weights: dict[str, Any] | None = None
         if outputs["weights"] is not None:
             found = _weights_manifest(outputs["weights"], check)
@@ -407,6 +426,25 @@ class JobRunner:
 
         artifact = self._once_redis_answers(publish, f"publish job {job_id}")
         return Outcome(True), {"key": artifact["key"], "timings": timings, "check": check}
+
+    def _timing_pass(self, job_id: str, task: dict[str, Any], check: dict[str, Any], workdir: Path,
+                     run: Callable[..., Any], cancelled: Callable[[], bool]
+                     ) -> tuple[dict[str, Any], float, float] | Outcome:
+        """The check with the timing pass's figures (compiler.speed.with_timing), the pass's seconds and its wait
+        for the device lock. A pass that fails in its own work (a crash, its time limit) leaves the check's own
+        figures, and the record says so; a cancelled job, or a child that never started (a broken environment, a
+        full disk), ends the job as a check's would (the Outcome)."""
+        self._set_stage(job_id, "timing")  # while it waits for the lock too
+        lock = lock_path(self.settings.data_dir, task["device"]) if self.settings.check_exclusive else None
+        with exclusive(lock, self.settings.check_timeout_s, cancelled) as held:
+            timed = run({"kind": "time", **task}, workdir, timeout_s=self.settings.check_timeout_s)
+        seconds = round(timed.seconds, 3)
+        if timed.cancelled or (timed.failure is not None and timed.failure.type in ("BrokenEnvironment", "DiskFull")):
+            return cast(Outcome, timed)
+        if not timed.ok:
+            log.warning("job %s: the timing pass failed; the check's own figures stay: %s", job_id, timed.failure)
+            return speed.with_timing(check, None, {**held, "pass": "failed"}), seconds, held["waited_s"]
+        return speed.with_timing(check, timed.result, {**held, "seconds": seconds}), seconds, held["waited_s"]
 
     def _sign(self, job: dict[str, Any], package: Path, check: dict[str, Any] | None,
               weights: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -51,10 +51,18 @@ class WorkerSettings(StorageSettings):
         "(the worker seeds and reads each compile's timings file; compile children never reach Redis)."
     )
     check_exclusive: bool = Field(
-        default=True, description="One check at a time per device among the workers sharing AOTC_DATA_DIR (a lock "
-        "file in AOTC_DATA_DIR/locks), so that sibling checks do not slow each other's latency figures, which "
-        "deploy-time lookup ranks artifacts by. A worker waits at most AOTC_CHECK_TIMEOUT_S for it, then checks "
-        "anyway; the check records whether it held the device, the wait, and the host's load.")
+        default=True, description="One timing pass at a time per device among the workers sharing AOTC_DATA_DIR (a "
+        "lock file in AOTC_DATA_DIR/locks), so that the latency figures deploy-time lookup ranks artifacts by are "
+        "taken on a quiet device. The correctness check runs beside compiles and other checks, without it; the "
+        "timing pass that follows (compiler/timing.py) takes it. A worker waits at most AOTC_CHECK_TIMEOUT_S for "
+        "it, then times anyway; the record's check.timing says whether it held the device, the wait, the load.")
+    timing_pass: Literal["separate", "auto"] = Field(
+        default="separate", description="Where an artifact's latency figures come from. separate: the check runs "
+        "beside compiles and other checks, untimed, then a timing pass of its own (compiler/timing.py) times eager, "
+        "the package and its graph replay under the device lock (AOTC_CHECK_EXCLUSIVE); for farms, where one "
+        "check at a time would set the pace. auto: a check that finds the device lock free times itself under it "
+        "(one child fewer, for a worker alone on its device), else as separate. The record's check.timing says "
+        "which ran.")
     keep_work: bool = Field(default=False, description="Keep each job's scratch folder (logs, package) for debugging.")
     retry_backoff_s: float = Field(
         default=10.0, ge=0, description="A job whose attempt failed and may be retried waits this long before its "

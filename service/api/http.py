@@ -1,10 +1,12 @@
 """Deadlines for slow clients: a connection that sends its request slowly holds a socket and a task, and enough of
 them take the API from everyone else (slowloris). Two parts:
 
-- `HTTPProtocol`, uvicorn's h11 protocol with a deadline on request headers (AOTC_HEADER_TIMEOUT_S). uvicorn has
-  none: its keep-alive timeout starts only after a first answer, and stops at a request's first byte. The deadline
-  runs from the connection's start, and on a kept-alive connection from the end of the previous answer; it stops
-  once the headers are complete. When it passes, the connection is closed, after a 408 if part of a request came.
+- `HTTPProtocol` (uvicorn's h11 protocol) and `HttpToolsProtocol` (uvicorn's httptools one, the faster: the
+  default when httptools is installed, AOTC_HTTP), each with a deadline on request headers
+  (AOTC_HEADER_TIMEOUT_S). uvicorn has none: its keep-alive timeout starts only after a first answer, and stops
+  at a request's first byte. The deadline runs from the connection's start, and on a kept-alive connection from
+  the end of the previous answer; it stops once the headers are complete. When it passes, the connection is
+  closed, after a 408 if part of a request came.
   It also bounds how long a client may go on sending the rest of a body that the answer did not need (a 413, a
   429): uvicorn discards it, and without a deadline would read it for as long as it came. `aotc-server` runs the API
   with it (`--api-workers 1` and the multi-process path both); an API started with plain `uvicorn` has no header
@@ -26,6 +28,11 @@ import h11
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpTools
+except ImportError:  # httptools is optional: AOTC_HTTP=auto then serves with h11
+    _HttpTools = None  # type: ignore[assignment,misc]
 
 from service.api.settings import get_settings
 
@@ -101,6 +108,78 @@ class HTTPProtocol(H11Protocol):
                 f"the request headers were not complete within {self._header_s:g} s (AOTC_HEADER_TIMEOUT_S)"))
         self._unset_keepalive_if_required()
         self.transport.close()
+
+
+if _HttpTools is not None:
+
+    class HttpToolsProtocol(_HttpTools):
+        """uvicorn's httptools protocol, with the same AOTC_HEADER_TIMEOUT_S as HTTPProtocol: armed when a
+        connection opens and when an answer ends with no request in flight, disarmed once a request's headers are
+        complete. A 408 goes only to a request that has begun and whose headers are not complete: a client still
+        sending a body after its answer (a 413, a 429) is just closed."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._header_s = get_settings().header_timeout_s
+            self._deadline: asyncio.TimerHandle | None = None
+            self._partial = False  # bytes came while the deadline ran
+            self._in_body = False  # between a request's headers and its end
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._deadline is not None:
+                self._partial = True
+            super().data_received(data)
+
+        def on_headers_complete(self) -> None:
+            self._in_body = True
+            self._disarm()  # the route's own time starts
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._in_body = False
+            super().on_message_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()  # may start a pipelined request, whose headers are then complete
+            if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+                self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._partial = False
+            self._deadline = self.loop.call_later(self._header_s, self._expired)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expired(self) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            if self._partial and not self._in_body:
+                self.transport.write(_raw_408(
+                    f"the request headers were not complete within {self._header_s:g} s (AOTC_HEADER_TIMEOUT_S)"))
+            self._unset_keepalive_if_required()
+            self.transport.close()
+
+
+def protocol(choice: str) -> str:
+    """uvicorn's `http` argument for AOTC_HTTP: `httptools`, `h11`, or `auto` (httptools when installed)."""
+    if choice == "h11" or (choice == "auto" and _HttpTools is None):
+        return "service.api.http:HTTPProtocol"
+    if _HttpTools is None:
+        raise RuntimeError("AOTC_HTTP=httptools, but httptools is not installed (pip install 'aotc[server]')")
+    return "service.api.http:HttpToolsProtocol"
 
 
 class BodyDeadlines:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from compiler import cachekey
+from compiler import cachekey, speed
 from compiler import shapes as specs
 from compiler.errors import NotFound
 from compiler.targets import Target
@@ -36,7 +36,10 @@ def rank(
     replay CUDA graphs (Client.load(cuda_graphs=True)), so the check's graph-replay medians rank, where every
     candidate has one that passed; otherwise the plain medians do. An artifact built before today's bounds (forced
     index asserts, compiler.bounds; `cachekey.bounded`) is never picked, nor is a CPU package built under an old
-    label with -march=native (`cachekey.pinned`): only its own key reaches them."""
+    label with -march=native (`cachekey.pinned`): only its own key reaches them. An artifact its check timed slower
+    than eager (compiler.speed) is picked only where every candidate is: it never outranks one that is not, however
+    specialised or new. A dynamic artifact's graph figure never ranks: a dynamic artifact is not replayed
+    (compiler.speed.NOT_REPLAYABLE)."""
     fits = [
         a
         for a in artifacts
@@ -49,6 +52,7 @@ def rank(
     ]
     if not fits:
         return None
+    fits = [a for a in fits if not _slower(a)] or fits
     widths = [_width(a["factors"]["spec"]) for a in fits]
     best = [a for a, w in zip(fits, widths, strict=True) if w == min(widths)]
     timed = [(t, a) for a in best if (t := _measured(a, graphs)) is not None]
@@ -60,6 +64,10 @@ def rank(
         # on some models and loses on others (bench/results/tuning-*), so the measured time, not the mode, decides.
         return min(timed, key=lambda ta: (ta[0][1], -ta[1]["created"]))[1]
     return max(best, key=lambda a: a["created"])
+
+
+def _slower(a: dict[str, Any]) -> bool:
+    return speed.verdict(a.get("check"), a["factors"]["spec"])["slower_than_eager"] is True
 
 
 def find_artifact(
@@ -79,6 +87,8 @@ def _measured(a: dict[str, Any], graphs: bool = False) -> tuple[tuple[str, str],
     moves far less with the worker's load than a launch-bound plain run's: bench/README.md)."""
     check = a.get("check") or {}
     latency = check.get("latency") or {}
+    if graphs and speed.is_dynamic(a["factors"]["spec"]):
+        return None  # replayed by no client: its graph figure (if an old record holds one) promises nothing
     if graphs:  # no fallback to compiled_ms: that is the plain run's
         figure = (latency.get("graph") or {}) if (check.get("graphs") or {}).get("ok") else {}
         ms = figure.get("median_ms")

@@ -19,11 +19,22 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from fastapi import Query
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag, with_config
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    computed_field,
+    with_config,
+)
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
 from compiler.options import JSON_INT, CompileOptions
+from compiler.speed import verdict
 
 
 class Record(BaseModel):
@@ -265,6 +276,11 @@ class BuiltBy(Record):
     id: str | None = None
 
 
+_SPEED = ("What the check says about speed (compiler/speed.py): `vs_eager` (eager's median over the package's), "
+          "`slower_than_eager` (published anyway, ranked below any artifact that is not), `graphs` (replayable; not "
+          "replayable: a dynamic artifact runs plainly; or none) and `graphs_vs_eager`.")
+
+
 class ArtifactRecord(Record):
     """A stored artifact: its cache-key factors, sizes, timings and the artifact check's result."""
 
@@ -290,6 +306,11 @@ class ArtifactRecord(Record):
     target: str
     timings: dict[str, Any] | None = Field(default=None, description="Seconds per stage.")
     worker: BuiltBy | None = None
+
+    @computed_field(description=_SPEED)  # type: ignore[prop-decorator]
+    @property
+    def speed(self) -> dict[str, Any]:
+        return verdict(self.check, [i.model_dump() for i in self.spec])
 
 
 class ArtifactList(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -94,6 +95,14 @@ class Settings(StorageSettings):
                                     "complete within this (from its start, or from the end of the previous answer "
                                     "on a kept-alive connection) is closed, with a 408 if it sent part of them. "
                                     "Applies where aotc-server runs the API.")
+    # The HTTP parser and event loop aotc-server's API processes run on (bench/README.md "Lookups": httptools and
+    # uvloop take the lookup past 2,000 req/s at 32 connections on 2 cores, where h11 and asyncio stop short).
+    http: Literal["auto", "httptools", "h11"] = Field(
+        default="auto", description="aotc-server's HTTP/1.1 parser: httptools (the faster), h11, or auto (httptools "
+        "when installed, as `aotc[server]` installs it). Both keep AOTC_HEADER_TIMEOUT_S.")
+    loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        default="auto", description="aotc-server's event loop: uvloop (the faster), asyncio, or auto (uvloop when "
+        "installed, as `aotc[server]` installs it).")
     body_idle_timeout_s: float = Field(default=30.0, gt=0, description="A request body that sends no bytes for "
                                        "this long is answered 408 and its connection closed.")
     body_min_rate_kbps: float = Field(default=8.0, ge=0, description="The slowest a request body may arrive, in "

@@ -145,6 +145,20 @@ def test_report_summary_renders_the_stage_table_and_the_notes():
     assert all(ln == ln.rstrip() for ln in lines)  # a pipe gets no padding
 
 
+def test_report_says_an_artifact_is_slower_than_eager_and_why_it_has_no_graph_figure():
+    from compiler import speed
+
+    report = json.loads(json.dumps(REPORT))
+    check = report["stages"]["package"]["check"]
+    check.update(eager_ms=0.30, compiled_ms=0.36, graphs={"captured": True, "ok": True, "replayable": False})
+    lines = render.plain(render.report_summary("491be8f7" * 4, META, report)).splitlines()
+    assert ("SLOWER THAN EAGER on the worker (0.833x): published because it is correct; lookup ranks it below any "
+            "artifact that is not slower") in lines
+    assert f"CUDA graphs: {speed.NOT_REPLAYABLE}" in lines
+    plain = render.plain(render.report_summary("491be8f7" * 4, META, REPORT))
+    assert "SLOWER" not in plain and "CUDA graphs" not in plain
+
+
 def test_tables_on_a_pipe_are_plain_columns_and_cells_are_never_markup():
     text = render.plain(render.models_table([
         {"id": "a07a21adf616" + "0" * 20, "name": "[bold]net[/]", "size": 440211,

@@ -20,7 +20,8 @@ from procs import api, wait_job
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-PIPELINE = ["fetch", "load", "capture", "autograd", "lowering", "fusion", "codegen", "package", "check", "publish"]
+PIPELINE = ["fetch", "load", "capture", "autograd", "lowering", "fusion", "codegen", "package", "check", "timing",
+            "publish"]
 
 
 def fx_calls(code: str) -> list[tuple[str, str]]:
@@ -85,7 +86,7 @@ def test_job_progress_names_each_stage_in_order(store, bundle):
     seen = [ev["stage"] for _, ev in store.jobs.events(bundle["jobs"][0]["id"]) if ev.get("stage")]
     running = [s for s in seen if s in PIPELINE]
     assert running == sorted(set(running), key=PIPELINE.index), seen  # each once, in pipeline order
-    assert set(PIPELINE) <= set(running), seen
+    assert set(PIPELINE) - {"timing"} <= set(running), seen  # a timing pass of its own only on a busy device
     assert set(bundle["jobs"][0]["timings"]) >= {"load", "capture", "autograd", "lowering", "fusion", "codegen",
                                                  "package", "check"}
 

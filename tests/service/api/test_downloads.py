@@ -4,6 +4,7 @@ pins, and the API's memory while 16 streams run at once."""
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import signal
 import subprocess
@@ -133,24 +134,24 @@ def test_every_get_is_a_pull_in_the_eviction_order(service: Service, tmp_path: P
 
 
 _KILLED_PULL = """
-import os, signal, sys
+import http.client, os, signal, sys
 sys.path[:0] = [sys.argv[1]]
-import httpx
 from client import Client
 limit, read = int(sys.argv[4]), [0]
-original = httpx.Response.iter_bytes
-def iter_bytes(self, *a, **kw):
-    for piece in original(self, *a, **kw):
-        yield piece
-        read[0] += len(piece)
-        if read[0] >= limit:  # written to the .part file: die like a killed process, mid-download
-            os.kill(os.getpid(), signal.SIGKILL)
-httpx.Response.iter_bytes = iter_bytes
+original = http.client.HTTPResponse.readinto
+def readinto(self, b):
+    n = original(self, b)
+    read[0] += n
+    if read[0] >= limit:  # the first 1 MiB block is on disk by now: die like a killed process, mid-download
+        os.kill(os.getpid(), signal.SIGKILL)
+    return n
+http.client.HTTPResponse.readinto = readinto
 Client(sys.argv[2], cache_dir=sys.argv[3]).pull(sys.argv[5])
 """
 
 
-def test_a_pull_killed_midway_resumes_with_range_and_ends_verified(service: Service, tmp_path: Path) -> None:
+def test_a_pull_killed_midway_resumes_with_range_and_ends_verified(service: Service, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from client import Client
 
     key, data = service.publish(tmp_path, 4_000_000)
@@ -164,14 +165,26 @@ def test_a_pull_killed_midway_resumes_with_range_and_ends_verified(service: Serv
     assert 0 < have < len(data) and part.read_bytes() == data[:have]
     assert not (cache / "artifacts" / f"{key}.pt2").exists()
 
+    # The pull's own connections (client/transfer.py speaks http.client): what each asked for, and the answers.
     sent: list[tuple[str, str | None]] = []
     statuses: list[int] = []
     keys_sent: list[bool] = []
+    request, getresponse = http.client.HTTPConnection.request, http.client.HTTPConnection.getresponse
+
+    def spy_request(conn: http.client.HTTPConnection, method: str, url: str, *a: Any, **kw: Any) -> None:
+        headers = kw.get("headers") or (a[1] if len(a) > 1 else {})
+        sent.append((f"http://{conn.host}:{conn.port}{url}", headers.get("Range")))
+        keys_sent.append("authorization" in {k.lower() for k in headers})
+        request(conn, method, url, *a, **kw)
+
+    def spy_getresponse(conn: http.client.HTTPConnection) -> http.client.HTTPResponse:
+        resp = getresponse(conn)
+        statuses.append(resp.status)
+        return resp
+
+    monkeypatch.setattr(http.client.HTTPConnection, "request", spy_request)
+    monkeypatch.setattr(http.client.HTTPConnection, "getresponse", spy_getresponse)
     with Client(service.url, cache_dir=cache) as c:
-        hooks = {"request": [lambda req: sent.append((str(req.url), req.headers.get("range"))),
-                             lambda req: keys_sent.append("authorization" in req.headers)],
-                 "response": [lambda resp: statuses.append(resp.status_code)]}
-        c.http.event_hooks = c.direct.event_hooks = hooks  # the API, and the presigned URL it redirects to
         path = c.pull(key)
     assert path.read_bytes() == data and not part.exists()
     assert (sent[-1][1], statuses[-1]) == (f"bytes={have}-", 206)  # only the rest came down
@@ -192,6 +205,45 @@ def test_a_corrupt_part_file_is_started_over(service: Service, tmp_path: Path) -
         with pytest.raises(Exception, match="corrupt"):
             c.pull(key)
         assert c.pull(key).read_bytes() == data  # and the next pull starts from nothing
+
+
+def test_a_cached_pull_checks_the_signature_and_its_record_not_every_byte(service: Service, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from client import Client, sdk
+
+    if service.backend != "file":
+        pytest.skip("the client's cache is the same whatever the blob store")
+    key, data = service.publish(tmp_path, 3_000_000)
+    hashed: list[Path] = []
+    whole_file_sha256 = sdk._file_sha256
+    monkeypatch.setattr(sdk, "_file_sha256", lambda p: hashed.append(p) or whole_file_sha256(p))
+    with Client(service.url, cache_dir=tmp_path / "cache") as c:
+        path = c.pull(key)
+        assert hashed == []  # hashed while it streamed in: the file is not read again
+        assert c.pull(key) == path and hashed == []  # verified before: the signature and the record, no bytes
+        linked = c.pull(key, tmp_path / "out" / "model.pt2")
+        assert linked.read_bytes() == data and hashed == [] and linked.stat().st_ino == path.stat().st_ino
+        assert c.pull(key, rehash=True) == path and hashed == [path]  # asked for: every byte
+
+        # Corrupt in place with its mtime put back: a rehash sees it, and then the record no longer vouches for it
+        # (nor could it, for bit rot that leaves the stat as it was), so the pull downloads it again.
+        st = path.stat()
+        path.chmod(0o644)
+        with open(path, "r+b") as f:
+            f.write(b"\xff" * 8)
+        path.chmod(0o444)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert c.pull(key, rehash=True).read_bytes() == data and hashed == [path, path]
+        assert c.pull(key) == path and hashed == [path, path]  # the fresh copy's own record
+
+        time.sleep(0.05)  # a later edit: past the file system's timestamp granularity
+        path.chmod(0o644)
+        with open(path, "r+b") as f:
+            f.write(b"\0" * 8)
+        downloads = []
+        monkeypatch.setattr(c, "_download", lambda *a: downloads.append(a[0].key) or Client._download(c, *a))
+        assert c.pull(key).read_bytes() == data  # the record no longer fits: hashed, found wrong, pulled again
+        assert hashed == [path, path, path] and downloads == [key]
 
 
 def test_pin_and_unpin(service: Service, tmp_path: Path) -> None:
@@ -250,8 +302,20 @@ def test_sixteen_streams_at_once_hold_little_memory(service: Service, tmp_path: 
     assert peak[0] - base < 64 * 2**20, f"the API grew by {(peak[0] - base) / 2**20:.0f} MB"
 
 
-def test_a_weights_blob_is_served_pulled_once_verified_and_refused_when_tampered(service: Service,
-                                                                                 tmp_path: Path) -> None:
+def _spy_paths(monkeypatch: pytest.MonkeyPatch, sent: list[str]) -> None:
+    """Record the path of every request the SDK's downloads send (client/transfer.py speaks http.client)."""
+    request = http.client.HTTPConnection.request
+
+    def spy(conn: http.client.HTTPConnection, method: str, url: str, *a: Any, **kw: Any) -> None:
+        sent.append(url.split("?", 1)[0])
+        request(conn, method, url, *a, **kw)
+
+    monkeypatch.setattr(http.client.HTTPConnection, "request", spy)
+
+
+def test_a_weights_blob_is_served_pulled_once_verified_and_refused_when_tampered(service: Service, tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                                 ) -> None:
     from client import Client
 
     weights = tmp_path / "w.safetensors"
@@ -273,13 +337,24 @@ def test_a_weights_blob_is_served_pulled_once_verified_and_refused_when_tampered
     assert r.status_code == 409 and "carries its own weights" in r.json()["error"]["message"]
 
     sent: list[str] = []
+    _spy_paths(monkeypatch, sent)
     with Client(service.url, cache_dir=tmp_path / "cache") as c:
-        c.http.event_hooks = {"request": [lambda req: sent.append(req.url.path)]}
         got = c.pull_weights(key)
         assert got is not None and got.read_bytes() == weights.read_bytes()
         assert c.pull_weights(other) == got  # the other bucket names the same blob: nothing more comes down
         assert [p for p in sent if p.endswith("/weights")] == [f"/v1/artifacts/{key}/weights"]
         assert c.pull_weights(plain) is None
+
+    # A new process (the per-process memo empty) finds the blob by its verified record: its bytes are not read again.
+    from client import sdk
+
+    sdk._VERIFIED.clear()
+    hashed: list[Path] = []
+    whole_file_sha256 = sdk._file_sha256
+    monkeypatch.setattr(sdk, "_file_sha256", lambda p: hashed.append(p) or whole_file_sha256(p))
+    with Client(service.url, cache_dir=tmp_path / "cache") as c:
+        assert c.pull_weights(key) == got and hashed == []
+    monkeypatch.setattr(sdk, "_file_sha256", whole_file_sha256)
 
     # The stored bytes swapped for others: the client refuses them, keeping nothing.
     tampered = tmp_path / "t.safetensors"

@@ -12,7 +12,7 @@ from procs import api
 
 def _publish(store, tmp_path, model_id: str, spec: list, mode: str, ms: float | None = None,
              device: str = "Test CPU", method: str | None = None, graph_ms: float | None = None,
-             graph_ok: bool = True) -> str:
+             graph_ok: bool = True, eager_ms: float | None = None) -> str:
     options = {"mode": mode}
     factors = cachekey.factors(model_id, spec, "cpu-x86_64-test", {"torch": "test"}, options)
     key = cachekey.cache_key(factors)
@@ -29,6 +29,8 @@ def _publish(store, tmp_path, model_id: str, spec: list, mode: str, ms: float | 
         record["check"]["graphs"] = {"captured": True, "ok": graph_ok, "pays": graph_ok}
         record["check"]["latency"]["graph"] = {"median_ms": graph_ms, "p25_ms": graph_ms, "p75_ms": graph_ms,
                                                "method": method}
+    if eager_ms is not None:
+        record["check"]["eager_ms"] = eager_ms
     store.artifacts.put(record, package)
     return key
 
@@ -123,3 +125,35 @@ def test_graphs_rank_by_the_graph_replay_where_every_candidate_has_one(api_url, 
     _publish(store, tmp_path, other, static, "max-autotune", ms=1.2, method="cuda-events-l2flush",
              device="NVIDIA H200", graph_ms=0.40)
     assert _lookup(api_url, other, graphs="true").json()["key"] == plain_fast
+
+
+def test_an_artifact_slower_than_eager_says_so_and_never_outranks_one_that_is_not(api_url, store, tmp_path, client):
+    m = "c1" * 32
+    _model(store, m)
+    dynamic = [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 32}, 4]}]
+    static = [{"name": "x", "dtype": "float32", "shape": [8, 4]}]
+    fast = _publish(store, tmp_path, m, dynamic, "default", ms=0.8, eager_ms=1.0)
+    slow = _publish(store, tmp_path, m, static, "max-autotune", ms=1.5, eager_ms=1.0)  # static and newer, but slower
+    answer = _lookup(api_url, m).json()
+    assert answer["key"] == fast, "a static artifact slower than eager outranked a dynamic one that is not"
+    assert answer["speed"] == {"vs_eager": 1.25, "slower_than_eager": False, "graphs": "not replayable"}
+    meta = api.get(f"{api_url}/v1/artifacts/{slow}/meta").json()
+    assert meta["speed"]["slower_than_eager"] is True and meta["speed"]["vs_eager"] == 0.667
+    # Where it is the only one that fits, it is served, and the answer says what it is.
+    answer = _lookup(api_url, m, mode="max-autotune").json()
+    assert answer["key"] == slow and answer["speed"]["slower_than_eager"] is True
+    assert client.lookup(m, {"x": [8, 4]}).meta["speed"]["slower_than_eager"] is False
+
+
+def test_a_dynamic_artifacts_graph_figure_never_ranks(api_url, store, tmp_path):
+    """A client runs a dynamic artifact plainly even with cuda_graphs=True: its graph figure promises nothing."""
+    m = "c2" * 32
+    _model(store, m)
+    dynamic = [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 32}, 4]}]
+    plain_fast = _publish(store, tmp_path, m, dynamic, "default", ms=1.0, method="cuda-events-l2flush",
+                          device="NVIDIA H200", graph_ms=0.6)
+    _publish(store, tmp_path, m, dynamic, "max-autotune", ms=1.2, method="cuda-events-l2flush",
+             device="NVIDIA H200", graph_ms=0.3)  # newer, and the faster replay a client would never run
+    answer = _lookup(api_url, m, graphs="true").json()
+    assert answer["key"] == plain_fast
+    assert answer["speed"]["graphs"] == "not replayable" and "graphs_vs_eager" not in answer["speed"]

@@ -422,7 +422,9 @@ def test_concurrent_compile_requests_admit_exactly_the_job_quota(limited, fake_t
 
 def test_aotc_server_closes_half_sent_requests_with_408(tmp_path, servers, monkeypatch, model_bytes):
     monkeypatch.setenv("AOTC_HEADER_TIMEOUT_S", "1.5")
-    for api_workers in ("1", "2"):  # uvicorn.run and the Multiprocess path
+    # uvicorn.run and the Multiprocess path; each HTTP parser (AOTC_HTTP; httptools is the default when installed)
+    for api_workers, parser in (("1", "h11"), ("2", "httptools")):
+        monkeypatch.setenv("AOTC_HTTP", parser)
         server = AotcServer(tmp_path / f"data-{api_workers}", "--workers", "0", "--api-workers", api_workers)
         servers.append(server)
         server.wait_ready()
