@@ -1,5 +1,5 @@
-"""Deploy-time read load on the API: lookup by full id, lookup by short id, and artifact meta, at several
-concurrencies. Prints a table and writes JSON.
+"""Deploy-time read load on the API: lookup by full id, lookup by short id, artifact meta, and by registry name
+(resolve a tag; pick the artifact of a tag for a host), at several concurrencies. Prints a table and writes JSON.
 
 It starts its own redis-server (no persistence) and `aotc-server --workers 0 --api-workers N` on free loopback
 ports, stores `--models` models with two artifacts each (a static and a dynamic one, so lookup has to rank)
@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-ROUTES = ("lookup_full_id", "lookup_short_id", "meta")
+ROUTES = ("lookup_full_id", "lookup_short_id", "meta", "resolve_tag", "pick_tag")
 NAMESPACE = "bench"
 X = {"symbol": "s0", "min": 1, "max": 64}
 TARGET = "cpu-x86_64-v3"  # a level, as today's workers label CPU packages: lookup serves no old label's
@@ -69,6 +69,7 @@ def seed(store: Any, n: int, tmp: Path) -> tuple[list[str], list[str]]:
             }, package)
             art_keys.append(key)
         ids.append(model_id)
+        store.names.add_version(NAMESPACE, f"model-{i}", model_id, "bench", tags=["prod"])  # model-{i}:prod
     return ids, art_keys
 
 
@@ -225,6 +226,9 @@ def main() -> None:
                 "lookup_short_id": [f"/v1/artifacts/lookup?model_id={m[:12]}&target=cpu&shape=x=8x3x64x64"
                                     for m in ids],
                 "meta": [f"/v1/artifacts/{k}/meta" for k in art_keys],
+                "resolve_tag": [f"/v1/refs/model-{i}:prod" for i in range(len(ids))],
+                "pick_tag": [f"/v1/refs/model-{i}:prod/pick?host={TARGET}&shape=x=8x3x64x64&torch=2.13.0"
+                             for i in range(len(ids))],
             }
             runs = [(r, stack, int(w)) for r in range(args.rounds) for stack in args.stacks.split(",")
                     for w in args.api_workers.split(",")]
@@ -242,7 +246,7 @@ def main() -> None:
                     env=env, cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
                 try:
                     wait_up(f"http://127.0.0.1:{port}", server, log)
-                    for route in routes:
+                    for rnd, route in [(r, route) for r in range(args.rounds) for route in routes]:
                         for c in concurrencies:
                             cell = asyncio.run(run_cell("127.0.0.1", port, key, paths[route], c, args.seconds,
                                                         args.warmup_s, args.max_requests))

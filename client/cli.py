@@ -1,8 +1,14 @@
 """The `aotc` command line: the SDK's calls as commands, shown by client/render.py.
 
     aotc compile model.pt2 --shape x=8x3x224x224 --target cpu   progress on stderr; the key is stdout's last line
+      [--target cpu-x86_64-avx2 --target cuda-sm90 | --target all]  several targets: one job each
+      [--name bert-base --tag prod]               record bert-base@N for the model, move the tag `prod` to it
     aotc pull KEY -o model.so.pt2                 fetch an artifact, verified against its signed manifest; the path
                                                   comes last
+    aotc pull bert-base:prod --shape x=8x128      by name: the artifact for this machine, and why it was picked
+    aotc versions NAME [--history] | names        a name's versions (tags, artifacts per target) | every name
+    aotc tag NAME@3 canary | untag NAME:canary    move a tag (recorded: who, when) | remove one
+    aotc delete-version NAME@3                    its tags go; its model stays pinned while another version holds it
     aotc run KEY [--cuda-graphs]                  pull, load and run it on example inputs: what ran, latency
     aotc signing-keys [--revoke KID]              the keys artifacts are signed with; revoke one (admin)
     aotc report KEY                               a table of the compiler's stages for one artifact
@@ -22,6 +28,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -36,6 +43,7 @@ from client import render
 from client.sdk import Client, ClientError, JobFailed
 from compiler.errors import BadSignature, Unprocessable
 from compiler.options import Mode, Precision
+from compiler.refs import Ref
 from compiler.shapes import Dim, parse_shape_args
 from compiler.targets import Target
 from compiler.weightsfile import sidecar
@@ -135,7 +143,9 @@ def compile_(
     model: Annotated[Path, typer.Argument(exists=True, dir_okay=False, metavar="MODEL",
                                           help="A torch.export.save archive (.pt2).")],
     shape: ShapeOption,
-    target: TargetOption = "cpu",
+    target: Annotated[list[str] | None, typer.Option(
+        help="cpu, cuda, a concrete target such as cuda-sm90, or all (every target the farm serves). Repeat it for "
+        "several: one job each.")] = None,
     mode: Annotated[Mode, typer.Option(help="max-autotune: slower compile, faster kernels.")] = "default",
     precision: Annotated[Precision, typer.Option(
         help="Compute in bf16/fp16 for inference; inputs and outputs keep their dtypes.")] = "keep",
@@ -146,11 +156,19 @@ def compile_(
         "--inductor", metavar="KEY=VALUE",
         help="An allow-listed Inductor setting, e.g. coordinate_descent_tuning=true (repeatable).")] = None,
     priority: Annotated[Priority, typer.Option(help="Interactive jobs are served before batch jobs.")] = "interactive",
-    name: Annotated[str | None, typer.Option(help="The model's name (default: the file's stem).")] = None,
+    name: Annotated[str | None, typer.Option(
+        help="Record a new version of this registry name (NAME@N) pointing at the model; also the model's name "
+        "(default: the file's stem, and no version).")] = None,
+    tag: Annotated[list[str] | None, typer.Option(
+        "--tag", help="Move this tag to the new version (needs --name; repeatable).")] = None,
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Print the job id and return.")] = False,
 ) -> None:
-    """Upload a .pt2 and compile it. Progress goes to stderr; the artifact key is stdout's last line."""
-    shapes, target = _shapes(shape), _target(target)
+    """Upload a .pt2 and compile it. Progress goes to stderr; the artifact key is stdout's last line (with several
+    targets: one `TARGET KEY` line per target built)."""
+    shapes = _shapes(shape)
+    targets = [t if t.strip().lower() == "all" else _target(t) for t in (target or ["cpu"])]
+    if tag and name is None:
+        _fail("--tag moves a tag to the version --name records: give --name too")
     options: dict[str, Any] = {"mode": mode, "precision": precision, "freezing": freezing}
     if allow_nonfinite:  # only when set: an option at its default is not part of the cache key
         options["allow_nonfinite"] = True
@@ -159,7 +177,16 @@ def compile_(
     with _service(ctx) as c:
         record = c.upload(model, name=name)
         _say(f"uploaded {model} as model {record['id'][:12]} ({record['size']} bytes)")
-        answer = c.submit(record["id"], shapes, target, priority=priority, **options)
+        several = len(targets) > 1 or targets[0] == "all"
+        answer = c.submit(record["id"], shapes, targets[0], priority=priority,
+                          targets=targets if several else None, name=name, tags=tag or (), **options)
+        if answer.get("version"):
+            v = answer["version"]
+            _say(f"recorded {v['ref']} -> model {v['model_id'][:12]}"
+                 + (f" (tags: {', '.join(t for t in v['tags'])})" if v["tags"] else ""))
+        if several:
+            _compile_several(c, answer, no_wait)
+            return
         if answer["status"] == "cached":
             _say("cache hit: already compiled")
             typer.echo(answer["key"])
@@ -175,17 +202,77 @@ def compile_(
         typer.echo(art.key)
 
 
+def _compile_several(c: Client, answer: dict[str, Any], no_wait: bool) -> None:
+    """Every target's job, one after another with its progress; then `TARGET KEY` per target built on stdout.
+    Exit 1 when some target was not built (unserved, refused or failed): the others are still printed."""
+    entries = answer["targets"]
+    for e in entries:
+        if e["status"] in ("unserved", "refused"):
+            _say(f"{e['target']}: {e['status']}: {render.printable(e['error']['message'])}")
+        elif e["status"] == "cached":
+            _say(f"{e['target']}: cache hit")
+        else:
+            _say(f"{e['target']}: {e['status']} job {e['job']['id']} for target {e['job']['target']}")
+    if no_wait:
+        for e in entries:
+            if e.get("job"):
+                typer.echo(f"{e['job']['target']} {e['job']['id']}")
+        return
+    missing = [e for e in entries if e["status"] in ("unserved", "refused")]
+    for e in entries:
+        if e.get("job"):
+            _say(f"{e['target']}: waiting for job {e['job']['id'][:8]}")
+            try:
+                with render.JobProgress() as progress:
+                    art = c.wait(e["job"]["id"], progress=progress)
+            except JobFailed as failed:
+                _say(f"aotc: {e['target']}: {failed}")
+                missing.append(e)
+                continue
+            _say(render.artifact_line(art.key, art.meta))
+            typer.echo(f"{art.meta['target']} {art.key}")
+        elif e["status"] == "cached":
+            typer.echo(f"{e['artifact']['target']} {e['key']}")
+    if missing:
+        _say(f"aotc: not built for {', '.join(e['target'] for e in missing)}")
+        raise typer.Exit(1)
+
+
 @app.command()
 def pull(
     ctx: typer.Context,
-    key: Annotated[str, typer.Argument(help="The artifact key.")],
+    key: Annotated[str, typer.Argument(help="The artifact key, or a registry reference: NAME:TAG, NAME@VERSION, "
+                                       "NAME (its latest).")],
     output: Annotated[Path | None, typer.Option("-o", "--output",
                                                 help="Where to write it (default: the local cache).")] = None,
+    shape: Annotated[list[str] | None, typer.Option(
+        "--shape", metavar="NAME=SHAPE", help="By reference: the shapes the artifact must serve.")] = None,
+    target: Annotated[str | None, typer.Option(
+        help="By reference: the concrete target to pick for (default: this machine's, detected).")] = None,
+    device: Annotated[str, typer.Option(help="By reference: the device whose target is detected: cpu, cuda:0, "
+                                        "auto.")] = "auto",
 ) -> None:
     """Download an artifact, verified against its signed manifest (keys: $AOTC_TRUSTED_KEYS, else the service's).
-    A weightless package's weights blob, verified too, goes beside it as NAME.weights.safetensors, where aotc's
-    loader binds it. The path is stdout's last line; exit 3 when the artifact is refused, with nothing written."""
+    By reference, the service picks the artifact for this machine (exact target first, then a compatible one) and
+    says why. A weightless package's weights blob, verified too, goes beside it as NAME.weights.safetensors, where
+    aotc's loader binds it. The path is stdout's last line; exit 3 when the artifact is refused, with nothing
+    written; exit 1 when nothing of a reference fits this machine (each candidate and why)."""
     with _service(ctx) as c:
+        if not re.fullmatch(r"[0-9a-f]{32}", key):
+            try:
+                Ref.parse(key)
+            except Unprocessable as e:
+                _fail(e.message)
+            try:
+                picked = c.pick(key, _shapes(shape or []), device=device,
+                                target=_target(target) if target else None)
+            except ClientError as e:
+                if e.status != 404:
+                    raise
+                _fail(e.message, 1)
+            _say(f"{key} is {picked['version']['ref']} (model {picked['version']['model_id'][:12]}); for "
+                 f"{picked['host']}: {picked['key']} ({picked['target']}, {picked['match']}): {picked['reason']}")
+            key = picked["key"]
         try:
             path = c.pull(key, output)
             weights = c.pull_weights(key, sidecar(path))
@@ -292,6 +379,92 @@ def cancel(ctx: typer.Context, job_id: Annotated[str, typer.Argument(help="The j
     with _service(ctx) as c:
         job = c.cancel(job_id)
     typer.echo(f"job {job['id']}: {job['state']}{' (cancelling)' if job.get('cancel_requested') else ''}")
+
+
+# -- the registry --------------------------------------------------------------------------------------------------
+
+
+def _built(v: dict[str, Any]) -> str:
+    """A version's artifacts per target, e.g. `cpu-x86_64-avx2: built 34be71ec; cuda-sm90: queued`."""
+    per: dict[str, list[str]] = {}
+    for a in v.get("artifacts") or []:
+        per.setdefault(a["target"], []).append(f"{a['status']} {a['key'][:8]}" if a["status"] == "built" and a.get(
+            "key") else a["status"])
+    return "; ".join(f"{t}: {', '.join(s)}" for t, s in sorted(per.items())) or "-"
+
+
+@app.command()
+def versions(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The registry name.")],
+    history: Annotated[bool, typer.Option("--history", help="Show the tag moves instead: who, when.")] = False,
+) -> None:
+    """A name's versions, newest first: model, created, tags, and per target what is built or still queued."""
+    with _service(ctx) as c:
+        if history:
+            moves = c.tag_history(name)
+            render.show(render.table(["WHEN", "TAG", "FROM", "TO", "BY"], [
+                (_utc(m["at"]), m["tag"], m.get("from") or "-", m.get("to") or "(removed)", m["by"])
+                for m in moves]))
+            return
+        found = c.versions(name)
+    render.show(render.table(["VERSION", "MODEL", "CREATED", "TAGS", "ARTIFACTS"], [
+        (v["ref"], v["model_id"][:12], _utc(v["created"]), ",".join(v["tags"]) or "-", _built(v)) for v in found]))
+
+
+@app.command()
+def names(ctx: typer.Context) -> None:
+    """The registry names of this key's namespace, with their latest version and tags."""
+    with _service(ctx) as c:
+        found = c.names()
+    render.show(render.table(["NAME", "VERSIONS", "LATEST", "TAGS"], [
+        (n["name"], n["versions"], n["latest"] or "-",
+         " ".join(f"{t}={v}" for t, v in sorted(n["tags"].items())) or "-") for n in found]))
+
+
+@app.command()
+def tag(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="The version: NAME@VERSION, or NAME:TAG for the version a tag names.")],
+    tag: Annotated[str, typer.Argument(help="The tag to move there.")],
+) -> None:
+    """Move a tag to a version, atomically; the move is recorded (`aotc versions NAME --history`)."""
+    with _service(ctx) as c:
+        moved = c.tag(ref, tag)
+    was = f" (was @{moved['previous']})" if moved["previous"] else " (new)"
+    typer.echo(f"{moved['name']}:{moved['tag']} -> {moved['name']}@{moved['version']}{was}")
+
+
+@app.command()
+def untag(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="NAME:TAG.")],
+) -> None:
+    """Remove a tag; the version stays."""
+    name, sep, which = ref.partition(":")
+    if not sep:
+        _fail(f"cannot read {ref!r}: write NAME:TAG")
+    with _service(ctx) as c:
+        gone = c.untag(name, which)
+    typer.echo(f"removed {name}:{which} (was @{gone['previous']})")
+
+
+@app.command("delete-version")
+def delete_version(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="NAME@VERSION.")],
+) -> None:
+    """Delete a version and its tags. Its model's artifacts stay pinned while another version holds the model."""
+    try:
+        parsed = Ref.parse(ref)
+    except Unprocessable as e:
+        _fail(e.message)
+    if parsed.version is None:
+        _fail(f"cannot read {ref!r}: write NAME@VERSION")
+    with _service(ctx) as c:
+        gone = c.delete_version(parsed.name, parsed.version)
+    removed = f"; tags removed: {', '.join(gone['tags_removed'])}" if gone["tags_removed"] else ""
+    typer.echo(f"deleted {gone['ref']}{removed}; versions still holding its model: {gone['model_still_held_by']}")
 
 
 # -- listings ------------------------------------------------------------------------------------------------------

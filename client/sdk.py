@@ -10,9 +10,13 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
+import logging
 import os
+import re
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -21,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
+from urllib.parse import quote
 
 import httpx
 from httpx_sse import connect_sse
@@ -34,6 +39,8 @@ from compiler.shapes import format_shape, parse_shape
 from compiler.targets import Target
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+log = logging.getLogger("aotc.client")
+_KEY = re.compile(r"^[0-9a-f]{32}$")  # an artifact key; anything else `load` reads as a registry reference
 
 
 class ClientError(Exception):
@@ -150,11 +157,21 @@ class Client:
     # -- compile ------------------------------------------------------------------------------------------------
 
     def submit(self, model_id: str, shapes: Mapping[str, Any], target: str = "cpu", *,
-               priority: str = "interactive", **options: Any) -> dict[str, Any]:
+               priority: str = "interactive", targets: Sequence[str] | None = None, name: str | None = None,
+               tags: Sequence[str] = (), **options: Any) -> dict[str, Any]:
         """POST /v1/compilations: {'status': 'cached', 'artifact'} or {'status': 'queued'|'joined', 'job'}.
-        `priority` is 'interactive' (served first) or 'batch'."""
-        body = {"model_id": model_id, "shapes": dict(shapes), "target": target, "options": options,
-                "priority": priority}
+        `priority` is 'interactive' (served first) or 'batch'. `targets` (instead of `target`; 'all' for every
+        target the farm serves): one job per target, and the answer's `targets` lists each. `name` records a new
+        version of that registry name pointing at the model, and moves `tags` to it (the answer's `version`)."""
+        body: dict[str, Any] = {"model_id": model_id, "shapes": dict(shapes), "options": options,
+                                "priority": priority}
+        if targets is not None:
+            body["targets"] = list(targets)
+        else:
+            body["target"] = target
+        if name is not None:
+            body["name"] = name
+            body["tags"] = list(tags)
         return dict(self._json("POST", "/v1/compilations", json=body))
 
     def compile(
@@ -168,6 +185,8 @@ class Client:
         progress: Callable[[dict[str, Any]], None] | None = None,
         timeout: float | None = None,
         priority: str = "interactive",
+        name: str | None = None,
+        tags: Sequence[str] = (),
         **options: Any,
     ) -> Artifact | Bundle:
         """Upload (or export and upload) a model, compile it for the given shapes, wait, and return the artifact.
@@ -175,14 +194,15 @@ class Client:
         `example_inputs_or_shapes` is a sequence of tensors or shapes in input order, or {input name: shape}.
         With `buckets` (each like `example_inputs_or_shapes`, static, e.g. batch 1, 8 and 32), every bucket gets its
         own artifact too, and a Bundle comes back: `load` it for a callable that picks the smallest bucket that fits
-        each call, else the main artifact.
+        each call, else the main artifact. `name` records a new version of that registry name pointing at the
+        model, and moves `tags` to it (then `load('NAME:TAG')` on a serving host).
         """
         by_name = isinstance(example_inputs_or_shapes, Mapping)
         if isinstance(model, (str, Path)):
-            record = self.upload(model)
+            record = self.upload(model, name=name)
         else:
             record = self.upload(model, None if by_name else list(example_inputs_or_shapes),
-                                 dynamic_shapes=dynamic_shapes)
+                                 dynamic_shapes=dynamic_shapes, name=name)
         if isinstance(example_inputs_or_shapes, Mapping):
             shapes = {k: _shape_of(v) for k, v in example_inputs_or_shapes.items()}
         else:
@@ -201,7 +221,7 @@ class Client:
         if buckets is not None:
             names = [i["name"] for i in record["inputs"]]
             body = {"model_id": record["id"], "shapes": shapes, "target": target, "options": options,
-                    "priority": priority,
+                    "priority": priority, **({"name": name, "tags": list(tags)} if name is not None else {}),
                     "buckets": [{k: _shape_of(v) for k, v in (b.items() if isinstance(b, Mapping)
                                                             else zip(names, b, strict=False))}
                                 for b in buckets]}
@@ -210,7 +230,7 @@ class Client:
             arts = [Artifact(a["key"], a["artifact"]) if a["status"] == "cached"
                     else self.wait(a["job"]["id"], progress=progress, timeout=timeout) for a in parts]
             return Bundle(arts[0], arts[1:])
-        answer = self.submit(record["id"], shapes, target, priority=priority, **options)
+        answer = self.submit(record["id"], shapes, target, priority=priority, name=name, tags=tags, **options)
         if answer["status"] == "cached":
             return Artifact(answer["key"], answer["artifact"])
         return self.wait(answer["job"]["id"], progress=progress, timeout=timeout)
@@ -284,6 +304,55 @@ class Client:
 
     def artifact(self, key: str) -> Artifact:
         return Artifact(key, self._json("GET", f"/v1/artifacts/{key}/meta"))
+
+    # -- the registry: names, versions, tags --------------------------------------------------------------------
+
+    def names(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/v1/names")["names"])
+
+    def versions(self, name: str) -> list[dict[str, Any]]:
+        """Every version of a name, newest first, with its tags and what is built per target."""
+        return list(self._json("GET", f"/v1/names/{_path(name)}")["versions"])
+
+    def add_version(self, name: str, model_id: str, tags: Sequence[str] = ()) -> dict[str, Any]:
+        """A new version of `name` pointing at an uploaded model, with `tags` moved to it."""
+        return dict(self._json("POST", f"/v1/names/{_path(name)}/versions",
+                               json={"model_id": model_id, "tags": list(tags)}))
+
+    def resolve(self, ref: str) -> dict[str, Any]:
+        """The version a reference names: 'bert-base:prod', 'bert-base@3', 'bert-base' (its latest)."""
+        return dict(self._json("GET", f"/v1/refs/{_path(ref)}"))
+
+    def tag(self, ref: str, tag: str) -> dict[str, Any]:
+        """Move `tag` to the version `ref` names ('bert-base@3', or another tag: 'bert-base:canary')."""
+        version = self.resolve(ref)
+        return dict(self._json("PUT", f"/v1/names/{_path(version['name'])}/tags/{_path(tag)}",
+                               json={"version": version["version"]}))
+
+    def untag(self, name: str, tag: str) -> dict[str, Any]:
+        return dict(self._json("DELETE", f"/v1/names/{_path(name)}/tags/{_path(tag)}"))
+
+    def delete_version(self, name: str, version: int) -> dict[str, Any]:
+        return dict(self._json("DELETE", f"/v1/names/{_path(name)}/versions/{int(version)}"))
+
+    def tag_history(self, name: str) -> list[dict[str, Any]]:
+        return list(self._json("GET", f"/v1/names/{_path(name)}/history")["moves"])
+
+    def pick(self, ref: str, shapes: Mapping[str, Any] | None = None, *, device: str | None = None,
+             target: str | None = None) -> dict[str, Any]:
+        """The artifact of `ref` for this machine: the exact target first, then a compatible one; the answer says
+        why, and why every other candidate lost. `target` (a concrete one) overrides detection for `device`."""
+        host = Target.parse(target) if target else detect_target(device or "auto")
+        params: list[tuple[str, str | int | float | bool | None]] = [("host", str(host))]
+        torch_version = _torch_version()
+        if torch_version:
+            params.append(("torch", torch_version))
+        for name, shape in (shapes or {}).items():
+            params.append(("shape", f"{name}={format_shape(_shape_of(shape))}"))
+        answer = dict(self._json("GET", f"/v1/refs/{_path(ref)}/pick", params=params))
+        log.info("%s: picked %s (%s) for %s: %s", ref, answer["key"], answer["target"], answer["host"],
+                 answer["reason"])
+        return answer
 
     def lookup(self, model_id: str, shapes: Mapping[str, Any], target: str = "cpu", *,
                graphs: bool = False) -> Artifact | None:
@@ -463,8 +532,12 @@ class Client:
 
     def load(self, artifact: Artifact | Bundle | str, device: str | None = None, *,
              pad: bool = True, cuda_graphs: bool = False, rehash: bool = False,
-             timings: dict[str, float] | None = None) -> Callable[..., Any]:
-        """Pull an artifact and load it with AOTInductor; returns a callable taking the model's inputs. The pull
+             timings: dict[str, float] | None = None, shapes: Mapping[str, Any] | None = None,
+             target: str | None = None) -> Callable[..., Any]:
+        """Pull an artifact and load it with AOTInductor; returns a callable taking the model's inputs.
+        `artifact` is an Artifact, a Bundle, a key, or a registry reference ('bert-base:prod', 'bert-base@3'):
+        a reference resolves to a version and its artifact for this machine (`pick`: `shapes` it must serve, and
+        `target` to override the target detected for `device`), with the reason logged. The pull
         verifies the signed manifest and the file before anything is loaded (a cached copy by its verified record,
         or every byte with `rehash=True`: see `pull`). A Bundle loads every artifact in it, and the callable picks
         the smallest bucket that fits each call (padding the batch, dim 0, unless `pad=False`), else the main
@@ -484,14 +557,19 @@ class Client:
                     if artifact.main.meta.get("package", True) else None)
             return BucketedModel(main, [(b, self.load(b, device, cuda_graphs=cuda_graphs, rehash=rehash))
                                         for b in artifact.buckets], pad=pad)
-        art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
+        if isinstance(artifact, Artifact):
+            art = artifact
+        elif _KEY.match(artifact):
+            art = self.artifact(artifact)
+        else:
+            art = self.artifact(self.pick(artifact, shapes, device=device or "auto", target=target)["key"])
         path = self.pull(art, rehash=rehash, timings=timings)
         from compiler.compat.aoti import aoti_load_package  # imports torch: only to load
 
         t0 = time.perf_counter()
-        target = Target.parse(str(art.meta.get("target", "")))
-        device = device or ("cuda:0" if target.kind == "cuda" else "cpu")
-        _check_target(target, device, art.meta)
+        built = Target.parse(str(art.meta.get("target", "")))
+        device = device or ("cuda:0" if built.kind == "cuda" else "cpu")
+        _check_target(built, device, art.meta)
         t1 = time.perf_counter()
         # A weightless package binds the model's weights blob: pulled and verified once, one copy per device in
         # this process, shared by every bucket and version that names the same blob.
@@ -612,6 +690,42 @@ class Client:
                   max_stored_gb: float | None = None) -> dict[str, Any]:
         body = {k: v for k, v in (("max_jobs", max_jobs), ("max_stored_gb", max_stored_gb)) if v is not None}
         return dict(self._json("PUT", f"/v1/namespaces/{namespace}/quota", json=body))
+
+
+def detect_target(device: str) -> Target:
+    """This machine's concrete target for `device` ('cpu', 'cuda:0', 'auto'): what a pull by name asks the service
+    for. A CPU: its x86-64 level from /proc/cpuinfo (compiler.targets.detect_cpu_target, torch-free); a GPU, or
+    'auto': torch's view of the device (compiler.device), the cuda-smXX that `load` checks."""
+    from compiler.targets import detect_cpu_target
+
+    if device.split(":")[0] == "cpu":
+        return Target.parse(detect_cpu_target())
+    try:
+        from compiler.device import host_target  # imports torch: to ask it what the device is
+    except ImportError:
+        raise ClientError(422, "cannot detect this machine's target without torch installed; name it instead "
+                          "(--target, or target=), e.g. cpu-x86_64-avx2 or cuda-sm90") from None
+    try:
+        return host_target(device)
+    except RuntimeError as e:
+        raise ClientError(409, str(e)) from None
+
+
+def _torch_version() -> str | None:
+    """The torch this machine would load with (what workers record as `torch.__version__`), without importing it
+    when it is not imported yet."""
+    loaded = sys.modules.get("torch")
+    if loaded is not None and isinstance(getattr(loaded, "__version__", None), str):
+        return str(loaded.__version__)
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _path(part: str) -> str:
+    """A name, tag or reference as one URL path segment (':' and '@' are allowed there)."""
+    return quote(part, safe=":@")
 
 
 class _FirstCallTimed:

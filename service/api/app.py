@@ -32,7 +32,7 @@ from service.api.cache import Reads
 from service.api.events import EventHub
 from service.api.http import BodyDeadlines
 from service.api.liveness import Liveness
-from service.api.routes import artifacts, compilations, health, jobs, keys, metrics, models, signing, workers
+from service.api.routes import artifacts, compilations, health, jobs, keys, metrics, models, names, signing, workers
 from service.api.routes.metrics import CountRequests, Scraper
 from service.api.settings import Settings, get_settings
 from service.api.slots import Slots
@@ -103,7 +103,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     # Routes match in this order: artifacts first, since deploy-time lookups, metas and pulls are most of the
     # traffic (each route tried before the right one costs a match); their paths overlap no other router's.
-    routers = [m.router for m in (artifacts, health, metrics, models, compilations, jobs, workers, keys, signing)]
+    routers = [m.router for m in (artifacts, health, metrics, models, compilations, jobs, workers, keys, signing,
+                                  names)]
     for router in routers:
         app.include_router(router)
     ours = [route for router in routers for route in router.routes]

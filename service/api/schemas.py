@@ -149,6 +149,12 @@ _NAME_CHAR = f"[^{_char_class(_NOT_IN_NAMES)}]"
 # Printable text that is not blank (it starts, after any spaces, with a visible character), or nothing.
 NAME_TEXT = f"^(?: *[^ {_char_class(_NOT_IN_NAMES)}]{_NAME_CHAR}*)?$"
 TARGET = r"^(?:[Cc][Pp][Uu]|[Cc][Uu][Dd][Aa])(?:-[A-Za-z0-9_]+)*$"  # compiler.targets, in ASCII letters of any case
+TARGETS_ITEM = r"^(?:[Aa][Ll][Ll]|(?:[Cc][Pp][Uu]|[Cc][Uu][Dd][Aa])(?:-[A-Za-z0-9_]+)*)$"  # a target, or 'all'
+REF_MAX = 129  # compiler.refs.HARD_MAX_CHARS: the parser's bound; AOTC_MAX_REGISTRY_NAME_CHARS is the setting
+REG_WORD_MAX = 64  # AOTC_MAX_REGISTRY_NAME_CHARS's default and ceiling: a path never holds a longer name or tag
+REG_WORD = r"^[a-z0-9][a-z0-9._-]*$"  # a registry name or tag (compiler.refs)
+REF = r"^[a-z0-9][a-z0-9._-]{0,63}(?::[a-z0-9][a-z0-9._-]{0,63}|@[1-9][0-9]{0,8})?$"  # NAME, NAME:TAG, NAME@VERSION
+CONCRETE_TARGET = r"^(?:[Cc][Pp][Uu]|[Cc][Uu][Dd][Aa])(?:-[A-Za-z0-9_]+)+$"  # a host's target: 'cpu' will not do
 _DIM = r"[0-9]{1,19}(?:\.\.[0-9]{1,19})?"  # a size or a range; 19 digits at most, as compiler.shapes reads them
 ONE_DIM = rf"^{_DIM}$"
 _SHAPE = rf"(?:|scalar|\(\)|{_DIM}(?:[xX]{_DIM})*)"
@@ -167,6 +173,12 @@ PATTERN_RULES = {
     SHAPE_ARG: "cannot read {value}: write NAME=SHAPE, e.g. x=8x3x224x224 or x=1..32x3x224x224; NAME is an "
                "identifier, each dim at most 19 digits (sizes fit in int64)",
     IDENT: "{value} is not an input name: inputs are named by identifiers (letters, digits and '_')",
+    REG_WORD: "{value} is not allowed as a name or tag: use lowercase letters, digits, '.', '_' and '-', starting "
+              "with a letter or a digit",
+    REF: "cannot read the reference {value}: write NAME, NAME:TAG or NAME@VERSION (from 1), where a name or tag is "
+         "1 to 64 lowercase letters, digits, '.', '_' and '-', starting with a letter or a digit (e.g. "
+         "bert-base:prod)",
+    CONCRETE_TARGET: "{value} is not a host's target: give a concrete one, such as 'cpu-x86_64-avx2' or 'cuda-sm90'",
     STREAM_ID: "{value} is not an event id: send back the `id:` of an event this stream sent (digits, or "
                "digits-digits)",
 }
@@ -468,6 +480,17 @@ class CompilationRequest(BaseModel):
         description="Workers serve every queued interactive job before any batch job. A request that joins a job "
         "already queued keeps that job's priority.",
     )
+    targets: list[Annotated[str, StringConstraints(pattern=TARGETS_ITEM, max_length=MAX_TARGET)]] | None = Field(
+        default=None, min_length=1, max_length=64,
+        description="Several targets in one request, instead of `target`: one job per target (and per bucket), "
+        "each routed to a worker that serves it. 'all' stands for every concrete target a live worker serves. A "
+        "target that no live worker serves is reported in its entry of `targets` and does not fail the others.",
+        examples=[["cpu-x86_64-avx2", "cuda-sm90"], ["all"]])
+    name: str | None = Field(default=None, max_length=REF_MAX, description="Record a new version of this registry "
+                             "name (in the caller's namespace) pointing at the model: lowercase letters, digits, "
+                             "'.', '_', '-', at most AOTC_MAX_REGISTRY_NAME_CHARS.")
+    tags: list[Annotated[str, StringConstraints(max_length=REF_MAX)]] = Field(
+        default_factory=list, max_length=16, description="Tags to move to the new version (needs `name`).")
 
 
 Status = Literal["cached", "queued", "joined"]
@@ -481,14 +504,45 @@ class BucketAnswer(BaseModel):
     job: JobRecord | None = None
 
 
-class CompilationAnswer(BaseModel):
-    """`cached` with the artifact, or `queued` (a new job) / `joined` (an identical job under way) with the job."""
+class TargetAnswer(BaseModel):
+    """One target of a request with `targets`: as a one-target answer, or `unserved` (no live worker serves it) /
+    `refused` (e.g. the job quota) with the error."""
 
-    status: Status
-    key: str = Field(description="The cache key.")
+    target: str = Field(description="The target as requested ('cpu', 'cuda-sm90').")
+    status: Literal["cached", "queued", "joined", "unserved", "refused"]
+    key: str | None = None
+    artifact: ArtifactRecord | None = None
+    job: JobRecord | None = None
+    buckets: list[BucketAnswer] | None = None
+    error: ErrorDetail | None = None
+
+
+class VersionRecord(Record):
+    """One version of a registry name: the model it points at, who made it and when, its tags, and the builds its
+    compile request asked for (target, key, job)."""
+
+    name: str
+    version: int
+    ref: str = Field(description="NAME@VERSION")
+    model_id: str
+    created: float
+    by: str = Field(description="The id of the API key that made it.")
+    tags: list[str]
+    builds: list[dict[str, Any]]
+
+
+class CompilationAnswer(BaseModel):
+    """`cached` with the artifact, or `queued` (a new job) / `joined` (an identical job under way) with the job.
+    With `targets`: `cached` when every target is, `queued` when every target has an artifact or a job, `partial`
+    when some target is unserved or refused; then `key` is absent and `targets` has one entry per target."""
+
+    status: Literal["cached", "queued", "joined", "partial"]
+    key: str | None = Field(default=None, description="The cache key (absent with `targets`).")
     artifact: ArtifactRecord | None = None
     job: JobRecord | None = None
     buckets: list[BucketAnswer] | None = Field(default=None, description="One entry per requested bucket.")
+    targets: list[TargetAnswer] | None = Field(default=None, description="With `targets`: one entry per target.")
+    version: VersionRecord | None = Field(default=None, description="With `name`: the version recorded.")
 
 
 # -- workers, caches, health -------------------------------------------------------------------------------------
@@ -594,3 +648,105 @@ class SigningKey(BaseModel):
 
 class SigningKeyList(BaseModel):
     keys: list[SigningKey] = Field(description="Every key, active and revoked, oldest first.")
+
+
+# -- the registry: names, versions, tags (service/api/routes/names.py) ----------------------------------------
+
+
+class TargetStatus(BaseModel):
+    """What a version's model has for one target: `built` (an artifact, its key) or the state of the job its
+    compile request queued (`queued`, `running`, `failed`, ...), or `unserved`."""
+
+    target: str
+    status: str
+    key: str | None = None
+    job: str | None = None
+    spec: list[InputSpec] | None = None
+
+
+class VersionDetail(VersionRecord):
+    artifacts: list[TargetStatus] = Field(description="Per target: built artifacts, and the jobs still under way.")
+
+
+class NameVersions(BaseModel):
+    name: str
+    versions: list[VersionDetail] = Field(description="Newest first; `latest` is on the newest.")
+
+
+class NameSummary(BaseModel):
+    name: str
+    versions: int
+    latest: int | None
+    tags: dict[str, int] = Field(description="tag -> version")
+
+
+class NameList(BaseModel):
+    names: list[NameSummary]
+
+
+class TagMove(BaseModel):
+    """One tag move: `from` is null for a new tag, `to` for a removal (by `aotc untag`, or with its version)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    tag: str
+    from_: int | None = Field(default=None, alias="from")
+    to: int | None = None
+    by: str
+    at: float
+
+
+class TagHistory(BaseModel):
+    name: str
+    moves: list[TagMove] = Field(description="Newest first, at most AOTC_TAG_HISTORY_LEN.")
+
+
+class NewVersion(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model_id: str = Field(pattern=MODEL_ID, max_length=64, description="A model of the caller's namespace (or a "
+                          "unique prefix of its id).")
+    tags: list[Annotated[str, StringConstraints(max_length=REG_WORD_MAX, pattern=REG_WORD)]] = Field(
+        default_factory=list, max_length=16)
+
+
+class TagRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    version: Annotated[int, Field(ge=1, le=999_999_999), JSON_INT] = Field(description="The version the tag moves "
+                                                                            "to.")
+
+
+class TagAnswer(BaseModel):
+    name: str
+    tag: str
+    version: int | None = Field(description="The version the tag names now (None: removed).")
+    previous: int | None = Field(description="The version it named before (None: a new tag).")
+
+
+class VersionDeleted(BaseModel):
+    ref: str
+    tags_removed: list[str]
+    model_still_held_by: int = Field(description="How many versions still hold the model (its artifacts stay "
+                                     "pinned while any does).")
+
+
+class Rejected(BaseModel):
+    key: str
+    target: str
+    toolchain: dict[str, Any]
+    spec: list[InputSpec]
+    why: list[str] = Field(description="Each reason it cannot serve this host: target, toolchain, shapes.")
+
+
+class Pick(BaseModel):
+    """The artifact picked for a host, why, and why every other candidate lost."""
+
+    ref: str = Field(description="What was asked for (NAME:TAG, NAME@VERSION).")
+    version: VersionRecord
+    host: str = Field(description="The host's concrete target the pick was made for.")
+    key: str
+    target: str
+    match: Literal["exact", "compatible"]
+    reason: str
+    rejected: list[Rejected]

@@ -11,6 +11,7 @@ from pydantic_settings import SettingsConfigDict
 
 from compiler.archive.limits import MB, Limits
 from service.store.blobstore.settings import StorageSettings
+from service.store.names import Limits as RegistryLimits
 from service.store.namespaces import GB, Quota
 from service.store.redis_url import with_password_file
 
@@ -107,6 +108,21 @@ class Settings(StorageSettings):
     body_min_rate_kbps: float = Field(default=8.0, ge=0, description="The slowest a request body may arrive, in "
                                       "KiB/s, averaged over each AOTC_BODY_IDLE_TIMEOUT_S of waiting for it (408 "
                                       "below it); 0: no minimum.")
+
+    # The registry (service/store/names.py): names, versions and tags are records a caller adds, so each is bounded.
+    max_registry_name_chars: int = Field(default=64, gt=0, le=64, description="Longest registry name or tag "
+                                         "(`aotc compile --name`, `aotc tag`); 64 at most, as the API's paths say.")
+    max_registry_names: int = Field(default=10_000, gt=0, description="Most registry names one namespace holds.")
+    max_versions_per_name: int = Field(default=1_000, gt=0, description="Most versions one name holds at once "
+                                       "(delete old ones to add more).")
+    max_tags_per_name: int = Field(default=100, gt=0, description="Most tags on one name's versions.")
+    tag_history_len: int = Field(default=1_000, gt=0, description="Tag moves kept per name (older ones drop off).")
+    max_targets_per_request: int = Field(default=16, gt=0, le=64, description="Most targets one compile request "
+                                         "names (after `all` is expanded).")
+
+    def registry_limits(self) -> RegistryLimits:
+        return RegistryLimits(max_names=self.max_registry_names, max_versions=self.max_versions_per_name,
+                              max_tags=self.max_tags_per_name, history=self.tag_history_len)
 
     def bootstrap_admin_key(self) -> str | None:
         """AOTC_ADMIN_KEY, else the contents of AOTC_ADMIN_KEY_FILE; None: no keys (open mode)."""

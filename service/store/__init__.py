@@ -11,6 +11,7 @@
     store.signing     signing.py     the public keys workers sign artifact manifests with; their revocation
     store.apikeys     apikeys.py     API keys (hashes only), their scopes and namespaces
     store.namespaces  namespaces.py  what each namespace sees (models, jobs) and its quotas
+    store.names       names.py       the registry: names, versions and tags per namespace; the models they pin
 
 The reaper (reaper.py) settles the jobs of lost workers; keys.py names every key; memory.py checks Redis's eviction
 policy and tells an out-of-memory Redis apart; embedded.py starts a local redis-server. Synchronous on purpose:
@@ -34,6 +35,7 @@ from service.store.jobs import TERMINAL, Jobs
 from service.store.leases import Lease, Leases
 from service.store.memory import check_eviction_policy
 from service.store.models import Models
+from service.store.names import Names
 from service.store.namespaces import Namespaces
 from service.store.queues import Queues
 from service.store.registry import Registry
@@ -69,6 +71,7 @@ class Store:
         self.signing = SigningKeys(self.r)
         self.apikeys = ApiKeys(self.r)
         self.namespaces = Namespaces(self.r)
+        self.names = Names(self.r)
 
     def ping(self) -> bool:
         return bool(self.r.ping())

@@ -57,6 +57,14 @@ All keys live under one prefix so a shared Redis can host aotc beside other tena
     ns:{ns}:reserved              zset  job slots a compile request has taken against max_jobs and not yet filled
                                         -> when (ms, Redis's clock) the reservation lapses (scripts.py, ADMIT)
     job:{id}:namespaces           set   the namespaces whose requests share this job
+    ns:{ns}:reg                   zset  the namespace's registry names -> when first used (service/store/names.py)
+    ns:{ns}:reg:{name}:seq        int   the last version number given to the name (numbers are never reused)
+    ns:{ns}:reg:{name}:versions   hash  version -> record (JSON): model_id, created, by, builds
+    ns:{ns}:reg:{name}:tags       hash  tag -> version
+    ns:{ns}:reg:{name}:history    list  tag moves, newest first (JSON: tag, from, to, by, at), capped at
+                                        AOTC_TAG_HISTORY_LEN
+    pins:model:{model}            set   the versions that hold a model ('{ns}/{name}@{v}'): while any does, the
+                                        EVICT script keeps every artifact of that model
     tuning:gemm:{target}:{system} hash  max-autotune matmul/conv timings shared by workers (worker/tuning.py):
                                         field JSON [op, inputs, precision, choice] -> milliseconds
     signing:keys                  hash  kid -> the public record (JSON) of a key workers sign manifests with:
@@ -193,6 +201,16 @@ NAMESPACES = f"{PREFIX}namespaces"
 def ns(namespace: str, what: str) -> str:
     """A namespace's own index: models, model-ids, names, jobs, active, quota."""
     return f"{PREFIX}ns:{namespace}:{what}"
+
+
+def reg(namespace: str, name: str, what: str) -> str:
+    """One registry name's own keys (`what`: seq, versions, tags, history); the name is checked by compiler.refs."""
+    return ns(namespace, f"reg:{name}:{what}")
+
+
+def model_pins(model_id: str) -> str:
+    """The versions holding a model. The EVICT script builds the same key from the prefix: keep them in step."""
+    return f"{PREFIX}pins:model:{model_id}"
 
 
 def job_namespaces(job_id: str) -> str:

@@ -342,9 +342,10 @@ return 1
 # ARGV: the bound in bytes, bytes about to be added, a key never to evict ('' for none), the key prefix ('aotc:'),
 # when a weights blob that loses its last user is deleted (a grace, so a publish that found it a moment ago keeps it).
 # An evicted artifact leaves its weights blob's users; the last one out takes its bytes off the total.
-# Evicts the least recently pulled artifacts that are not pinned until total + incoming fits the bound: each one's
-# record, report, index entries and accounting go at once, and its blob id goes to blobs:garbage (score 0: delete
-# now). The first write is a DEL, which Redis allows even when it is out of memory. Returns the evicted keys.
+# Evicts the least recently pulled artifacts that are not pinned, nor of a model a registry version holds, until
+# total + incoming fits the bound: each one's record, report, index entries and accounting go at once, and its blob
+# id goes to blobs:garbage (score 0: delete now). The first write is a DEL, which Redis allows even when it is out of
+# memory. Returns the evicted keys.
 EVICT = """
 local bound, incoming, spare, p = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local total = tonumber(redis.call('GET', KEYS[3]) or '0')
@@ -354,10 +355,22 @@ while total + incoming > bound do
   if #batch == 0 then break end
   for _, key in ipairs(batch) do
     if total + incoming <= bound then break end
-    if key == spare or redis.call('SISMEMBER', KEYS[4], key) == 1 then
+    local held = key == spare or redis.call('SISMEMBER', KEYS[4], key) == 1
+    local raw = nil
+    if not held then
+      -- A model some registry version holds (pins:model:{model}, service/store/names.py) keeps its artifacts.
+      raw = redis.call('GET', p .. 'artifact:' .. key)
+      if raw then
+        local rec = cjson.decode(raw)
+        if type(rec.factors) == 'table' and type(rec.factors.model) == 'string'
+            and redis.call('EXISTS', p .. 'pins:model:' .. rec.factors.model) == 1 then
+          held = true
+        end
+      end
+    end
+    if held then
       skipped = skipped + 1
     else
-      local raw = redis.call('GET', p .. 'artifact:' .. key)
       redis.call('DEL', p .. 'artifact:' .. key, p .. 'report:' .. key)
       redis.call('ZREM', KEYS[5], key)
       redis.call('ZREM', KEYS[1], key)
@@ -449,4 +462,117 @@ if active + reserved + wanted > tonumber(ARGV[3]) then return {0, active, reserv
 for i = 1, wanted do redis.call('ZADD', KEYS[2], now + tonumber(ARGV[4]), ARGV[5] .. ':' .. i) end
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return {1, active, reserved}
+"""
+
+
+# -- the registry: names, versions and tags (service/store/names.py) ---------------------------------------------
+# A name's versions, tags and tag history change together in one script each, so a reader never sees a tag on a
+# version that is gone, and two tag moves racing are ordered, each recorded with who made it and when.
+
+_REGISTRY_PRELUDE = """
+local function record_move(hist, cap, tag, from, to, by, at)
+  local e = {tag = tag, by = by, at = tonumber(at)}
+  if from then e['from'] = tonumber(from) end
+  if to then e['to'] = tonumber(to) end
+  redis.call('LPUSH', hist, cjson.encode(e))
+  redis.call('LTRIM', hist, 0, tonumber(cap) - 1)
+end
+"""
+
+# KEYS: the namespace's names zset, seq, versions, tags, history, the model's pins set.
+# ARGV: name, version record (JSON), ts, by, holder prefix ('{ns}/{name}@'), max names, max versions, max tags,
+#       history cap, JSON list of tags to move to the new version.
+# Returns {'ok', version} or {refusal, limit}: 'names', 'versions' or 'tags' when a limit would be passed.
+VERSION_ADD = _REGISTRY_PRELUDE + """
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[6]) then
+  return {'names', ARGV[6]}
+end
+if redis.call('HLEN', KEYS[3]) >= tonumber(ARGV[7]) then return {'versions', ARGV[7]} end
+local tags = cjson.decode(ARGV[10])
+local new = 0
+for _, t in ipairs(tags) do
+  if redis.call('HEXISTS', KEYS[4], t) == 0 then new = new + 1 end
+end
+if redis.call('HLEN', KEYS[4]) + new > tonumber(ARGV[8]) then return {'tags', ARGV[8]} end
+local v = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[3], v, ARGV[2])
+redis.call('ZADD', KEYS[1], 'NX', ARGV[3], ARGV[1])
+redis.call('SADD', KEYS[6], ARGV[5] .. v)
+for _, t in ipairs(tags) do
+  local old = redis.call('HGET', KEYS[4], t)
+  redis.call('HSET', KEYS[4], t, v)
+  record_move(KEYS[5], ARGV[9], t, old, v, ARGV[4], ARGV[3])
+end
+return {'ok', v}
+"""
+
+# KEYS: versions, tags, history. ARGV: tag, version, by, ts, max tags, history cap.
+# Moves (or sets) a tag. Returns {'ok', previous version or ''}, {'same', version}, {'version', ''} when there is
+# no such version, or {'tags', limit}.
+TAG_MOVE = _REGISTRY_PRELUDE + """
+if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0 then return {'version', ''} end
+local old = redis.call('HGET', KEYS[2], ARGV[1])
+if old == ARGV[2] then return {'same', old} end
+if not old and redis.call('HLEN', KEYS[2]) >= tonumber(ARGV[5]) then return {'tags', ARGV[5]} end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+record_move(KEYS[3], ARGV[6], ARGV[1], old, ARGV[2], ARGV[3], ARGV[4])
+return {'ok', old or ''}
+"""
+
+# KEYS: tags, history. ARGV: tag, by, ts, history cap. Returns the version the tag named, or false if none.
+UNTAG = _REGISTRY_PRELUDE + """
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if not old then return false end
+redis.call('HDEL', KEYS[1], ARGV[1])
+record_move(KEYS[2], ARGV[4], ARGV[1], old, nil, ARGV[2], ARGV[3])
+return old
+"""
+
+# KEYS: names zset, versions, tags, history, the model's pins set.
+# ARGV: name, version, holder ('{ns}/{name}@{v}'), by, ts, history cap.
+# Deletes a version, the tags on it (each move recorded) and its hold on the model: the model's artifacts stay
+# pinned only while another version holds it. Returns false when there is no such version, else the tags removed.
+VERSION_DELETE = _REGISTRY_PRELUDE + """
+if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then return false end
+redis.call('HDEL', KEYS[2], ARGV[2])
+redis.call('SREM', KEYS[5], ARGV[3])
+local removed = {}
+local all = redis.call('HGETALL', KEYS[3])
+for i = 1, #all, 2 do
+  if all[i + 1] == ARGV[2] then
+    redis.call('HDEL', KEYS[3], all[i])
+    record_move(KEYS[4], ARGV[6], all[i], ARGV[2], nil, ARGV[4], ARGV[5])
+    removed[#removed + 1] = all[i]
+  end
+end
+if redis.call('HLEN', KEYS[2]) == 0 then redis.call('ZREM', KEYS[1], ARGV[1]) end
+return removed
+"""
+
+# KEYS: versions, tags. ARGV: 'tag' | 'version' | 'latest', the tag or version.
+# One round trip from a reference to its version: returns {version, record, its tags...} or false.
+RESOLVE = """
+local v
+if ARGV[1] == 'version' then
+  v = ARGV[2]
+elseif ARGV[1] == 'latest' then
+  local top = nil
+  for _, k in ipairs(redis.call('HKEYS', KEYS[1])) do
+    local n = tonumber(k)
+    if n and (not top or n > top) then top = n end
+  end
+  if not top then return false end
+  v = tostring(top)
+else
+  v = redis.call('HGET', KEYS[2], ARGV[2])
+  if not v then return false end
+end
+local rec = redis.call('HGET', KEYS[1], v)
+if not rec then return false end
+local out = {v, rec}
+local tags = redis.call('HGETALL', KEYS[2])
+for i = 1, #tags, 2 do
+  if tags[i + 1] == v then out[#out + 1] = tags[i] end
+end
+return out
 """

@@ -15,7 +15,8 @@ from client import cli, render
 from procs import ROOT
 
 runner = CliRunner()
-COMMANDS = ["compile", "pull", "lookup", "cancel", "models", "jobs", "workers", "caches", "report", "source"]
+COMMANDS = ["compile", "pull", "lookup", "cancel", "models", "jobs", "workers", "caches", "report", "source",
+            "versions", "names", "tag", "untag", "delete-version"]
 
 
 def aotc(*args: str) -> subprocess.CompletedProcess[str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 
 import httpx
@@ -13,6 +15,7 @@ import pytest
 from client.sdk import Client, ClientError, JobFailed
 from compiler.errors import BadSignature
 from compiler.signing import Signer, key_record, statement
+from procs import ROOT
 
 JOB = "a26295e1974f4d7eb225520e162a5310"
 KEY = "491be8f7" * 4
@@ -145,3 +148,11 @@ def test_a_shape_string_that_cannot_be_read_is_refused_before_any_request(tmp_pa
     with scripted(tmp_path, handler) as c, pytest.raises(ClientError) as got:
         c.lookup("a07a21adf616", {"x": "8x3xbig"})
     assert got.value.status == 422 and "cannot read shape '8x3xbig'" in got.value.message
+
+
+def test_a_pull_by_name_detects_the_cpu_level_without_torch():
+    code = ("import sys; from client.sdk import detect_target; from compiler.targets import detect_cpu_target; "
+            "print(detect_target('cpu'), detect_cpu_target(), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    detected, expected, torch_loaded = out.stdout.split()
+    assert detected == expected and torch_loaded == "False"

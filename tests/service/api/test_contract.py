@@ -219,7 +219,8 @@ def test_the_upload_still_names_a_too_long_name(cluster: Cluster) -> None:
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 PATH_VALUES = {"job_id": "c" * 32, "key": "b" * 32, "model_id": "f" * 64, "key_id": "0" * 12, "kid": "0" * 16,
-               "namespace": "default", "path": "code/a/b.cpp"}
+               "namespace": "default", "path": "code/a/b.cpp", "name": "bert", "tag": "prod", "version": "1",
+               "ref": "bert:prod"}
 
 
 @pytest.fixture(scope="module")

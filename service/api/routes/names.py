@@ -1,0 +1,255 @@
+"""The registry: names, versions and tags in the caller's namespace (service/store/names.py), and resolving a
+reference (`bert-base:prod`) to a version and to the artifact that fits a host.
+
+Reading needs a pull key, so an inference server can resolve a tag and pick its artifact and nothing more;
+changing versions and tags needs a compile key. A name resolves only inside the caller's namespace (an admin's: its
+own namespace too), so another namespace's name answers exactly as a missing one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, cast
+
+from fastapi import APIRouter, Path, Query, Request, Response
+from pydantic import StringConstraints
+
+from compiler import refs
+from compiler import shapes as specs
+from compiler.errors import NotFound
+from compiler.refs import Ref
+from compiler.targets import Target
+from service.api.auth import Compile, Principal, Pull, needs
+from service.api.cache import Reads, digest, render
+from service.api.deps import SettingsDep, StoreDep, find_model, resolve_model
+from service.api.pick import pick
+from service.api.schemas import (
+    CONCRETE_TARGET,
+    MAX_SHAPE_ARG,
+    MAX_SHAPE_ARGS,
+    MAX_TARGET,
+    REF,
+    REG_WORD,
+    REG_WORD_MAX,
+    SHAPE_ARG,
+    V1_ERRORS,
+    Limit,
+    NameList,
+    NameVersions,
+    NewVersion,
+    Pick,
+    TagAnswer,
+    TagHistory,
+    TagRequest,
+    VersionDeleted,
+    VersionRecord,
+    errors,
+)
+from service.api.settings import Settings
+from service.store import Store, keys, scripts
+from service.store.names import Version
+
+router = APIRouter(prefix="/v1", tags=["names"], responses=V1_ERRORS, dependencies=needs("pull"))
+
+NamePath = Annotated[str, Path(max_length=REG_WORD_MAX, pattern=REG_WORD, description="A registry name: lowercase "
+                               "letters, digits, '.', '_', '-' (at most AOTC_MAX_REGISTRY_NAME_CHARS).")]
+TagPath = Annotated[str, Path(max_length=REG_WORD_MAX, pattern=REG_WORD, description="A tag: the same grammar as a "
+                              "name; 'latest' is never set (409).")]
+VersionPath = Annotated[str, Path(pattern=r"^[1-9][0-9]{0,8}$", max_length=9, description="The version number "
+                                  "(from 1).")]
+RefPath = Annotated[str, Path(max_length=2 * REG_WORD_MAX + 1, pattern=REF, description="NAME, NAME:TAG or "
+                              "NAME@VERSION (NAME is NAME:latest).")]
+_SETTING = "AOTC_MAX_REGISTRY_NAME_CHARS"
+
+
+def _name(settings: Settings, name: str) -> str:
+    return refs.check_word("name", name, settings.max_registry_name_chars, _SETTING)
+
+
+def _tag(settings: Settings, tag: str) -> str:
+    return refs.check_tag(tag, settings.max_registry_name_chars, _SETTING)
+
+
+def _ref(settings: Settings, text: str) -> Ref:
+    ref = Ref.parse(text)
+    _name(settings, ref.name)
+    if ref.tag is not None and ref.tag != refs.LATEST:
+        refs.check_word("tag", ref.tag, settings.max_registry_name_chars, _SETTING)
+    return ref
+
+
+def _targets(store: Store, version: Version) -> list[dict[str, Any]]:
+    """Per target: the model's artifacts (built), then what its compile request asked for that is not built yet,
+    with its job's state."""
+    out: list[dict[str, Any]] = []
+    built: set[str] = set()
+    for a in sorted(store.artifacts.for_model(version.model_id), key=lambda a: (a["target"], a["created"])):
+        built.add(a["key"])
+        out.append({"target": a["target"], "status": "built", "key": a["key"], "job": a.get("job_id"),
+                    "spec": a["spec"]})
+    for b in version.builds:
+        if b.get("key") in built:
+            continue
+        job = store.jobs.get(b["job"]) if b.get("job") else None
+        state = job["state"] if job else b.get("status", "unknown")
+        # A succeeded job whose artifact is gone was evicted (only what no version holds is).
+        out.append({"target": b["target"], "status": "evicted" if state == "succeeded" else state,
+                    "key": b.get("key"), "job": b.get("job")})
+    return out
+
+
+@router.get("/names", response_model=NameList, responses=errors(422))
+def list_names(store: StoreDep, who: Pull, limit: Limit = 100) -> dict[str, Any]:
+    """The registry names of the caller's namespace, oldest first: how many versions each has, its latest and its
+    tags."""
+    out = []
+    for name in store.names.names(who.namespace, limit):
+        versions = store.names.versions(who.namespace, name)
+        tags = {t: v.version for v in versions for t in v.tags if t != refs.LATEST}
+        out.append({"name": name, "versions": len(versions),
+                    "latest": versions[0].version if versions else None, "tags": tags})
+    return {"names": out}
+
+
+@router.get("/names/{name}", response_model=NameVersions, response_model_exclude_unset=True, responses=errors(
+    404, 422, why={
+    404: "No such name in the caller's namespace", 422: "Not a valid name"}))
+def name_versions(name: NamePath, store: StoreDep, settings: SettingsDep, who: Pull) -> dict[str, Any]:
+    """Every version of a name, newest first: its model, who made it and when, its tags, and per target what is
+    built (the artifact's key) or still queued."""
+    versions = store.names.versions(who.namespace, _name(settings, name))
+    if not versions:
+        raise NotFound(f"no name {name!r} in namespace {who.namespace!r}")
+    return {"name": name, "versions": [{**v.to_json(), "artifacts": _targets(store, v)} for v in versions]}
+
+
+@router.get("/names/{name}/history", response_model=TagHistory, responses=errors(422))
+def tag_history(name: NamePath, store: StoreDep, settings: SettingsDep, who: Pull) -> dict[str, Any]:
+    """Every tag move of a name, newest first: which tag, from and to which version, by which key, when."""
+    return {"name": name, "moves": store.names.history(who.namespace, _name(settings, name),
+                                                        settings.tag_history_len)}
+
+
+@router.post("/names/{name}/versions", status_code=201, response_model=VersionRecord, responses=errors(
+    400, 404, 409, 422, why={404: "No such model in the caller's namespace", 409: "A tag of 'latest'",
+                        422: "A bad name or tag, or a limit reached"}))
+def add_version(name: NamePath, body: NewVersion, store: StoreDep, settings: SettingsDep,
+                who: Compile) -> dict[str, Any]:
+    """Record a new version of a name pointing at a model the caller's namespace holds, and move `tags` to it
+    (`aotc compile --name` does this with the compile request's builds)."""
+    _name(settings, name)
+    tags = [_tag(settings, t) for t in body.tags]
+    model = resolve_model(store, body.model_id, who.ns)
+    return store.names.add_version(who.namespace, name, model["id"], who.key_id, tags=tags,
+                                   limits=settings.registry_limits()).to_json()
+
+
+@router.delete("/names/{name}/versions/{version}", response_model=VersionDeleted, responses=errors(
+    404, 422, why={404: "No such version"}))
+def delete_version(name: NamePath, version: VersionPath, store: StoreDep, settings: SettingsDep,
+                   who: Compile) -> dict[str, Any]:
+    """Delete a version and the tags on it. Its model's artifacts stay pinned while another version (of any name
+    or namespace) holds the model; otherwise the bounded cache may evict them again, least recently pulled first."""
+    _name(settings, name)
+    number = int(version)
+    got = store.names.get(who.namespace, name, number)
+    removed = store.names.delete_version(who.namespace, name, number, who.key_id, limits=settings.registry_limits())
+    return {"ref": f"{name}@{version}", "tags_removed": removed,
+            "model_still_held_by": len(store.names.holders(got.model_id)) if got else 0}
+
+
+@router.put("/names/{name}/tags/{tag}", response_model=TagAnswer, responses=errors(
+    400, 404, 409, 422, why={404: "No such version", 409: "'latest' cannot be set",
+                        422: "A bad name or tag, or AOTC_MAX_TAGS_PER_NAME reached"}))
+def move_tag(name: NamePath, tag: TagPath, body: TagRequest, store: StoreDep, settings: SettingsDep,
+             who: Compile) -> dict[str, Any]:
+    """Point a tag at a version, atomically; the move is recorded with the key that made it and when."""
+    _name(settings, name)
+    _tag(settings, tag)
+    previous = store.names.move_tag(who.namespace, name, tag, body.version, who.key_id,
+                                    limits=settings.registry_limits())
+    return {"name": name, "tag": tag, "version": body.version, "previous": previous}
+
+
+@router.delete("/names/{name}/tags/{tag}", response_model=TagAnswer, responses=errors(404, 409, 422))
+def remove_tag(name: NamePath, tag: TagPath, store: StoreDep, settings: SettingsDep, who: Compile) -> dict[str, Any]:
+    """Remove a tag (recorded in the history); the version stays."""
+    _name(settings, name)
+    _tag(settings, tag)
+    previous = store.names.untag(who.namespace, name, tag, who.key_id, limits=settings.registry_limits())
+    return {"name": name, "tag": tag, "version": None, "previous": previous}
+
+
+async def _resolve_async(request: Request, who: Principal, ref: Ref) -> Version:
+    """`_resolve` on the event loop (the deploy-time path): one EVALSHA, no thread-pool hop."""
+    script = getattr(request.app.state, "resolve_ref", None)
+    if script is None:
+        script = request.app.state.resolve_ref = request.app.state.aredis.register_script(scripts.RESOLVE)
+    kind, value = (("version", str(ref.version)) if ref.version is not None
+                   else ("latest", "") if ref.tag == refs.LATEST else ("tag", ref.tag or ""))
+    got = await script(keys=[keys.reg(who.namespace, ref.name, "versions"), keys.reg(who.namespace, ref.name, "tags")],
+                       args=[kind, value])
+    if not got:
+        raise NotFound(f"no {ref} in namespace {who.namespace!r}; `aotc versions {ref.name}` lists its versions "
+                       "and tags")
+    v, raw, *tags = cast(list[str], got)
+    return Version.from_raw(ref.name, v, raw, tags + ([refs.LATEST] if ref.tag == refs.LATEST else []))
+
+
+@router.get("/refs/{ref}", response_model=VersionRecord, responses=errors(404, 422))
+async def resolve_ref(request: Request, ref: RefPath, settings: SettingsDep, who: Pull) -> dict[str, Any]:
+    """The version a reference names in the caller's namespace: `bert-base:prod`, `bert-base@3`, `bert-base`. Its
+    `tags` list the tags on it (`latest` only when the reference asked for it)."""
+    return (await _resolve_async(request, who, _ref(settings, ref))).to_json()
+
+
+@router.get("/refs/{ref}/pick", response_model=Pick, responses=errors(404, 422, why={
+    404: "No such reference, or no artifact of its model fits the host: error.candidates says why each lost"}))
+async def pick_artifact(
+    request: Request, ref: RefPath, settings: SettingsDep, who: Pull,
+    host: Annotated[str, Query(pattern=CONCRETE_TARGET, max_length=MAX_TARGET, description="The host's concrete "
+                               "target, e.g. cpu-x86_64-avx2 or cuda-sm90 (the SDK detects it).")],
+    shape: Annotated[list[Annotated[str, StringConstraints(max_length=MAX_SHAPE_ARG, pattern=SHAPE_ARG)]], Query(
+        default_factory=list, max_length=MAX_SHAPE_ARGS, description="NAME=SHAPE per input, as in lookup; none: any "
+        "shapes")],
+    torch: Annotated[str | None, Query(max_length=64, pattern=r"^[0-9A-Za-z.+_-]+$",
+                                       description="The host's torch version: others are rejected")] = None,
+) -> Response:
+    """The artifact of a reference's model for this host: the exact target first, then a compatible one (a lower
+    ISA level), with the reason, and why every other candidate lost (target, toolchain, shapes). 404 when none
+    fits, listing each candidate and why."""
+    wanted = _ref(settings, ref)
+    target = Target.parse(host)
+    version = await _resolve_async(request, who, wanted)
+    try:  # the model and its artifacts in one round trip, as the lookup reads them
+        found = await find_model(request.app.state.reads, version.model_id, with_artifacts=True, trust_id=True)
+    except NotFound:
+        raise NotFound(f"the model of {wanted} ({version.model_id[:12]}) is gone") from None
+    # Rendered once per (query, version, artifacts as Redis holds them now), as the lookup's answers are: a tag moved,
+    # a version or an artifact published, deleted or rewritten picks afresh.
+    reads: Reads = request.app.state.reads
+    query = ("pick", str(wanted), found.model_id, str(target), tuple(shape), torch)
+    fingerprint = digest(json.dumps(version.to_json(), sort_keys=True), found.fingerprint.hex())
+    if (body := reads.answers.get(query, fingerprint)) is not None:
+        return Response(body, media_type="application/json")
+    spec = specs.canonical_spec(found.model["inputs"], specs.parse_shape_args(shape)) if shape else None
+    picked = pick([json.loads(raw) for _, raw in found.artifacts], target, torch=torch, spec=spec)
+    if picked.artifact is None:
+        built = {key for key, _ in found.artifacts}
+        pending = sorted({b["target"] for b in version.builds if b.get("job") and b.get("key") not in built})
+        unserved = sorted({b["target"] for b in version.builds if b.get("status") in ("unserved", "refused")})
+        lines = [f"{c['key'][:12]} ({c['target']}): {'; '.join(c['why'])}" for c in picked.rejected[:20]]
+        more = f" (and {len(picked.rejected) - 20} more)" if len(picked.rejected) > 20 else ""
+        queued = ((f"; not built yet: {', '.join(pending)}" if pending else "")
+                  + (f"; no worker served {', '.join(unserved)} when it was compiled" if unserved else ""))
+        raise NotFound(
+            f"nothing of {wanted} ({version.name}@{version.version}, model {version.model_id[:12]}) fits this host "
+            f"({target}{', torch ' + torch if torch else ''}"
+            f"{', ' + specs.format_spec(spec) if spec is not None else ''}): "
+            + ("; ".join(lines) + more if lines else "it has no artifacts yet") + queued,
+            candidates=picked.rejected[:100])
+    a = picked.artifact
+    answer = {"ref": str(wanted), "version": version.to_json(), "host": str(target), "key": a["key"],
+              "target": str(Target.parse(a["factors"]["target"])), "match": picked.match, "reason": picked.reason,
+              "rejected": picked.rejected}
+    return Response(reads.answers.put(query, fingerprint, render(Pick, answer)), media_type="application/json")
