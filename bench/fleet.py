@@ -89,7 +89,9 @@ def main() -> None:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         env = {**{k: v for k, v in os.environ.items() if k not in ("AOTC_REDIS_URL", "AOTC_ADMIN_KEY")},
-               "AOTC_DATA_DIR": str(tmp / "data"), "PYTHONPATH": str(ROOT), "AOTC_URL": url,
+               "AOTC_DATA_DIR": str(tmp / "data"), "AOTC_URL": url,
+               # this tree first, then the caller's path (wheels installed with --target, as on a GPU host)
+               "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
                "AOTC_HEADERS_DIR": os.environ.get("AOTC_HEADERS_DIR", str(ROOT / ".aotc" / "test-headers"))}
         log = tmp / "server.log"
         server = subprocess.Popen([sys.executable, "-m", "service", "--port", str(port), "--device", args.device,

@@ -69,12 +69,17 @@ def child(url: str, key: str, device: str, graphs: bool, cache: str) -> dict[str
 def _run_child(url: str, key: str, device: str, graphs: bool, cache: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, __file__, "--child", url, key, device, "1" if graphs else "0", str(cache)],
-                       capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": _pythonpath()})
     if p.returncode != 0:
         return {"error": (p.stderr or p.stdout)[-2000:]}
     out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
     out["wall_s"] = time.perf_counter() - t0
     return out
+
+
+def _pythonpath() -> str:
+    """This tree first, then whatever the caller's path had (wheels installed with --target, as on a GPU host)."""
+    return os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def start_service(base: Path, device: str) -> tuple[str, list[subprocess.Popen[bytes]], Any]:
@@ -87,7 +92,8 @@ def start_service(base: Path, device: str) -> tuple[str, list[subprocess.Popen[b
     port = free_port()
     env = {**os.environ, "AOTC_REDIS_URL": redis_srv.url, "AOTC_DATA_DIR": str(base), "AOTC_DEVICE": device,
            "AOTC_WORK_DIR": str(base / "work"), "AOTC_COMPILE_TIMEOUT_S": "1800",
-           "AOTC_CHILD_LD_PRELOAD": os.environ.get("LD_PRELOAD", ""), "PYTHONPATH": str(ROOT)}
+           "AOTC_CHILD_LD_PRELOAD": os.environ.get("LD_PRELOAD", ""),
+           "PYTHONPATH": _pythonpath()}
     log = open(base / "serve.log", "ab")
     procs = [subprocess.Popen([sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--port",
                                str(port), "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT,
