@@ -54,8 +54,15 @@ def _raw_408(message: str) -> bytes:
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-class HTTPProtocol(H11Protocol):
-    """uvicorn's h11 protocol, with AOTC_HEADER_TIMEOUT_S on the request headers (see the module's docstring)."""
+class _HeaderDeadline:
+    """AOTC_HEADER_TIMEOUT_S for a uvicorn HTTP protocol (mixed in before it): armed when a connection opens and when
+    an answer ends with no request in flight, disarmed once a request's headers are complete (each protocol says
+    when). A 408 goes only to a request that has begun and whose headers are not complete: an idle connection is
+    just closed, as is one still sending a body after its answer (a second answer would confuse the client)."""
+
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    cycle: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -63,27 +70,28 @@ class HTTPProtocol(H11Protocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._partial = False  # bytes came while the deadline ran
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def _headers_pending(self) -> bool:
+        """Whether a request has begun and its headers are not complete (after a byte came)."""
+        raise NotImplementedError
+
+    def _unset_keepalive_if_required(self) -> None:
+        super()._unset_keepalive_if_required()  # type: ignore[misc]
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def data_received(self, data: bytes) -> None:
         if self._deadline is not None:
             self._partial = True
-        super().data_received(data)
-
-    def handle_events(self) -> None:
-        cycle = self.cycle
-        super().handle_events()
-        if self.cycle is not cycle:  # a request's headers are complete: the route's own time starts
-            self._disarm()
+        super().data_received(data)  # type: ignore[misc]
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()  # may start a pipelined request, whose headers are then complete
+        super().on_response_complete()  # type: ignore[misc]  # may start a pipelined request, headers complete
         if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
             self._arm()
 
@@ -101,42 +109,34 @@ class HTTPProtocol(H11Protocol):
         self._deadline = None
         if self.transport.is_closing():
             return
-        # A 408 only for a request that has begun: an idle connection is just closed, as is one still sending a
-        # body after its answer (a second answer would confuse the client).
-        if self._partial and self.conn.their_state is h11.IDLE:
+        if self._partial and self._headers_pending():
             self.transport.write(_raw_408(
                 f"the request headers were not complete within {self._header_s:g} s (AOTC_HEADER_TIMEOUT_S)"))
         self._unset_keepalive_if_required()
         self.transport.close()
 
 
+class HTTPProtocol(_HeaderDeadline, H11Protocol):
+    """uvicorn's h11 protocol, with AOTC_HEADER_TIMEOUT_S on the request headers (see the module's docstring)."""
+
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle:  # a request's headers are complete: the route's own time starts
+            self._disarm()
+
+    def _headers_pending(self) -> bool:
+        return self.conn.their_state is h11.IDLE
+
+
 if _HttpTools is not None:
 
-    class HttpToolsProtocol(_HttpTools):
-        """uvicorn's httptools protocol, with the same AOTC_HEADER_TIMEOUT_S as HTTPProtocol: armed when a
-        connection opens and when an answer ends with no request in flight, disarmed once a request's headers are
-        complete. A 408 goes only to a request that has begun and whose headers are not complete: a client still
-        sending a body after its answer (a 413, a 429) is just closed."""
+    class HttpToolsProtocol(_HeaderDeadline, _HttpTools):
+        """uvicorn's httptools protocol, with the same AOTC_HEADER_TIMEOUT_S as HTTPProtocol."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._header_s = get_settings().header_timeout_s
-            self._deadline: asyncio.TimerHandle | None = None
-            self._partial = False  # bytes came while the deadline ran
             self._in_body = False  # between a request's headers and its end
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            if self._deadline is not None:
-                self._partial = True
-            super().data_received(data)
 
         def on_headers_complete(self) -> None:
             self._in_body = True
@@ -147,30 +147,8 @@ if _HttpTools is not None:
             self._in_body = False
             super().on_message_complete()
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()  # may start a pipelined request, whose headers are then complete
-            if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
-                self._arm()
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._partial = False
-            self._deadline = self.loop.call_later(self._header_s, self._expired)
-
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-
-        def _expired(self) -> None:
-            self._deadline = None
-            if self.transport.is_closing():
-                return
-            if self._partial and not self._in_body:
-                self.transport.write(_raw_408(
-                    f"the request headers were not complete within {self._header_s:g} s (AOTC_HEADER_TIMEOUT_S)"))
-            self._unset_keepalive_if_required()
-            self.transport.close()
+        def _headers_pending(self) -> bool:
+            return not self._in_body
 
 
 def protocol(choice: str) -> str:
