@@ -227,6 +227,26 @@ def compare(expected: Any, actual: Any, min_tolerance: float = 0.0, allow_nonfin
 GRAPH_PAYS = 0.95
 
 
+def eager_cases(model_path: str, spec: inputs_mod.Spec, device: str, seed: int
+                ) -> tuple[Any, torch.nn.Module, list[tuple[str, Any, tuple, dict, Any, dict[str, Any]]]]:
+    """The program, its eager module on `device`, and per point of `spec` (label, shapes, args, kwargs, eager's
+    output, eager's `measure`). Eager runs first, for every point, before any package is loaded: on CPUs a package
+    brings its own OpenMP runtime, and two runtimes spinning on the same cores would slow whichever runs second."""
+    ep = load_program(model_path)
+    eager = ep.module()
+    eager.to(device)
+    ranges = inputs_mod.int_ranges(ep)
+    cases = []
+    for label, shapes in inputs_mod.points(spec).items():
+        flat = inputs_mod.random_inputs(spec, shapes, device, ranges, seed)
+        args, kwargs = inputs_mod.call_args(ep, flat)
+        with torch.inference_mode():
+            expected = eager(*args, **kwargs)
+            eager_t = measure(lambda: eager(*args, **kwargs), device)  # noqa: B023  (measured here, not later)
+        cases.append((label, shapes, args, kwargs, expected, eager_t))
+    return ep, eager, cases
+
+
 def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, seed: int = 0,
                    precision: str = "keep", allow_nonfinite: bool = False, graphs: bool = True,
                    adversarial: bool = True) -> dict[str, Any]:
@@ -236,20 +256,8 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     (unless `adversarial=False`, which only tests use) the adversarial cases at the smallest point, in probe
     processes (compiler.adversarial): CheckFailed, naming the input and the value, where the package returns what
     eager refuses or disagrees with what eager returns. The summary's `adversarial` says what ran."""
-    ep = load_program(model_path)
-    eager = ep.module()
-    eager.to(device)
+    ep, eager, cases = eager_cases(model_path, spec, device, seed)
     ranges = inputs_mod.int_ranges(ep)
-    cases = []
-    # Eager first, for every point, before the package is loaded: on CPUs the package brings its own OpenMP
-    # runtime, and two runtimes spinning on the same cores would slow whichever runs second.
-    for label, shapes in inputs_mod.points(spec).items():
-        flat = inputs_mod.random_inputs(spec, shapes, device, ranges, seed)
-        args, kwargs = inputs_mod.call_args(ep, flat)
-        with torch.inference_mode():
-            expected = eager(*args, **kwargs)
-            eager_t = measure(lambda: eager(*args, **kwargs), device)
-        cases.append((label, shapes, args, kwargs, expected, eager_t))
     tolerance = PRECISION_TOLERANCE.get(precision, 0.0)
     weights_path = weights_mod.sidecar(package_path)
     weights_summary: dict[str, Any] | None = None

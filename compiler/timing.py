@@ -18,9 +18,8 @@ from typing import Any
 import torch
 
 from compiler import inputs as inputs_mod
-from compiler.check import GRAPH_PAYS, PRECISION_TOLERANCE, compare, device_info, measure
+from compiler.check import GRAPH_PAYS, PRECISION_TOLERANCE, compare, device_info, eager_cases, measure
 from compiler.compat.aoti import aoti_load_package, load_for_graphs
-from compiler.loading import load_program
 from compiler.speed import is_dynamic
 
 
@@ -28,19 +27,9 @@ def time_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, dev
                   graphs: bool = True, precision: str = "keep", allow_nonfinite: bool = False) -> dict[str, Any]:
     """{'points': [{point, eager_ms, compiled_ms, speedup, latency, graph_ms?, graph_speedup?}], 'device_info'},
     each figure `measure`'s median and spread."""
-    ep = load_program(model_path)
-    eager = ep.module()
-    eager.to(device)
-    ranges = inputs_mod.int_ranges(ep)
-    cases = []
-    # Eager first, before the package's OpenMP runtime is loaded (compiler.check says why).
-    for label, shapes in inputs_mod.points(spec).items():
-        flat = inputs_mod.random_inputs(spec, shapes, device, ranges, seed)
-        args, kwargs = inputs_mod.call_args(ep, flat)
-        with torch.inference_mode():
-            expected = eager(*args, **kwargs)
-            eager_t = measure(lambda: eager(*args, **kwargs), device)
-        cases.append((label, args, kwargs, expected, eager_t))
+    # Eager first, before the package's OpenMP runtime is loaded (compiler.check.eager_cases says why).
+    _, _, with_shapes = eager_cases(model_path, spec, device, seed)
+    cases = [(label, args, kwargs, expected, eager_t) for label, _, args, kwargs, expected, eager_t in with_shapes]
     compiled = aoti_load_package(package_path, device)
     points = []
     for label, args, kwargs, _, eager_t in cases:
