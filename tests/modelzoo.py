@@ -45,6 +45,20 @@ def seeded(cls: type[torch.nn.Module], seed: int, **kw: Any) -> torch.nn.Module:
     return cls(**kw).eval()
 
 
+class ConvBnHead(torch.nn.Module):
+    """Issue 21's model: the head's bias has 4 elements, which Inductor inlines as a literal unless told not to
+    (tests/compiler/test_weights.py, tests/gpu/test_gpu_weights.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.bn(self.conv(x)).mean((2, 3)))
+
+
 class InplaceReduce(torch.nn.Module):
     """Stage-report model: an in-place op (functionalisation removes it), a reduction followed by pointwise ops
     (Inductor fuses them into fewer kernels than graph nodes), and rows that never mix, so its batch dim can be

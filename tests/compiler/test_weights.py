@@ -19,21 +19,7 @@ from compiler.compat.aoti import aoti_compile_and_package, aoti_load_package, co
 from compiler.errors import CheckFailed
 from compiler.options import CompileOptions
 from compiler.pipeline import compile_model
-from modelzoo import export, seeded
-
-
-class ConvBnHead(torch.nn.Module):
-    """The issue's model: the head's bias has 4 elements, which Inductor inlines unless told not to."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 16, 3)
-        self.bn = torch.nn.BatchNorm2d(16)
-        self.head = torch.nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.bn(self.conv(x)).mean((2, 3)))
-
+from modelzoo import ConvBnHead, export, seeded
 
 SPEC = [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 8}, 3, 8, 8]}]
 

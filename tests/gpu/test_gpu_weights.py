@@ -15,22 +15,9 @@ from compiler.compat.aoti import aoti_compile_and_package, aoti_load_package, co
 from compiler.errors import CheckFailed
 from compiler.options import CompileOptions
 from compiler.pipeline import compile_model
-from modelzoo import export, seeded
+from modelzoo import ConvBnHead, export, seeded
 
 SPEC = [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 8}, 3, 8, 8]}]
-
-
-class ConvBnHead(torch.nn.Module):
-    """tests/compiler/test_weights.py's model: the head's 4-element bias is what Inductor inlines."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 16, 3)
-        self.bn = torch.nn.BatchNorm2d(16)
-        self.head = torch.nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.bn(self.conv(x)).mean((2, 3)))
 
 
 @pytest.fixture(scope="module")
