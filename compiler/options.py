@@ -84,8 +84,12 @@ WEIGHTS_REVISION = 1
 
 
 def weights_layout(options: dict[str, Any]) -> str:
-    """"external" or "embedded" for canonical options (what a job carries)."""
-    return "embedded" if options.get("freezing") or options.get("mode") == "training" else "external"
+    """"external" or "embedded" for canonical options (what a job carries). max-autotune embeds too: on a CPU its
+    GEMM templates pack weights into constants of the package's own at build time, which no blob feeds (the bind
+    failed in update_user_managed_constant_buffer), and a key's layout cannot depend on the target's kind."""
+    if options.get("freezing") or options.get("mode") in ("training", "max-autotune"):
+        return "embedded"
+    return "external"
 
 
 # Options newer than the cache key's format 2: spelled out in the canonical form (and so in the key) only when set.

@@ -84,7 +84,9 @@ def test_an_interactive_request_joining_a_batch_job_in_backoff_waits_too_then_go
     assert record["priority"] == "interactive" and record["not_before"] > time.time()
     assert _entries(store, w.target) == 0  # the join did not get around the backoff
     time.sleep(0.9)
-    assert store.jobs.promote_due() >= 1
+    # Any worker on this Redis promotes due jobs before it reads (a session's live workers too), so the count this
+    # call returns may be 0 where another got there first: what counts is where the job is now.
+    store.jobs.promote_due()
     assert store.r.xlen(keys.queue(w.target, "interactive")) == 1 and store.r.xlen(keys.queue(w.target, "batch")) == 0
 
 
