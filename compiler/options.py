@@ -87,13 +87,20 @@ def weights_layout(options: dict[str, Any]) -> str:
     """"external" or "embedded" for canonical options (what a job carries). max-autotune embeds too: on a CPU its
     GEMM templates pack weights into constants of the package's own at build time, which no blob feeds (the bind
     failed in update_user_managed_constant_buffer), and a key's layout cannot depend on the target's kind."""
-    if options.get("freezing") or options.get("mode") in ("training", "max-autotune"):
+    if options.get("freezing") or options.get("mode") == "max-autotune":
         return "embedded"
     return "external"
 
 
 # Options newer than the cache key's format 2: spelled out in the canonical form (and so in the key) only when set.
-ADDED_AFTER_FORMAT_2 = ("allow_nonfinite",)
+ADDED_AFTER_FORMAT_2 = ("allow_nonfinite", "loss_output")
+
+# Set in every mode=training compile (compiler/training.py). Inductor's joint-graph pass `constant_fold_uniform_value`
+# folds a buffer of uniform value into a literal even with always_keep_tensor_constants: BatchNorm's 0-d
+# `num_batches_tracked` became `= 1` on every step (seen on torch 2.13), frozen while eager counts on.
+TRAINING_INDUCTOR_CONFIGS: dict[str, Any] = {"joint_graph_constant_folding": False}
+# Most outputs an upload may have, so that `loss_output` is bounded before the program is read.
+MAX_LOSS_OUTPUT = 4095
 
 
 class CompileOptions(BaseModel):
@@ -101,9 +108,13 @@ class CompileOptions(BaseModel):
 
     mode: Mode = Field(
         default="default",
-        description="default; max-autotune (slower compile, faster kernels); training (forward and backward "
-        "through AOTAutograd: a report with the joint graph and its partition, no package yet).",
+        description="default; max-autotune (slower compile, faster kernels); training (a train-step package: one "
+        "call runs forward and backward and returns the loss, the other outputs and a gradient per parameter; "
+        "docs/training.md).",
     )
+    loss_output: Annotated[int, Field(ge=0, le=MAX_LOSS_OUTPUT), JSON_INT] = Field(
+        default=0, description="mode=training: which of the program's outputs is the loss (a floating scalar). The "
+        "other outputs must not need a gradient (return them detached).")
     precision: Precision = Field(
         default="keep",
         description="keep the program's dtypes, or compute in bf16/fp16 for inference: weights are cast, and "
@@ -126,6 +137,8 @@ class CompileOptions(BaseModel):
         if self.mode == "training" and (self.precision != "keep" or self.freezing):
             raise ValueError("precision casts and freezing are for inference; mode=training keeps the program's "
                              "dtypes and weights")
+        if self.mode != "training" and self.loss_output != 0:
+            raise ValueError("loss_output names the loss of a training step: it needs mode=training")
         return self
 
     def canonical(self) -> dict[str, Any]:
@@ -159,6 +172,8 @@ class CompileOptions(BaseModel):
                 configs["cpp.simdlen"] = pin.simdlen
         if self.mode == "max-autotune":
             configs["max_autotune"] = True
+        if self.mode == "training":
+            configs.update(TRAINING_INDUCTOR_CONFIGS)
         if self.freezing:
             configs["freezing"] = True
         configs.update(self.inductor.configs())

@@ -4,8 +4,7 @@ Each stage is reported through `on_stage` before it runs and timed; compiler.sta
 The stage report (report.json) and the sources archive (sources.zip: every stage's FX graph and the generated
 code) are written beside the package. Before either, the generated sources are scanned (compiler.scan): a package
 whose code makes calls no kernel makes fails the compile as UnsafeCode and is removed, never checked. For
-mode=training the pipeline stops after lowering: the report and the graphs are the result, and there is no package
-yet.
+mode=training the package is built from the joint forward/backward program (compiler/training.py): a train step.
 
 This module knows nothing of HTTP or Redis: the worker runs it in a child process and relays the stages.
 """
@@ -23,6 +22,7 @@ import torch
 
 from compiler import report as rep
 from compiler import stages
+from compiler import training as training_mod
 from compiler.errors import CompileError
 from compiler.inputs import Spec
 from compiler.loading import load_program
@@ -99,9 +99,18 @@ def compile_model(
             why = rep.unavailable(f"{type(e).__name__}: {str(e)[:1000]}")
             return stages.Functional(None, why)
 
+    saved = training_mod.snapshot(captured.program) if options.training else {}
     functional = run("autograd", autograd)
     report["stages"]["autograd"] = functional.facts
     files.update(functional.graphs)
+    build_from = captured
+    if options.training:  # the package is the joint program's: a train step (compiler/training.py)
+        traced = timings["autograd"]
+        joint = run("autograd", lambda: training_mod.joint(captured, options.loss_output))
+        timings["joint"], timings["autograd"] = timings["autograd"], traced
+        build_from = joint.captured
+        training_mod.restore(saved, captured.program, build_from.program)
+        report["stages"]["autograd"]["train_step"] = joint.manifest(options.loss_output)
 
     def lowering() -> dict[str, Any]:
         if functional.program is None:
@@ -112,61 +121,54 @@ def compile_model(
 
     run("lowering", lambda: observe("lowering", lowering))
 
-    result: dict[str, Any] = {"package": None, "size": 0, "weights": None}
-    if options.training:
-        why = ("mode=training stops after AOTAutograd and lowering: the report and the graphs are the result "
-               "(no package yet)")
-        for name in ("fusion", "codegen", "package"):
-            report["stages"][name] = rep.skipped(why)
-    else:
-        # One Inductor compile covers fusion, codegen and package; the stage hooks inside report progress and
-        # split its time.
-        current = ["fusion"]  # the stage a failure is charged to
+    # One Inductor compile covers fusion, codegen and package; the stage hooks inside report progress and
+    # split its time.
+    current = ["fusion"]  # the stage a failure is charged to
 
-        def progress(stage: str) -> None:
-            current[0] = stage
-            on_stage(stage)
+    def progress(stage: str) -> None:
+        current[0] = stage
+        on_stage(stage)
 
-        t0 = time.perf_counter()
-        try:
-            compiled = stages.inductor(captured, options, out_path, device, progress, pin)
-        except CompileError as e:
-            e.stage = e.stage or current[0]
-            raise
-        except Exception as e:
-            raise CompileError(f"{type(e).__name__}: {e}", stage=current[0]) from e
-        timings["compile"] = round(time.perf_counter() - t0, 3)
-        # The second line after codegen: nothing has run the package yet, and nothing will if its sources make
-        # calls no kernel makes (UnsafeCode, final; the package is removed).
-        scanned = stages.scan(compiled)
-        timings["scan"] = round(scanned.seconds, 4)
-        isa_facts = None
-        if pin is not None:  # and the third: a package above its level would die of SIGILL on a host of it
-            t_isa = time.perf_counter()
-            isa_facts = stages.isa_check(compiled, pin, isa_scan_timeout_s)
-            timings["isa"] = round(time.perf_counter() - t_isa, 4)
-        for name in ("fusion", "codegen", "package"):
-            if compiled.phases.get(name) is not None:
-                timings[name] = compiled.phases[name]  # type: ignore[assignment]
-        observe("fusion", lambda: stages.fusion(compiled))
+    t0 = time.perf_counter()
+    try:
+        compiled = stages.inductor(build_from, options, out_path, device, progress, pin)
+    except CompileError as e:
+        e.stage = e.stage or current[0]
+        raise
+    except Exception as e:
+        raise CompileError(f"{type(e).__name__}: {e}", stage=current[0]) from e
+    timings["compile"] = round(time.perf_counter() - t0, 3)
+    # The second line after codegen: nothing has run the package yet, and nothing will if its sources make
+    # calls no kernel makes (UnsafeCode, final; the package is removed).
+    scanned = stages.scan(compiled)
+    timings["scan"] = round(scanned.seconds, 4)
+    isa_facts = None
+    if pin is not None:  # and the third: a package above its level would die of SIGILL on a host of it
+        t_isa = time.perf_counter()
+        isa_facts = stages.isa_check(compiled, pin, isa_scan_timeout_s)
+        timings["isa"] = round(time.perf_counter() - t_isa, 4)
+    for name in ("fusion", "codegen", "package"):
+        if compiled.phases.get(name) is not None:
+            timings[name] = compiled.phases[name]  # type: ignore[assignment]
+    observe("fusion", lambda: stages.fusion(compiled))
 
-        def codegen() -> dict[str, Any]:
-            generated = stages.codegen(compiled)
-            files.update(generated.files)
-            return generated.facts
+    def codegen() -> dict[str, Any]:
+        generated = stages.codegen(compiled)
+        files.update(generated.files)
+        return generated.facts
 
-        observe("codegen", codegen)
-        if compiled.observation.graphs:
-            files["graphs/inductor_post_grad.py"] = compiled.observation.graphs[-1]["code"]
-        observe("package", lambda: stages.package(compiled, captured))
-        report["stages"]["package"]["scan"] = scanned.facts()
-        if isa_facts is not None:
-            report["stages"]["package"]["isa"] = isa_facts
-        report["hooks"] = compiled.observation.hooks
-        if compiled.observation.errors:
-            report["notes"] += [f"observer error (the compile carried on): {e}" for e in compiled.observation.errors]
-        result = {"package": compiled.package, "size": Path(compiled.package).stat().st_size,
-                  "weights": compiled.weights}
+    observe("codegen", codegen)
+    if compiled.observation.graphs:
+        files["graphs/inductor_post_grad.py"] = compiled.observation.graphs[-1]["code"]
+    observe("package", lambda: stages.package(compiled, build_from))
+    report["stages"]["package"]["scan"] = scanned.facts()
+    if isa_facts is not None:
+        report["stages"]["package"]["isa"] = isa_facts
+    report["hooks"] = compiled.observation.hooks
+    if compiled.observation.errors:
+        report["notes"] += [f"observer error (the compile carried on): {e}" for e in compiled.observation.errors]
+    result: dict[str, Any] = {"package": compiled.package, "size": Path(compiled.package).stat().st_size,
+                              "weights": compiled.weights}
 
     report["timings"] = timings
     report_path = out_dir / "report.json"

@@ -74,3 +74,25 @@ class InplaceReduce(torch.nn.Module):
         y = torch.relu(y)
         s = y.sum(dim=-1, keepdim=True)
         return torch.nn.functional.gelu(y / (s + 1.0)) * 2.0
+
+
+class TrainMLP(torch.nn.Module):
+    """A training step's upload: 2 layers, BatchNorm (running stats and a batch count, mutated in place) and a
+    1-element parameter (Inductor inlines tensors this small unless told not to). Returns (loss, logits detached)."""
+
+    def __init__(self, d_in: int = 8, hidden: int = 16, d_out: int = 4) -> None:
+        super().__init__()
+        self.l1 = torch.nn.Linear(d_in, hidden)
+        self.bn = torch.nn.BatchNorm1d(hidden)
+        self.l2 = torch.nn.Linear(hidden, d_out)
+        self.scale = torch.nn.Parameter(torch.tensor([0.5]))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.l2(torch.relu(self.bn(self.l1(x)))) * self.scale
+        return torch.nn.functional.mse_loss(out, y), out.detach()
+
+
+def export_train(model: torch.nn.Module, args: tuple[Any, ...], path: Path) -> Path:
+    """Export in training mode (BatchNorm uses the batch's statistics and updates its running ones)."""
+    torch.export.save(torch.export.export(model.train(), args), str(path))
+    return path

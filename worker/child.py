@@ -130,10 +130,17 @@ def main(jobdir: str, kind: str) -> int:
             on_stage("check")
             asked = task.get("options") or {}
             # `untimed`: a timing pass of its own follows (compiler/timing.py), so the check takes no figures.
-            with untimed() if task.get("untimed") else contextlib.nullcontext():
-                result = check_artifact(task["model_path"], task["package_path"], task["spec"], task["device"],
-                                        precision=asked.get("precision", "keep"),
-                                        allow_nonfinite=bool(asked.get("allow_nonfinite", False)))
+            if asked.get("mode") == "training":  # a train-step package: checked over optimizer steps
+                from compiler.traincheck import check_training
+
+                with untimed() if task.get("untimed") else contextlib.nullcontext():
+                    result = check_training(task["model_path"], task["package_path"], task["spec"], task["device"],
+                                            loss_output=int(asked.get("loss_output", 0)))
+            else:
+                with untimed() if task.get("untimed") else contextlib.nullcontext():
+                    result = check_artifact(task["model_path"], task["package_path"], task["spec"], task["device"],
+                                            precision=asked.get("precision", "keep"),
+                                            allow_nonfinite=bool(asked.get("allow_nonfinite", False)))
         elif kind == "time":  # the timing pass, under the device lock (compiler/timing.py)
             from compiler.timing import time_artifact
 

@@ -1,0 +1,179 @@
+"""The training check: a train-step package against eager over several optimizer steps, in a fresh process.
+
+What it proves, before the worker signs anything (docs/training.md, docs/security.md):
+  - the weights blob is the program's own tensors, and the package reads every one of them (compiler.weights: a
+    parameter Inductor inlined or folded is named);
+  - the package's flat outputs have the roles the manifest says (compiler.training): their count and shapes;
+  - for `STEPS` steps on fresh random batches: the loss, every other output and the gradient of every parameter
+    agree with eager's `loss.backward()` within the tolerance of their dtype (compiler.check.TOLERANCE); then SGD
+    updates the parameters in place, eager's and the bound ones, so a step sees the last step's weights: a
+    parameter the package froze makes the next step disagree;
+  - after each step, every buffer the program mutates (BatchNorm's running statistics and its batch count) holds
+    what eager's holds: the package updates the caller's buffers in place, or the check names the one it did not.
+Then it times one step of each (eager: forward + backward; the package: one boxed run).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+import torch
+
+from compiler import inputs as inputs_mod
+from compiler import training
+from compiler import weights as weights_mod
+from compiler.check import TOLERANCE, compare, device_info, measure
+from compiler.compat import joint as joint_mod
+from compiler.compat.aoti import LoadedPackage
+from compiler.errors import CheckFailed
+from compiler.loading import load_program
+
+STEPS = 3
+LR = 0.05  # large enough that a frozen parameter shows in the next step's loss, small enough to stay finite
+
+
+def live_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of `module` by FQN, as the tensors the module holds (not copies)."""
+    out: dict[str, torch.Tensor] = {n: p.detach() for n, p in module.named_parameters(remove_duplicate=False)}
+    out.update({n: b for n, b in module.named_buffers(remove_duplicate=False) if isinstance(b, torch.Tensor)})
+    return out
+
+
+def _cmp(name: str, expected: torch.Tensor, actual: torch.Tensor) -> dict[str, Any]:
+    got = compare(expected.detach(), actual.detach(), TOLERANCE.get(expected.dtype, 0.0))
+    return {**got, "what": name}
+
+
+def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, loss_output: int = 0,
+                   seed: int = 0, steps: int = STEPS, lr: float = LR) -> dict[str, Any]:
+    """Check the train-step package at `package_path` against the uploaded program at `model_path` (see the module
+    docstring). Raises CheckFailed naming the step and the output, gradient or buffer that disagrees."""
+    ep = load_program(model_path)
+    joint = joint_mod.joint_program(ep, loss_output)
+    roles, mutated = joint_mod.roles(joint)
+    del joint
+    eager = ep.module().to(device)
+    bound_model = copy.deepcopy(eager)  # the "caller's" module: the package reads and updates these tensors
+    live = live_tensors(bound_model)
+
+    side = weights_mod.sidecar(package_path)
+    if not side.exists():
+        raise CheckFailed("a train-step package must be weightless (bound to the caller's parameters); this one "
+                          "has no weights blob beside it", stage="check")
+    blob = weights_mod.load(side, device)
+    weights_mod.verify_blob(ep, blob, "keep")
+    package = LoadedPackage(package_path, device)
+    fqns = package.get_constant_fqns()
+    weights_mod.check_bound(fqns, blob)
+    lacking = sorted(set(fqns) - set(live))
+    if lacking:
+        raise CheckFailed(f"the package reads {lacking[:5]}, which the module has as no parameter or buffer",
+                          stage="check")
+    package.bind_constants({k: live[k] for k in fqns})
+    del blob
+
+    params = dict(eager.named_parameters())
+    bound_params = dict(bound_model.named_parameters())
+    grad_roles = {r.role.removeprefix("grad:"): r.index for r in roles if r.role.startswith("grad:")}
+    missing = sorted(set(params) - set(grad_roles))
+    if missing:
+        raise CheckFailed(f"the package returns no gradient for parameter(s) {missing[:5]}", stage="check")
+    user_roles = [r for r in roles if r.role.startswith("output:")]
+    ranges = inputs_mod.int_ranges(ep)
+    shapes = next(iter(inputs_mod.points(spec).values()))
+    log: list[dict[str, Any]] = []
+    worst = {"max_abs_err": 0.0, "max_rel_err": 0.0}
+
+    def fail(step: int, why: str, detail: Any = None) -> CheckFailed:
+        return CheckFailed(f"training check, step {step + 1} of {steps}: {why}", stage="check",
+                           excerpt=str(detail or log)[:4000])
+
+    for step in range(steps):
+        flat_in = inputs_mod.random_inputs(spec, shapes, device, ranges, seed + step)
+        args, kwargs = inputs_mod.call_args(ep, flat_in)
+        eager.zero_grad(set_to_none=True)
+        expected = eager(*args, **kwargs)
+        flat_expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+        loss = flat_expected[loss_output]
+        loss.backward()
+        got = package.run_flat(package.flat_inputs(args, kwargs))
+        if len(got) != len(roles):
+            raise fail(step, f"the package returned {len(got)} outputs; its manifest has {len(roles)} roles")
+        others = [t for i, t in enumerate(flat_expected) if i != loss_output]
+        checks = [_cmp("loss", loss, got[0])]
+        checks += [_cmp(r.role, e, got[r.index]) for r, e in zip(user_roles, others, strict=True)]
+        for name, p in params.items():
+            want = p.grad if p.grad is not None else torch.zeros_like(p)
+            checks.append(_cmp(f"grad:{name}", want, got[grad_roles[name]]))
+        bad = next((c for c in checks if not c["ok"]), None)
+        if bad is not None:
+            hint = (" (step 1 agreed: a parameter the package does not read from the bound tensors, frozen at "
+                    "compile time, would do this)" if step > 0 else "")
+            raise fail(step, f"{bad['what']} disagrees with eager: {bad.get('why')}{hint}", checks)
+        with torch.no_grad():
+            for name, p in params.items():
+                if p.grad is not None:
+                    p.sub_(lr * p.grad)
+                bound_params[name].sub_(lr * got[grad_roles[name]])
+        for fqn in mutated:
+            e, b = _buffer(eager, fqn), live.get(fqn)
+            if e is None or b is None:
+                raise fail(step, f"buffer {fqn!r} is mutated by the program but the module has no such buffer")
+            c = _cmp(f"buffer:{fqn}", e, b)
+            if not c["ok"]:
+                raise fail(step, f"buffer {fqn!r} was not updated in place as eager updates it ({c.get('why')}): the "
+                                 "package froze it (a constant folded into its code)", checks + [c])
+            checks.append(c)
+        for c in checks:
+            for k in worst:
+                worst[k] = max(worst[k], float(c.get(k) or 0.0))
+        errs = {c["what"]: c.get("max_rel_err") for c in checks}
+        log.append({"step": step + 1, "loss": float(loss.detach()), "loss_rel_err": errs["loss"],
+                    "max_grad_rel_err": max((v or 0.0 for k, v in errs.items() if k.startswith("grad:")),
+                                            default=0.0),
+                    "buffers": len(mutated)})
+
+    # One step each, timed: eager's forward and backward (grads set to none first, as an optimizer loop would),
+    # and one boxed run of the package. Both go on updating their own buffers; nothing is compared after this.
+    flat_in = inputs_mod.random_inputs(spec, shapes, device, ranges, seed)
+    args, kwargs = inputs_mod.call_args(ep, flat_in)
+    flat_args = package.flat_inputs(args, kwargs)
+
+    def eager_step() -> None:
+        eager.zero_grad(set_to_none=True)
+        out = eager(*args, **kwargs)
+        (out[loss_output] if isinstance(out, (tuple, list)) else out).backward()
+
+    eager_t = measure(eager_step, device)
+    compiled_t = measure(functools.partial(package.run_flat, flat_args), device)
+    e_ms, c_ms = eager_t["median_ms"], compiled_t["median_ms"]
+    point = {"point": "static", "shapes": {i["name"]: s for i, s in zip(spec, shapes)}, "ok": True, **worst,
+             "eager_ms": round(e_ms, 4), "compiled_ms": round(c_ms, 4),
+             "speedup": round(e_ms / c_ms, 3) if c_ms > 0 else None,
+             "latency": {"eager": eager_t, "compiled": compiled_t}}
+    return {
+        "passed": True, "device": device, "device_info": device_info(device), "precision": "keep",
+        "points": [point], **worst, "eager_ms": point["eager_ms"], "compiled_ms": point["compiled_ms"],
+        "speedup": point["speedup"], "latency": {"method": compiled_t["method"], **point["latency"]},
+        "graphs": {"impl": None, "captured": False, "reason": "train steps are not captured in CUDA graphs yet"},
+        "notes": ["timings are one training step: eager forward+backward against one run of the package"],
+        "allow_nonfinite": False, "nonfinite": [],
+        "weights": {"bound": "user_managed", "constants": len(fqns), "package_fqns": sorted(fqns),
+                    "bytes": side.stat().st_size},
+        "training": {**training.manifest(roles, mutated, loss_output), "steps": log, "optimizer": f"SGD lr={lr}",
+                     "tolerance": {str(k).removeprefix("torch."): v for k, v in TOLERANCE.items()}},
+        "adversarial": {"skipped": "not run for train-step packages: its probes call the package as the model, "
+                                   "which a joint out-spec cannot (docs/training.md)"},
+    }
+
+
+def _buffer(module: torch.nn.Module, fqn: str) -> torch.Tensor | None:
+    prefix, _, attr = fqn.rpartition(".")
+    try:
+        t = getattr(module.get_submodule(prefix) if prefix else module, attr)
+    except AttributeError:
+        return None
+    return t if isinstance(t, torch.Tensor) else None
+
