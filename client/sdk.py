@@ -589,6 +589,35 @@ class Client:
         timings["load_s"] = time.perf_counter() - t2
         return _FirstCallTimed(fn, timings, device)
 
+    def load_training(self, artifact: Artifact | str, model: Any, device: str | None = None, *,
+                      rehash: bool = False, shapes: Mapping[str, Any] | None = None,
+                      target: str | None = None) -> Any:
+        """Pull a train-step package (mode=training) and bind it to `model`'s LIVE parameters and buffers (a
+        torch.nn.Module, or a mapping FQN -> the tensors it holds); returns a `client.training.TrainStep`:
+        `loss, outputs = step(*batch)` runs forward and backward, accumulates each gradient into `.grad` as
+        `loss.backward()` does, and updates mutated buffers in place, so any torch optimizer works unchanged.
+        `artifact` is resolved and its package verified as `load` does; the output roles are read from its signed
+        manifest, and each bound tensor is checked against the signed constants (name, shape, dtype). The weights
+        blob is not downloaded: the caller's tensors are the weights."""
+        if isinstance(artifact, Artifact):
+            art = artifact
+        elif _KEY.match(artifact):
+            art = self.artifact(artifact)
+        else:
+            art = self.artifact(self.pick(artifact, shapes, device=device or "auto", target=target)["key"])
+        signed = self.verifier.manifest(art.key, art.meta)
+        train = (signed.predicate.get("check") or {}).get("training")
+        if not isinstance(train, Mapping):
+            raise ValueError(f"artifact {art.key} is not a train-step package (compile with mode=training); load it "
+                             "with Client.load")
+        path = self.pull(art, rehash=rehash)
+        built = Target.parse(str(art.meta.get("target", "")))
+        device = device or ("cuda:0" if built.kind == "cuda" else "cpu")
+        _check_target(built, device, art.meta)
+        from client.training import TrainStep  # imports torch: only to load
+
+        return TrainStep(str(path), train, (signed.weights or {}).get("constants") or [], model, device)
+
     def pull_weights(self, artifact: Artifact | str, dest: str | Path | None = None, *,
                      attempts: int = 3, rehash: bool = False) -> Path | None:
         """The weights blob a weightless artifact binds, into the local cache by its sha256 (or to `dest`), verified

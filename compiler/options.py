@@ -117,8 +117,10 @@ class CompileOptions(BaseModel):
         "other outputs must not need a gradient (return them detached).")
     precision: Precision = Field(
         default="keep",
-        description="keep the program's dtypes, or compute in bf16/fp16 for inference: weights are cast, and "
-        "floating inputs and outputs are cast at the edges, so the artifact takes and returns the same dtypes.",
+        description="keep the program's dtypes, or compute in bf16/fp16. For inference, weights are cast, and "
+        "floating inputs and outputs are cast at the edges, so the artifact takes and returns the same dtypes. For "
+        "mode=training it is mixed precision: the step runs under torch.autocast to that dtype, the weights and "
+        "gradients keep theirs.",
     )
     freezing: StrictBool = Field(default=False, description=(
         "Fold weights into the graph as constants (inference). A frozen package carries its own weights: it is "
@@ -134,9 +136,8 @@ class CompileOptions(BaseModel):
 
     @model_validator(mode="after")
     def _inference_only_options(self) -> CompileOptions:
-        if self.mode == "training" and (self.precision != "keep" or self.freezing):
-            raise ValueError("precision casts and freezing are for inference; mode=training keeps the program's "
-                             "dtypes and weights")
+        if self.mode == "training" and self.freezing:
+            raise ValueError("freezing is for inference; mode=training updates the weights")
         if self.mode != "training" and self.loss_output != 0:
             raise ValueError("loss_output names the loss of a training step: it needs mode=training")
         return self

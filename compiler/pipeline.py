@@ -86,7 +86,8 @@ def compile_model(
             report["stages"][stage] = rep.unavailable(f"{type(e).__name__}: {str(e)[:1000]}")
 
     ep = run("load", lambda: load_program(model_path))
-    captured = run("capture", lambda: stages.capture(ep, spec, program_inputs, device, options.precision))
+    captured = run("capture", lambda: stages.capture(ep, spec, program_inputs, device, options.precision,
+                                                          autocast=options.training))
     report["stages"]["capture"] = captured.facts
     files.update(captured.graphs)
 

@@ -221,3 +221,14 @@ def covers(spec: Sequence[InputSpec] | Sequence[dict[str, Any]], shapes: Sequenc
             if w_lo < lo or w_hi > hi:
                 return False
     return True
+
+
+def training_refusal(spec: Sequence[dict[str, Any]]) -> str | None:
+    """Why `spec` cannot be compiled for mode=training, naming its first dynamic dim, or None: a train-step package
+    is built at static shapes (compiler/training.py; docs/training.md)."""
+    for inp in spec:
+        for j, d in enumerate(inp.get("shape", [])):
+            if isinstance(d, dict):
+                return (f"mode=training takes static shapes: input {inp.get('name')!r} dim {j} is a range "
+                        f"{d.get('min')}..{d.get('max')}; give one size (one package per batch shape)")
+    return None

@@ -66,13 +66,32 @@ def cast_edges(module: torch.fx.GraphModule, dtype: torch.dtype) -> torch.fx.Gra
     return module
 
 
+class Autocast(torch.nn.Module):
+    """`inner` run under torch.autocast, with inner's own parameters and buffers under their own FQNs (it shares
+    inner's dicts rather than holding inner as a child, which would prefix every name). mode=training's precision
+    (compiler/training.py): export traces the autocast casts into the graph, weights stay in their dtype."""
+
+    def __init__(self, inner: torch.nn.Module, device_type: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self._modules, self._parameters, self._buffers = inner._modules, inner._parameters, inner._buffers
+        object.__setattr__(self, "_inner", inner)
+        self._autocast = (device_type, dtype)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(self._autocast[0], dtype=self._autocast[1]):
+            return self._inner(*args, **kwargs)
+
+
 def specialize(
     ep: torch.export.ExportedProgram, spec: inputs_mod.Spec, program_inputs: list[dict[str, Any]], device: str,
-    precision: str = "keep",
+    precision: str = "keep", autocast: bool = False,
 ) -> torch.export.ExportedProgram:
-    module = ep.module()
-    if precision != "keep":
-        cast_edges(module, PRECISIONS[precision])
+    """`autocast`: a precision other than "keep" means torch.autocast to it (mode=training), not casts."""
+    module: torch.nn.Module = ep.module()
+    if precision != "keep" and autocast:
+        module = Autocast(module, "cuda" if device.startswith("cuda") else "cpu", PRECISIONS[precision])
+    elif precision != "keep":
+        cast_edges(module, PRECISIONS[precision])  # type: ignore[arg-type]
     module.to(device)
     shapes = inputs_mod.hint_shapes(spec, program_inputs)
     example = inputs_mod.random_inputs(spec, shapes, device, inputs_mod.int_ranges(ep))

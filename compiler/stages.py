@@ -143,7 +143,7 @@ def _int_or_none(v: Any) -> int | None:
 
 
 def capture(ep: torch.export.ExportedProgram, spec: Spec, program_inputs: list[dict[str, Any]], device: str,
-            precision: str = "keep") -> Captured:
+            precision: str = "keep", autocast: bool = False) -> Captured:
     """Rewrite the ops of the uploaded program that skip bounds checks (compiler.bounds, in place: `ep` is the
     worker's own copy), then re-export it at the requested shapes: the FX graph that the rest of the pipeline sees.
 
@@ -152,7 +152,7 @@ def capture(ep: torch.export.ExportedProgram, spec: Spec, program_inputs: list[d
     rewritten to a checked form, and what it became)."""
     t0 = time.perf_counter()
     bounded = bounds_mod.bound_program(ep)
-    special = specialize(ep, spec, program_inputs, device, precision)
+    special = specialize(ep, spec, program_inputs, device, precision, autocast)
     seconds = time.perf_counter() - t0
     shapes = inputs_mod.hint_shapes(spec, program_inputs)
     example = inputs_mod.random_inputs(spec, shapes, device, inputs_mod.int_ranges(ep))

@@ -15,6 +15,7 @@ Then it times one step of each (eager: forward + backward; the package: one boxe
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 from typing import Any
@@ -41,15 +42,29 @@ def live_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _cmp(name: str, expected: torch.Tensor, actual: torch.Tensor) -> dict[str, Any]:
-    got = compare(expected.detach(), actual.detach(), TOLERANCE.get(expected.dtype, 0.0))
+# mixed precision (precision=bf16/fp16 with mode=training): the step runs under torch.autocast to this dtype
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _cmp(name: str, expected: torch.Tensor, actual: torch.Tensor, floor: float = 0.0) -> dict[str, Any]:
+    got = compare(expected.detach(), actual.detach(), max(floor, TOLERANCE.get(expected.dtype, 0.0)))
     return {**got, "what": name}
 
 
+def autocast(device: str, precision: str) -> Any:
+    """The autocast context eager runs its forward under for `precision` ("keep": none)."""
+    if precision not in AUTOCAST:
+        return contextlib.nullcontext()
+    return torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=AUTOCAST[precision])
+
+
 def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, loss_output: int = 0,
-                   seed: int = 0, steps: int = STEPS, lr: float = LR) -> dict[str, Any]:
+                   seed: int = 0, steps: int = STEPS, lr: float = LR, precision: str = "keep") -> dict[str, Any]:
     """Check the train-step package at `package_path` against the uploaded program at `model_path` (see the module
-    docstring). Raises CheckFailed naming the step and the output, gradient or buffer that disagrees."""
+    docstring). Raises CheckFailed naming the step and the output, gradient or buffer that disagrees. With a
+    `precision` (bf16, fp16), eager's forward runs under the same autocast, and every comparison allows at least
+    that dtype's tolerance (the loss and gradients are float32, computed through bf16 matmuls)."""
+    floor = TOLERANCE[AUTOCAST[precision]] if precision in AUTOCAST else 0.0
     ep = load_program(model_path)
     joint = joint_mod.joint_program(ep, loss_output)
     roles, mutated = joint_mod.roles(joint)
@@ -94,7 +109,8 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         flat_in = inputs_mod.random_inputs(spec, shapes, device, ranges, seed + step)
         args, kwargs = inputs_mod.call_args(ep, flat_in)
         eager.zero_grad(set_to_none=True)
-        expected = eager(*args, **kwargs)
+        with autocast(device, precision):
+            expected = eager(*args, **kwargs)
         flat_expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
         loss = flat_expected[loss_output]
         loss.backward()
@@ -102,11 +118,11 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         if len(got) != len(roles):
             raise fail(step, f"the package returned {len(got)} outputs; its manifest has {len(roles)} roles")
         others = [t for i, t in enumerate(flat_expected) if i != loss_output]
-        checks = [_cmp("loss", loss, got[0])]
-        checks += [_cmp(r.role, e, got[r.index]) for r, e in zip(user_roles, others, strict=True)]
+        checks = [_cmp("loss", loss, got[0], floor)]
+        checks += [_cmp(r.role, e, got[r.index], floor) for r, e in zip(user_roles, others, strict=True)]
         for name, p in params.items():
             want = p.grad if p.grad is not None else torch.zeros_like(p)
-            checks.append(_cmp(f"grad:{name}", want, got[grad_roles[name]]))
+            checks.append(_cmp(f"grad:{name}", want, got[grad_roles[name]], floor))
         bad = next((c for c in checks if not c["ok"]), None)
         if bad is not None:
             hint = (" (step 1 agreed: a parameter the package does not read from the bound tensors, frozen at "
@@ -121,7 +137,7 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
             e, b = _buffer(eager, fqn), live.get(fqn)
             if e is None or b is None:
                 raise fail(step, f"buffer {fqn!r} is mutated by the program but the module has no such buffer")
-            c = _cmp(f"buffer:{fqn}", e, b)
+            c = _cmp(f"buffer:{fqn}", e, b, floor)
             if not c["ok"]:
                 raise fail(step, f"buffer {fqn!r} was not updated in place as eager updates it ({c.get('why')}): the "
                                  "package froze it (a constant folded into its code)", checks + [c])
@@ -143,7 +159,8 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
 
     def eager_step() -> None:
         eager.zero_grad(set_to_none=True)
-        out = eager(*args, **kwargs)
+        with autocast(device, precision):
+            out = eager(*args, **kwargs)
         (out[loss_output] if isinstance(out, (tuple, list)) else out).backward()
 
     eager_t = measure(eager_step, device)
@@ -154,7 +171,7 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
              "speedup": round(e_ms / c_ms, 3) if c_ms > 0 else None,
              "latency": {"eager": eager_t, "compiled": compiled_t}}
     return {
-        "passed": True, "device": device, "device_info": device_info(device), "precision": "keep",
+        "passed": True, "device": device, "device_info": device_info(device), "precision": precision,
         "points": [point], **worst, "eager_ms": point["eager_ms"], "compiled_ms": point["compiled_ms"],
         "speedup": point["speedup"], "latency": {"method": compiled_t["method"], **point["latency"]},
         "graphs": {"impl": None, "captured": False, "reason": "train steps are not captured in CUDA graphs yet"},
@@ -163,6 +180,7 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         "weights": {"bound": "user_managed", "constants": len(fqns), "package_fqns": sorted(fqns),
                     "bytes": side.stat().st_size},
         "training": {**training.manifest(roles, mutated, loss_output), "steps": log, "optimizer": f"SGD lr={lr}",
+                     "autocast": str(AUTOCAST[precision]).removeprefix("torch.") if precision in AUTOCAST else None,
                      "tolerance": {str(k).removeprefix("torch."): v for k, v in TOLERANCE.items()}},
         "adversarial": {"skipped": "not run for train-step packages: its probes call the package as the model, "
                                    "which a joint out-spec cannot (docs/training.md)"},

@@ -60,13 +60,3 @@ def restore(saved: dict[str, torch.Tensor], *programs: torch.export.ExportedProg
                 t = program.state_dict.get(k)
                 if isinstance(t, torch.Tensor):
                     t.copy_(v)
-
-
-def static_refusal(spec: list[dict[str, Any]]) -> str | None:
-    """Why `spec` cannot be compiled for training (its first dynamic dim), or None. Torch-free: the API uses it."""
-    for inp in spec:
-        for j, d in enumerate(inp.get("shape", [])):
-            if isinstance(d, dict):
-                return (f"mode=training takes static shapes: input {inp.get('name')!r} dim {j} is a range "
-                        f"{d.get('min')}..{d.get('max')}; give one size (one package per batch shape)")
-    return None

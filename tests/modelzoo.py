@@ -92,7 +92,7 @@ class TrainMLP(torch.nn.Module):
         return torch.nn.functional.mse_loss(out, y), out.detach()
 
 
-def export_train(model: torch.nn.Module, args: tuple[Any, ...], path: Path) -> Path:
+def export_train(model: torch.nn.Module, args: tuple[Any, ...], path: Path, dynamic_shapes: Any = None) -> Path:
     """Export in training mode (BatchNorm uses the batch's statistics and updates its running ones)."""
-    torch.export.save(torch.export.export(model.train(), args), str(path))
+    torch.export.save(torch.export.export(model.train(), args, dynamic_shapes=dynamic_shapes), str(path))
     return path

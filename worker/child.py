@@ -135,7 +135,8 @@ def main(jobdir: str, kind: str) -> int:
 
                 with untimed() if task.get("untimed") else contextlib.nullcontext():
                     result = check_training(task["model_path"], task["package_path"], task["spec"], task["device"],
-                                            loss_output=int(asked.get("loss_output", 0)))
+                                            loss_output=int(asked.get("loss_output", 0)),
+                                            precision=str(asked.get("precision", "keep")))
             else:
                 with untimed() if task.get("untimed") else contextlib.nullcontext():
                     result = check_artifact(task["model_path"], task["package_path"], task["spec"], task["device"],

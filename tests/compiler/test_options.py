@@ -81,7 +81,7 @@ def test_packages_are_weightless_unless_frozen_and_the_layout_is_a_key_factor():
     """freezing folds weights into constants of the package's own, which no blob of the program's FQNs could feed:
     a frozen package carries its weights (embedded); every other inference package binds the model's weights blob."""
     assert CompileOptions().weightless and CompileOptions(precision="bf16").weightless
-    assert not CompileOptions(freezing=True).weightless and not CompileOptions(mode="training").weightless
+    assert not CompileOptions(freezing=True).weightless and CompileOptions(mode="training").weightless
     plain = cachekey.factors("ab" * 32, SPEC, "cpu-x86_64-avx2", {"torch": "2.13.0+cpu"}, CompileOptions().canonical())
     frozen = cachekey.factors("ab" * 32, SPEC, "cpu-x86_64-avx2", {"torch": "2.13.0+cpu"},
                               CompileOptions(freezing=True).canonical())

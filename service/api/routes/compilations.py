@@ -200,6 +200,8 @@ def request_compilation(req: CompilationRequest, response: Response, store: Stor
     max_input_bytes = settings.max_input_mb * 2**20
     spec = specs.canonical_spec(model["inputs"], req.shapes, max_input_bytes=max_input_bytes)
     bucket_specs = _bucket_specs(model, req.buckets, max_input_bytes)
+    if req.options.training and (why := specs.training_refusal(spec)):
+        raise Unprocessable(why, field="shapes")
     options = req.options.canonical()
 
     if req.targets is None:

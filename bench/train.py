@@ -1,0 +1,308 @@
+"""Training ahead of time (issue 23): which models make a train-step package, and what one buys, in one run.
+
+For each model: wrap it with a loss (vision: cross-entropy on random labels; text: cross-entropy of a linear head
+over the mean hidden state), send it through a service of its own (one worker) as mode=training, and record whether
+a checked, signed train-step package came back, or the exact reason it did not. For each that did:
+
+  step_ms    one training step (forward + backward, gradients set; no optimizer step, the same for all), median:
+             eager, the aotc package (Client.load_training, bound to a live copy of the module) and torch.compile
+             (default; `--max-autotune` adds mode="max-autotune"); on CUDA by CUDA events (compiler.check.measure)
+  ttfs_s     time to first step in a FRESH process: import, pull (verified), load, bind, first step (aotc) against
+             import, torch.compile and the first step with an empty Inductor cache (cold). Building the module is
+             timed apart (`build_s`), outside both
+  grad_err   the training check's worst relative error over 3 SGD steps (package vs eager, same autocast), and the
+             package's gradients against fp32 eager's (no autocast) at one batch
+
+    python bench/train.py --out bench/results/train-cpu.json                  # CPU: tiny models, a few minutes
+    # GPU (the lead, torch 2.11):
+    python bench/train.py --device cuda --amp bf16 --batch 32 --zoo resnet18,mobilenet_v2,efficientnet_b0,\\
+        convnext_tiny,timm_vit_small_patch16_224,hf_bert_base,hf_distilbert,hf_gpt2 --out bench/results/train-h100.json
+
+Prints a table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import time
+
+T_START = time.perf_counter()
+
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+TINY = ("train_mlp", "conv_bn", "mlp_deep")
+
+
+def autocast(device: str, amp: str) -> Any:
+    import contextlib
+
+    import torch
+
+    if amp == "none":
+        return contextlib.nullcontext()
+    return torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16)
+
+
+def eager_step(model: Any, args: tuple[Any, ...], device: str, amp: str) -> Any:
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        with autocast(device, amp):
+            loss, _ = model(*args)
+        loss.backward()
+    return step
+
+
+# -- the fresh processes -------------------------------------------------------------------------------------------
+
+
+def child_aotc(url: str, key: str, name: str, batch: int, device: str, cache: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    import torch
+
+    from client import Client
+
+    out: dict[str, Any] = {"import_s": time.perf_counter() - t0}
+    t1 = time.perf_counter()
+    from bench.trainmodels import build
+
+    model, args = build(name, batch, device)
+    out["build_s"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    with Client(url, cache_dir=cache, timeout=600) as c:
+        step = c.load_training(key, model, device)
+    out["load_s"] = time.perf_counter() - t2
+    t3 = time.perf_counter()
+    loss, _ = step(*args)
+    float(loss)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    out["first_step_s"] = time.perf_counter() - t3
+    out["ttfs_s"] = out["import_s"] + out["load_s"] + out["first_step_s"]
+    return out
+
+
+def child_compile(name: str, batch: int, device: str, amp: str, mode: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    import torch
+
+    out: dict[str, Any] = {"import_s": time.perf_counter() - t0}
+    t1 = time.perf_counter()
+    from bench.trainmodels import build
+
+    model, args = build(name, batch, device)
+    out["build_s"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    compiled = torch.compile(model, mode=None if mode == "default" else mode)
+    with autocast(device, amp):
+        loss, _ = compiled(*args)
+    loss.backward()
+    float(loss)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    out["first_step_s"] = time.perf_counter() - t2
+    out["ttfs_s"] = out["import_s"] + out["first_step_s"]
+    return out
+
+
+def _fresh(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    from bench.ttfi import _pythonpath
+
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, __file__, "--child", *argv], capture_output=True, text=True, timeout=1800,
+                       env={**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})})
+    if p.returncode != 0:
+        return {"error": (p.stderr or p.stdout)[-1500:]}
+    out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+# -- one model -----------------------------------------------------------------------------------------------------
+
+
+def reason(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+
+
+def run_model(c: Any, url: str, name: str, a: argparse.Namespace, base: Path) -> dict[str, Any]:
+    import torch
+
+    from compiler.check import measure
+
+    from bench.trainmodels import build
+
+    row: dict[str, Any] = {"model": name}
+    model, args = build(name, a.batch, a.device)
+    row["batch"] = int(args[0].shape[0])
+    row["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 2)
+    try:
+        t0 = time.perf_counter()
+        art = c.compile(model, args, target="cpu" if a.device == "cpu" else "cuda", timeout=3600, mode="training",
+                        precision="keep" if a.amp == "none" else a.amp)
+        row["compile_s"] = round(time.perf_counter() - t0, 1)
+    except Exception as e:  # a job that failed: its stage and message, as the service recorded them
+        job = getattr(e, "job", None)
+        err = (job or {}).get("error") or {}
+        row["package"] = False
+        row["reason"] = (f"{err.get('stage')}: {err.get('type')}: {str(err.get('message'))[:400]}" if err
+                         else reason(e))
+        return row
+    assert not isinstance(art, tuple)
+    row["package"] = True
+    row["key"] = art.key
+    check = art.meta.get("check") or {}
+    row["check_max_rel_err"] = check.get("max_rel_err")
+    row["check_steps"] = len((check.get("training") or {}).get("steps") or [])
+
+    bound = copy.deepcopy(model)
+    step = c.load_training(art.key, bound, a.device)
+    times: dict[str, Any] = {"eager": measure(eager_step(model, args, a.device, a.amp), a.device)}
+
+    def aotc_step() -> None:
+        bound.zero_grad(set_to_none=True)
+        step(*args)
+
+    times["aotc"] = measure(aotc_step, a.device)
+    # The package's gradients against fp32 eager's (no autocast), on the same weights and batch.
+    ref = copy.deepcopy(model)
+    ref.zero_grad(set_to_none=True)
+    ref(*args)[0].backward()
+    bound.load_state_dict(ref.state_dict())  # copies values into the bound tensors: the step still reads them
+    bound.zero_grad(set_to_none=True)
+    step(*args)
+    worst = 0.0
+    for (n, p), (_, q) in zip(ref.named_parameters(), bound.named_parameters(), strict=True):
+        if p.grad is None or q.grad is None:
+            continue
+        scale = max(float(p.grad.abs().max()), 1e-12)
+        worst = max(worst, float((p.grad - q.grad).abs().max()) / scale)
+    row["grad_err_vs_fp32"] = worst
+    for mode in ["default", *(["max-autotune"] if a.max_autotune else [])]:
+        try:
+            torch._dynamo.reset()
+            compiled = torch.compile(copy.deepcopy(model), mode=None if mode == "default" else mode)
+            times[f"compile_{mode}"] = measure(eager_step(compiled, args, a.device, a.amp), a.device)
+        except Exception as e:  # noqa: BLE001 - recorded
+            row[f"compile_{mode}_error"] = reason(e)
+    row["step_ms"] = {k: round(v["median_ms"], 3) for k, v in times.items()}
+    row["step_method"] = times["eager"]["method"]
+    e_ms = row["step_ms"]["eager"]
+    row["speedup_vs_eager"] = round(e_ms / row["step_ms"]["aotc"], 3)
+    if "compile_default" in row["step_ms"]:
+        row["speedup_vs_compile"] = round(row["step_ms"]["compile_default"] / row["step_ms"]["aotc"], 3)
+    del step, bound, ref
+    if a.ttfs:
+        cache = base / f"cache-{name}"
+        row["ttfs_aotc"] = _fresh(["aotc", url, art.key, name, str(row["batch"]), a.device, str(cache)])
+        inductor_cache = tempfile.mkdtemp(prefix="inductor-cold-", dir=base)
+        row["ttfs_compile"] = _fresh(["compile", name, str(row["batch"]), a.device, a.amp, "default"],
+                                     env={"TORCHINDUCTOR_CACHE_DIR": inductor_cache,
+                                          "TRITON_CACHE_DIR": os.path.join(inductor_cache, "triton")})
+        shutil.rmtree(inductor_cache, ignore_errors=True)
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (f"{'model':<28}{'pkg':>4}{'eager ms':>10}{'aotc ms':>9}{'compile':>9}{'x eager':>8}{'x comp':>7}"
+            f"{'ttfs aotc':>10}{'ttfs comp':>10}{'grad err':>10}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if not r.get("package"):
+            lines.append(f"{r['model']:<28}{'no':>4}  {r.get('reason', '')[:150]}")
+            continue
+        s = r["step_ms"]
+        ta = (r.get("ttfs_aotc") or {}).get("ttfs_s")
+        tc = (r.get("ttfs_compile") or {}).get("ttfs_s")
+        lines.append(f"{r['model']:<28}{'yes':>4}{s['eager']:>10.3f}{s['aotc']:>9.3f}"
+                     f"{s.get('compile_default', float('nan')):>9.3f}{r['speedup_vs_eager']:>8.2f}"
+                     f"{r.get('speedup_vs_compile', float('nan')):>7.2f}"
+                     f"{ta if ta is not None else float('nan'):>10.2f}{tc if tc is not None else float('nan'):>10.2f}"
+                     f"{r['check_max_rel_err']:>10.1e}")
+    made = [r for r in rows if r.get("package")]
+    if made:
+        gm = statistics.geometric_mean([r["speedup_vs_eager"] for r in made])
+        lines.append(f"{len(made)}/{len(rows)} models make a train-step package; step geomean vs eager {gm:.2f}x")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        kind, rest = sys.argv[2], sys.argv[3:]
+        if kind == "aotc":
+            url, key, name, batch, device, cache = rest
+            out = child_aotc(url, key, name, int(batch), device, cache)
+        else:
+            name, batch, device, amp, mode = rest
+            out = child_compile(name, int(batch), device, amp, mode)
+        print(json.dumps(out))
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--zoo", default=",".join(TINY), help="comma-separated: tiny models or bench/zoo.py names")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--amp", choices=("none", "bf16"), default="none", help="bf16: torch.autocast, as the papers")
+    p.add_argument("--batch", type=int, default=None, help="training batch (default: per model)")
+    p.add_argument("--max-autotune", action="store_true", help="also time torch.compile(mode='max-autotune')")
+    p.add_argument("--no-ttfs", dest="ttfs", action="store_false", help="skip the fresh-process runs")
+    p.add_argument("--url", default=None, help="a running service (default: start one with one worker)")
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    if a.device == "cuda":
+        a.device = "cuda:0"
+    import torch
+
+    from bench.ttfi import start_service
+    from client import Client
+
+    base = Path(tempfile.mkdtemp(prefix="aotc-train-"))
+    procs: list[Any] = []
+    redis_srv = None
+    if a.url:
+        url = a.url
+    else:
+        url, procs, redis_srv = start_service(base, "cuda" if a.device.startswith("cuda") else "cpu")
+    rows = []
+    try:
+        with Client(url, cache_dir=base / "client-cache", timeout=600) as c:
+            for name in a.zoo.split(","):
+                t0 = time.perf_counter()
+                try:
+                    row = run_model(c, url, name, a, base)
+                except Exception as e:  # noqa: BLE001 - a bench row, not a crash
+                    row = {"model": name, "package": False, "reason": f"bench: {reason(e)}"}
+                row["wall_s"] = round(time.perf_counter() - t0, 1)
+                rows.append(row)
+                print(json.dumps(row, default=str)[:600], file=sys.stderr, flush=True)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+        if redis_srv is not None:
+            redis_srv.stop()
+    print(table(rows))
+    result = {"device": a.device, "amp": a.amp, "torch": torch.__version__, "host": platform.node(),
+              "cpu_count": os.cpu_count(), "rows": rows,
+              "gpu": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else None}
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=1, default=str))
+        print(f"wrote {a.out}")
+    shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

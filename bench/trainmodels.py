@@ -1,0 +1,78 @@
+"""The models bench/train.py trains: tiny ones for a CPU run, or bench/zoo.py's with a loss attached. Each module
+returns (loss, its output detached), fp32 weights, in training mode. Imported after `import torch` is timed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tests.modelzoo import TrainMLP
+
+TINY = ("train_mlp", "conv_bn", "mlp_deep")
+
+
+class Classify(torch.nn.Module):
+    """Cross-entropy of the body's logits against labels."""
+
+    def __init__(self, body: torch.nn.Module) -> None:
+        super().__init__()
+        self.body = body
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.body(x)
+        return torch.nn.functional.cross_entropy(logits.float(), labels), logits.detach()
+
+
+class TextClassify(torch.nn.Module):
+    """A linear head over the mean hidden state of a text encoder/decoder, cross-entropy against labels."""
+
+    def __init__(self, body: torch.nn.Module, hidden: int) -> None:
+        super().__init__()
+        self.body = body
+        self.head = torch.nn.Linear(hidden, 10)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor,
+                labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.head(self.body(ids, mask).float().mean(dim=1))
+        return torch.nn.functional.cross_entropy(logits, labels), logits.detach()
+
+
+def hidden_size(model: Any) -> int:
+    cfg = getattr(getattr(model, "model", model), "config", None)
+    return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None) or getattr(cfg, "dim", None)
+               or getattr(cfg, "n_embd", 768))
+
+
+def build(name: str, batch: int | None, device: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    m: torch.nn.Module
+    if name == "train_mlp":
+        b = batch or 64
+        m = TrainMLP(64, 256, 16)
+        args: tuple[torch.Tensor, ...] = (torch.randn(b, 64, generator=gen), torch.randn(b, 16, generator=gen))
+    elif name == "conv_bn":
+        b = batch or 16
+        m = Classify(torch.nn.Sequential(
+            torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10)))
+        args = (torch.randn(b, 3, 32, 32, generator=gen), torch.randint(0, 10, (b,), generator=gen))
+    elif name == "mlp_deep":
+        b = batch or 16
+        m = Classify(torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU())
+                                           for _ in range(4)], torch.nn.Linear(512, 10)))
+        args = (torch.randn(b, 512, generator=gen), torch.randint(0, 10, (b,), generator=gen))
+    else:
+        from bench import zoo
+
+        entry = zoo.MODELS[name]
+        body, inputs = zoo.build(name, device="cpu", batch=batch)
+        body = body.float()
+        inputs = tuple(t.float() if t.is_floating_point() else t for t in inputs)
+        b = int(inputs[0].shape[0])
+        text = entry.family == "transformers"
+        m = TextClassify(body, hidden_size(body)) if text else Classify(body)
+        args = (*inputs, torch.randint(0, 10 if text else 1000, (b,), generator=gen))
+    return m.to(device).train(), tuple(t.to(device) for t in args)

@@ -1,0 +1,110 @@
+"""Train-step packages (compiler/training.py, compiler/traincheck.py, compiler/compat/joint.py): the joint program's
+roles, the user's mistakes named, and the training check catching packages that freeze what training updates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from compiler import cachekey
+from compiler import weights as weights_mod
+from compiler.compat.aoti import aoti_compile_and_package, weightless_configs
+from compiler.compat.joint import LossOutputError, joint_program, roles
+from compiler.errors import CheckFailed
+from compiler.options import TRAINING_INDUCTOR_CONFIGS, CompileOptions
+from compiler.shapes import training_refusal
+from compiler.traincheck import check_training
+from modelzoo import TrainMLP, export_train, seeded
+
+SPEC = [{"name": "x", "dtype": "float32", "shape": [6, 8]}, {"name": "y", "dtype": "float32", "shape": [6, 4]}]
+ARGS = (torch.randn(6, 8), torch.randn(6, 4))
+
+
+class TwoOutputs(torch.nn.Module):
+    """(logits, loss), the logits NOT detached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.l(x)
+        return out, torch.nn.functional.mse_loss(out, y)
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    d = tmp_path_factory.mktemp("train")
+    path = export_train(seeded(TrainMLP, 5), ARGS, d / "mlp.pt2")
+    return {"dir": d, "path": path, "ep": torch.export.load(str(path))}
+
+
+def test_roles_are_the_loss_the_other_outputs_and_a_grad_per_parameter(mlp):
+    got, mutated = roles(joint_program(mlp["ep"], 0))
+    assert [r.role for r in got][:2] == ["loss", "output:0"]
+    assert sorted(r.role for r in got[2:]) == sorted(f"grad:{n}" for n, _ in TrainMLP().named_parameters())
+    assert [r.index for r in got] == list(range(len(got)))
+    assert mutated == ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]
+
+
+def test_the_users_mistakes_are_named(mlp):
+    with pytest.raises(LossOutputError, match=r"options.loss_output is 2, but the program has 2 output\(s\) \(0..1\)"):
+        joint_program(mlp["ep"], 2)
+    with pytest.raises(LossOutputError, match=r"must be a floating scalar; it is torch.float32 of shape \[6, 4\]"):
+        joint_program(mlp["ep"], 1)
+    ep = torch.export.export(TwoOutputs().train(), ARGS)
+    with pytest.raises(LossOutputError, match=r"needs a gradient: return the other outputs detached"):
+        joint_program(ep, 1)
+
+
+def test_training_options_key_and_shapes():
+    with pytest.raises(ValueError, match="loss_output names the loss of a training step: it needs mode=training"):
+        CompileOptions(loss_output=1)
+    training = CompileOptions(mode="training")
+    assert training.weightless
+    assert training.inductor_configs()["joint_graph_constant_folding"] is False
+    assert "joint_graph_constant_folding" not in CompileOptions().inductor_configs()
+
+    def key(o: CompileOptions) -> str:
+        return cachekey.cache_key(cachekey.factors("ab" * 32, SPEC, "cpu-x86_64-v3", {"torch": "2.13"},
+                                                      o.canonical()))
+
+    assert len({key(CompileOptions()), key(training), key(CompileOptions(mode="training", loss_output=1))}) == 3
+    assert "loss_output" not in CompileOptions().canonical()  # inference keys are unchanged
+    assert training_refusal(SPEC) is None
+    dyn = [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 8}, 8]}]
+    assert training_refusal(dyn) == ("mode=training takes static shapes: input 'x' dim 0 is a range 1..8; give one "
+                                     "size (one package per batch shape)")
+
+
+def _broken_build(mlp: dict, name: str, configs: dict) -> str:
+    """A train-step package built as aotc does NOT build one: the joint program with `configs`."""
+    ep = torch.export.load(str(mlp["path"]))
+    package = str(Path(mlp["dir"]) / name)
+    aoti_compile_and_package(joint_program(ep, 0), package, {**CompileOptions().inductor_configs(), **configs})
+    weights_mod.save(weights_mod.program_weights(torch.export.load(str(mlp["path"]))), weights_mod.sidecar(package))
+    return package
+
+
+@pytest.mark.slow
+def test_a_package_that_freezes_a_buffer_fails_naming_it(mlp):
+    """Weightless, small constants kept, but Inductor's joint-graph constant folding left on (what the training
+    options turn off): BatchNorm's 0-d batch count is folded to `= 1`, written on every step while eager counts on."""
+    weightless = weightless_configs()
+    assert weightless is not None
+    assert not set(TRAINING_INDUCTOR_CONFIGS) & set(weightless)
+    package = _broken_build(mlp, "folded.pt2", weightless)
+    with pytest.raises(CheckFailed, match=r"step 2 of 3: buffer 'bn.num_batches_tracked' was not updated in place"):
+        check_training(str(mlp["path"]), package, SPEC, "cpu")
+
+
+@pytest.mark.slow
+def test_a_package_that_freezes_a_parameter_fails_naming_it(mlp):
+    """Without always_keep_tensor_constants, Inductor inlines the 1-element `scale` as a literal: the package would
+    train on with scale frozen at its first value."""
+    configs = {**(weightless_configs() or {}), **TRAINING_INDUCTOR_CONFIGS, "always_keep_tensor_constants": False}
+    package = _broken_build(mlp, "inlined.pt2", configs)
+    with pytest.raises(CheckFailed, match=r"does not read weight 'scale'.*frozen into the generated code"):
+        check_training(str(mlp["path"]), package, SPEC, "cpu")

@@ -1,0 +1,107 @@
+"""mode=training end to end with real parts: upload over HTTP, a real worker builds and checks a train-step
+package, the SDK pulls it verified and binds it to a live module; 3 SGD steps match eager's (issue 23)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from modelzoo import TrainMLP, export_train, seeded
+from procs import api, wait_job
+
+pytestmark = pytest.mark.slow
+
+X, Y = (6, 8), (6, 4)
+
+
+def _upload(api_url: str, path) -> dict:  # type: ignore[no-untyped-def]
+    r = api.post(f"{api_url}/v1/models", content=path.read_bytes(), timeout=60)
+    assert r.status_code in (200, 201), r.text
+    return r.json()
+
+
+@pytest.fixture(scope="module")
+def uploaded(api_url, tmp_path_factory) -> dict:  # type: ignore[no-untyped-def]
+    path = export_train(seeded(TrainMLP, 3), (torch.randn(*X), torch.randn(*Y)),
+                        tmp_path_factory.mktemp("train") / "train.pt2")
+    return _upload(api_url, path)
+
+
+def test_dynamic_dims_are_refused_for_training_naming_the_dim(api_url, tmp_path):
+    """Static shapes first: a program exported with a dynamic batch still compiles for training, at one size."""
+    batch = torch.export.Dim("batch", min=2, max=16)
+    path = export_train(seeded(TrainMLP, 4), (torch.randn(*X), torch.randn(*Y)), tmp_path / "dyn.pt2",
+                        dynamic_shapes={"x": {0: batch}, "y": {0: batch}})
+    dynamic = _upload(api_url, path)
+    r = api.post(f"{api_url}/v1/compilations", json={
+        "model_id": dynamic["id"], "shapes": {"x": [{"min": 2, "max": 16}, 8], "y": [{"min": 2, "max": 16}, 4]},
+        "options": {"mode": "training"}})
+    assert r.status_code == 422, r.text
+    assert "input 'x' dim 0 is a range 2..16" in r.json()["error"]["message"]
+
+
+def test_loss_output_needs_training_mode(api_url, uploaded):
+    r = api.post(f"{api_url}/v1/compilations", json={
+        "model_id": uploaded["id"], "shapes": {"x": list(X), "y": list(Y)}, "options": {"loss_output": 1}})
+    assert r.status_code == 422, r.text
+    assert "loss_output" in r.text and "mode=training" in r.text
+
+
+def test_train_step_package_signed_and_steps_match_eager(api_url, worker, client, uploaded):
+    r = api.post(f"{api_url}/v1/compilations", json={
+        "model_id": uploaded["id"], "shapes": {"x": list(X), "y": list(Y)}, "options": {"mode": "training"}})
+    assert r.status_code == 202, r.text
+    job = wait_job(api_url, r.json()["job"]["id"], timeout=600)
+    assert job["state"] == "succeeded", job.get("error")
+    key = job["artifact"]
+    meta = api.get(f"{api_url}/v1/artifacts/{key}/meta").json()
+    assert meta["package"] is True and meta["options"]["mode"] == "training"
+    train = meta["check"]["training"]
+    roles = [o["role"] for o in train["outputs"]]
+    assert roles[:2] == ["loss", "output:0"]
+    assert sorted(roles[2:]) == sorted(f"grad:{n}" for n, _ in TrainMLP().named_parameters())
+    assert train["mutated_buffers"] == ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]
+    assert len(train["steps"]) == 3
+    # The same request again is a cache hit: the key covers the mode and the loss index.
+    again = api.post(f"{api_url}/v1/compilations", json={
+        "model_id": uploaded["id"], "shapes": {"x": list(X), "y": list(Y)}, "options": {"mode": "training"}})
+    assert again.json()["status"] == "cached" and again.json()["key"] == key
+
+    # The caller's module, and an eager twin of it: the step fills .grad, any optimizer steps both.
+    model = seeded(TrainMLP, 3).train()
+    twin = copy.deepcopy(model)
+    step = client.load_training(key, model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt_eager = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+    gen = torch.Generator().manual_seed(7)
+    for i in range(3):
+        x, y = torch.randn(*X, generator=gen), torch.randn(*Y, generator=gen)
+        opt.zero_grad()
+        opt_eager.zero_grad()
+        loss, (out,) = step(x, y)
+        loss_e, out_e = twin(x, y)
+        loss_e.backward()
+        torch.testing.assert_close(loss, loss_e.detach(), rtol=1e-4, atol=1e-6, msg=f"loss at step {i}")
+        torch.testing.assert_close(out, out_e, rtol=1e-4, atol=1e-6)
+        for (n, p), (_, q) in zip(model.named_parameters(), twin.named_parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=f"grad of {n} at step {i}")
+        opt.step()
+        opt_eager.step()
+    # Buffers were updated in place in the caller's module (not returned).
+    assert int(model.bn.num_batches_tracked) == 3
+    torch.testing.assert_close(model.bn.running_mean, twin.bn.running_mean)
+    torch.testing.assert_close(model.bn.running_var, twin.bn.running_var)
+
+    # .grad accumulates as backward() does: two steps without zero_grad give the sum.
+    opt.zero_grad()
+    x, y = torch.randn(*X, generator=gen), torch.randn(*Y, generator=gen)
+    step(x, y)
+    once = model.l1.weight.grad.clone()
+    step(x, y)
+    torch.testing.assert_close(model.l1.weight.grad, 2 * once)
+
+    # A module of another shape is refused, naming the tensor.
+    with pytest.raises(ValueError, match="'l1.weight' is float32 \\[16, 9\\]"):
+        client.load_training(key, TrainMLP(d_in=9))
