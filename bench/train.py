@@ -141,9 +141,8 @@ def reason(e: BaseException) -> str:
 def run_model(c: Any, url: str, name: str, a: argparse.Namespace, base: Path) -> dict[str, Any]:
     import torch
 
-    from compiler.check import measure
-
     from bench.trainmodels import build
+    from compiler.check import measure
 
     row: dict[str, Any] = {"model": name}
     model, args = build(name, a.batch, a.device)
@@ -185,7 +184,7 @@ def run_model(c: Any, url: str, name: str, a: argparse.Namespace, base: Path) ->
     bound.zero_grad(set_to_none=True)
     step(*args)
     worst = 0.0
-    for (n, p), (_, q) in zip(ref.named_parameters(), bound.named_parameters(), strict=True):
+    for p, q in zip(ref.parameters(), bound.parameters(), strict=True):
         if p.grad is None or q.grad is None:
             continue
         scale = max(float(p.grad.abs().max()), 1e-12)
@@ -204,7 +203,6 @@ def run_model(c: Any, url: str, name: str, a: argparse.Namespace, base: Path) ->
     row["speedup_vs_eager"] = round(e_ms / row["step_ms"]["aotc"], 3)
     if "compile_default" in row["step_ms"]:
         row["speedup_vs_compile"] = round(row["step_ms"]["compile_default"] / row["step_ms"]["aotc"], 3)
-    del step, bound, ref
     if a.ttfs:
         cache = base / f"cache-{name}"
         row["ttfs_aotc"] = _fresh(["aotc", url, art.key, name, str(row["batch"]), a.device, str(cache)])

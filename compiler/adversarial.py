@@ -253,12 +253,20 @@ def _probe(model_path: str, package_path: str, device: str, cases_path: str, out
            tolerance: float) -> int:
     from compiler.check import compare
     from compiler.compat import pytree
-    from compiler.compat.aoti import aoti_load_package
+    from compiler.compat.aoti import aoti_load_package, train_step_loss_output
     from compiler.loading import load_program
 
     cases = torch.load(cases_path, weights_only=True)
-    package = aoti_load_package(package_path, device)
+    package: Any = aoti_load_package(package_path, device)
     in_spec = getattr(package, "in_spec", None)
+    loss_output = train_step_loss_output(package)
+    if loss_output is not None:  # a train step: its flat outputs lead with the loss and the program's other outputs
+        step = package
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return step.run_flat(step.flat_inputs(args, kwargs))
+
+        package = call
     cuda = device.startswith("cuda")
     ep: torch.export.ExportedProgram | None = None
     eager: Any = None
@@ -311,6 +319,10 @@ def _probe(model_path: str, package_path: str, device: str, cases_path: str, out
             if refused:
                 write(k=k, eager=refused, package="returned", outcome="returned")
                 continue
+            if loss_output is not None:  # the package's [loss, others] against eager's outputs in that order
+                flat_expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+                expected = [flat_expected[loss_output], *(t for i, t in enumerate(flat_expected) if i != loss_output)]
+                actual = list(actual)[:len(expected)]
             cmp = compare(expected, actual, tolerance, allow_nonfinite=True)
             write(k=k, eager=None, package="returned", outcome="agreed" if cmp["ok"] else "differs",
                   why=cmp.get("why"))

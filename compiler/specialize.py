@@ -8,6 +8,7 @@ interface while computing in bf16/fp16.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -74,12 +75,24 @@ class Autocast(torch.nn.Module):
     def __init__(self, inner: torch.nn.Module, device_type: str, dtype: torch.dtype) -> None:
         super().__init__()
         self._modules, self._parameters, self._buffers = inner._modules, inner._parameters, inner._buffers
-        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "_inner", inner)  # not a child: that would prefix every name
         self._autocast = (device_type, dtype)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.autocast(self._autocast[0], dtype=self._autocast[1]):
-            return self._inner(*args, **kwargs)
+            return self.__dict__["_inner"](*args, **kwargs)
+
+
+def autocast_module(inner: torch.nn.Module, device_type: str, dtype: torch.dtype) -> torch.nn.Module:
+    """`Autocast(inner, ...)` whose forward has inner's signature: export matches inputs and dynamic shapes to the
+    forward's parameters by name, which `*args` would hide."""
+    def forward(self: Autocast, *args: Any, **kwargs: Any) -> Any:
+        return Autocast.forward(self, *args, **kwargs)
+
+    forward.__signature__ = inspect.signature(type(inner).forward)  # type: ignore[attr-defined]
+    cls = type("Autocast", (Autocast,), {"forward": forward})
+    module: torch.nn.Module = cls(inner, device_type, dtype)
+    return module
 
 
 def specialize(
@@ -89,7 +102,7 @@ def specialize(
     """`autocast`: a precision other than "keep" means torch.autocast to it (mode=training), not casts."""
     module: torch.nn.Module = ep.module()
     if precision != "keep" and autocast:
-        module = Autocast(module, "cuda" if device.startswith("cuda") else "cpu", PRECISIONS[precision])
+        module = autocast_module(module, "cuda" if device.startswith("cuda") else "cpu", PRECISIONS[precision])
     elif precision != "keep":
         cast_edges(module, PRECISIONS[precision])  # type: ignore[arg-type]
     module.to(device)

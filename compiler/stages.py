@@ -39,7 +39,7 @@ from compiler import isa as isa_mod
 from compiler import report as rep
 from compiler import scan as scan_mod
 from compiler import weights as weights_mod
-from compiler.compat.aoti import aoti_compile_and_package, weightless_configs
+from compiler.compat.aoti import TRAIN_METADATA, aoti_compile_and_package, weightless_configs
 from compiler.compat.autograd import aot_joint_and_partition
 from compiler.compat.graphs import graph_facts, is_inplace_op, node_sources, op_name
 from compiler.compat.isa import pinned_isa
@@ -386,6 +386,8 @@ def inductor(c: Captured, options: CompileOptions, out_path: str, device: str,
     # package carries its weights and the worker publishes it self-contained.
     weightless = weightless_configs() if options.weightless else None
     wanted.update(weightless or {})
+    if options.training and "aot_inductor.metadata" in wanted:  # a train step says so (compiler.compat.aoti)
+        wanted["aot_inductor.metadata"] = {**wanted["aot_inductor.metadata"], TRAIN_METADATA: str(options.loss_output)}
     on_stage("fusion")
     t0 = time.perf_counter()
     with (observe_inductor(on_event) as obs, checked_fallbacks() as patched,

@@ -25,6 +25,7 @@ import torch
 from compiler import inputs as inputs_mod
 from compiler import training
 from compiler import weights as weights_mod
+from compiler.adversarial import check_adversarial
 from compiler.check import TOLERANCE, compare, device_info, measure
 from compiler.compat import joint as joint_mod
 from compiler.compat.aoti import LoadedPackage
@@ -59,7 +60,8 @@ def autocast(device: str, precision: str) -> Any:
 
 
 def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, loss_output: int = 0,
-                   seed: int = 0, steps: int = STEPS, lr: float = LR, precision: str = "keep") -> dict[str, Any]:
+                   seed: int = 0, steps: int = STEPS, lr: float = LR, precision: str = "keep",
+                   adversarial: bool = True) -> dict[str, Any]:
     """Check the train-step package at `package_path` against the uploaded program at `model_path` (see the module
     docstring). Raises CheckFailed naming the step and the output, gradient or buffer that disagrees. With a
     `precision` (bf16, fp16), eager's forward runs under the same autocast, and every comparison allows at least
@@ -170,7 +172,7 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
              "eager_ms": round(e_ms, 4), "compiled_ms": round(c_ms, 4),
              "speedup": round(e_ms / c_ms, 3) if c_ms > 0 else None,
              "latency": {"eager": eager_t, "compiled": compiled_t}}
-    return {
+    summary: dict[str, Any] = {
         "passed": True, "device": device, "device_info": device_info(device), "precision": precision,
         "points": [point], **worst, "eager_ms": point["eager_ms"], "compiled_ms": point["compiled_ms"],
         "speedup": point["speedup"], "latency": {"method": compiled_t["method"], **point["latency"]},
@@ -182,9 +184,18 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         "training": {**training.manifest(roles, mutated, loss_output), "steps": log, "optimizer": f"SGD lr={lr}",
                      "autocast": str(AUTOCAST[precision]).removeprefix("torch.") if precision in AUTOCAST else None,
                      "tolerance": {str(k).removeprefix("torch."): v for k, v in TOLERANCE.items()}},
-        "adversarial": {"skipped": "not run for train-step packages: its probes call the package as the model, "
-                                   "which a joint out-spec cannot (docs/training.md)"},
     }
+    if adversarial:  # integer inputs at their boundaries and beyond: the package must raise where eager raises
+        base = inputs_mod.random_inputs(spec, shapes, "cpu", ranges, seed)
+        del package, eager, bound_model, live
+        found = check_adversarial(model_path, package_path, spec, device, ep, base, shapes, ranges, floor)
+        summary["adversarial"] = {"point": "static", **found}
+        if found["failures"]:
+            more = len(found["failures"]) - 1
+            raise CheckFailed(f"train-step package fails the adversarial check: {found['failures'][0]}"
+                              + (f"; and {more} more case(s), in the excerpt" if more else ""),
+                              stage="check", excerpt="\n".join(found["failures"]))
+    return summary
 
 
 def _buffer(module: torch.nn.Module, fqn: str) -> torch.Tensor | None:

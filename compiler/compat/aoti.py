@@ -41,7 +41,9 @@ class LoadedPackage:
         self.in_spec = pytree.treespec_loads(in_spec)
         self.out_spec = pytree.treespec_loads(out_spec)
         # A weightless package run before its weights are bound reads unset constants (a segfault on torch 2.13).
-        self.unbound = self.get_metadata().get(WEIGHTS_METADATA) == "external"
+        metadata = self.get_metadata()
+        self.unbound = metadata.get(WEIGHTS_METADATA) == "external"
+        self.train_step = TRAIN_METADATA in metadata
         self.path = str(package_path)
 
     def _refuse_unbound(self) -> None:
@@ -51,6 +53,9 @@ class LoadedPackage:
                                "aotc pull writes it) beside it as NAME.weights.safetensors")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.train_step:  # its flat outputs are not the program's: unflattening them would fail or mislead
+            raise RuntimeError(f"the package {self.path} is a train step (mode=training): load it with aotc's "
+                               "Client.load_training(key, model), which binds it to the model's parameters")
         self._refuse_unbound()
         return pytree.tree_unflatten(self.loader.boxed_run(self.flat_inputs(args, kwargs)), self.out_spec)
 
@@ -89,6 +94,18 @@ class LoadedPackage:
 # The package's own metadata (aot_inductor.metadata, read back by get_metadata) marks a weightless build, so a
 # loader can refuse to run it before its weights are bound.
 WEIGHTS_METADATA = "aotc_weights"
+# ... and a train-step package (compiler/training.py), with the index of the upload's loss output: its flat outputs
+# are [loss, other outputs, gradients], not the program's outputs, so a caller runs it flat (`run_flat`).
+TRAIN_METADATA = "aotc_train_step_loss_output"
+
+
+def train_step_loss_output(package: Any) -> int | None:
+    """The loss output's index in the upload where `package` (a LoadedPackage) is a train step, else None."""
+    try:
+        value = package.get_metadata().get(TRAIN_METADATA)
+    except Exception:  # noqa: BLE001 - torch's own loaders may lack metadata: then it is no train step of ours
+        return None
+    return int(value) if value is not None and str(value).isdigit() else None
 
 
 def weightless_configs() -> dict[str, Any] | None:

@@ -102,9 +102,10 @@ def test_a_package_that_freezes_a_buffer_fails_naming_it(mlp):
 
 @pytest.mark.slow
 def test_a_package_that_freezes_a_parameter_fails_naming_it(mlp):
-    """Without always_keep_tensor_constants, Inductor inlines the 1-element `scale` as a literal: the package would
-    train on with scale frozen at its first value."""
+    """Without always_keep_tensor_constants, Inductor inlines the 1-element `scale` and the 4-element `l2.bias` as
+    literals: the package would train on with both frozen at their first values."""
     configs = {**(weightless_configs() or {}), **TRAINING_INDUCTOR_CONFIGS, "always_keep_tensor_constants": False}
     package = _broken_build(mlp, "inlined.pt2", configs)
-    with pytest.raises(CheckFailed, match=r"does not read weight 'scale'.*frozen into the generated code"):
+    frozen = r"does not read weight 'l2.bias' .*: scale\): it was frozen into the generated code"
+    with pytest.raises(CheckFailed, match=frozen):
         check_training(str(mlp["path"]), package, SPEC, "cpu")
