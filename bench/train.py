@@ -257,6 +257,8 @@ def main() -> None:
     p.add_argument("--no-ttfs", dest="ttfs", action="store_false", help="skip the fresh-process runs")
     p.add_argument("--url", default=None, help="a running service (default: start one with one worker)")
     p.add_argument("--out", default=None)
+    p.add_argument("--append", action="store_true",
+                   help="add this run's rows to --out's (a GPU run in chunks of a few models, each under 10 min)")
     a = p.parse_args()
     if a.device == "cuda":
         a.device = "cuda:0"
@@ -291,6 +293,9 @@ def main() -> None:
             proc.wait(timeout=30)
         if redis_srv is not None:
             redis_srv.stop()
+    if a.append and a.out and Path(a.out).exists():
+        done = {r["model"] for r in rows}
+        rows = [r for r in json.loads(Path(a.out).read_text())["rows"] if r["model"] not in done] + rows
     print(table(rows))
     result = {"device": a.device, "amp": a.amp, "torch": torch.__version__, "host": platform.node(),
               "cpu_count": os.cpu_count(), "rows": rows,

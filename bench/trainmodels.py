@@ -44,6 +44,18 @@ def hidden_size(model: Any) -> int:
                or getattr(cfg, "n_embd", 768))
 
 
+def no_dropout(model: torch.nn.Module) -> None:
+    """Dropout (and stochastic depth) at p=0: a step that draws random numbers cannot be checked against eager
+    (compiler.compat.joint.RandomStep). Modules' Dropout p, and float attributes named for dropout that models pass
+    to attention kernels (HF's `dropout_prob`, `attention_dropout`)."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+        for attr, value in list(vars(m).items()):
+            if "drop" in attr and isinstance(value, float):
+                setattr(m, attr, 0.0)
+
+
 def build(name: str, batch: int | None, device: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
@@ -72,6 +84,7 @@ def build(name: str, batch: int | None, device: str) -> tuple[torch.nn.Module, t
         body = body.float()
         inputs = tuple(t.float() if t.is_floating_point() else t for t in inputs)
         b = int(inputs[0].shape[0])
+        no_dropout(body)
         text = entry.family == "transformers"
         m = TextClassify(body, hidden_size(body)) if text else Classify(body)
         args = (*inputs, torch.randint(0, 10 if text else 1000, (b,), generator=gen))

@@ -43,7 +43,10 @@ class TrainStep:
                  model_or_tensors: torch.nn.Module | Mapping[str, torch.Tensor], device: str = "cpu") -> None:
         self.manifest = dict(manifest)
         live = live_tensors(model_or_tensors)
-        self.package = LoadedPackage(package_path, device)
+        where = torch.device(device)
+        if where.type == "cuda" and where.index is None:
+            where = torch.device("cuda", 0)
+        self.package = LoadedPackage(package_path, str(where))
         fqns = self.package.get_constant_fqns()
         signed = {str(c["fqn"]): c for c in constants}
         bind: dict[str, torch.Tensor] = {}
@@ -57,7 +60,7 @@ class TrainStep:
                                      or str(t.dtype).removeprefix("torch.") != want["dtype"]):
                 raise TrainStepError(f"{fqn!r} is {str(t.dtype).removeprefix('torch.')} {list(t.shape)}; the "
                                      f"package was built for {want['dtype']} {list(want['shape'])}")
-            if t.device != torch.device(device):
+            if t.device != where:
                 raise TrainStepError(f"{fqn!r} is on {t.device}; the package runs on {device}: move the module "
                                      "first, then load the step")
             if not t.is_contiguous():

@@ -11,7 +11,7 @@ import torch
 from compiler import cachekey
 from compiler import weights as weights_mod
 from compiler.compat.aoti import aoti_compile_and_package, weightless_configs
-from compiler.compat.joint import LossOutputError, joint_program, roles
+from compiler.compat.joint import LossOutputError, RandomStep, joint_program, roles
 from compiler.errors import CheckFailed
 from compiler.options import TRAINING_INDUCTOR_CONFIGS, CompileOptions
 from compiler.shapes import training_refusal
@@ -57,6 +57,24 @@ def test_the_users_mistakes_are_named(mlp):
     ep = torch.export.export(TwoOutputs().train(), ARGS)
     with pytest.raises(LossOutputError, match=r"needs a gradient: return the other outputs detached"):
         joint_program(ep, 1)
+
+
+class Dropped(torch.nn.Module):
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.l = torch.nn.Linear(8, 4)
+        self.drop = torch.nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(self.drop(self.l(x)), y)
+
+
+def test_a_step_that_draws_random_numbers_is_refused_naming_where():
+    """Dropout in training draws from a generator the package does not share with eager: no step could be checked."""
+    ep = torch.export.export(Dropped(0.1).train(), ARGS)
+    with pytest.raises(RandomStep, match=r"draws random numbers in 1 place\(s\): aten.dropout.default \(drop\)"):
+        joint_program(ep, 0)
+    assert roles(joint_program(torch.export.export(Dropped(0.0).train(), ARGS), 0))[0][0].role == "loss"
 
 
 def test_training_options_key_and_shapes():
