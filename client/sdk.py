@@ -339,11 +339,14 @@ class Client:
         return list(self._json("GET", f"/v1/names/{_path(name)}/history")["moves"])
 
     def pick(self, ref: str, shapes: Mapping[str, Any] | None = None, *, device: str | None = None,
-             target: str | None = None) -> dict[str, Any]:
+             target: str | None = None, training: bool = False) -> dict[str, Any]:
         """The artifact of `ref` for this machine: the exact target first, then a compatible one; the answer says
-        why, and why every other candidate lost. `target` (a concrete one) overrides detection for `device`."""
+        why, and why every other candidate lost. `target` (a concrete one) overrides detection for `device`.
+        `training`: a train step (mode=training) rather than an inference package."""
         host = Target.parse(target) if target else detect_target(device or "auto")
         params: list[tuple[str, str | int | float | bool | None]] = [("host", str(host))]
+        if training:
+            params.append(("training", "true"))
         torch_version = _torch_version()
         if torch_version:
             params.append(("torch", torch_version))
@@ -604,7 +607,8 @@ class Client:
         elif _KEY.match(artifact):
             art = self.artifact(artifact)
         else:
-            art = self.artifact(self.pick(artifact, shapes, device=device or "auto", target=target)["key"])
+            art = self.artifact(self.pick(artifact, shapes, device=device or "auto", target=target,
+                                          training=True)["key"])
         signed = self.verifier.manifest(art.key, art.meta)
         train = (signed.predicate.get("check") or {}).get("training")
         if not isinstance(train, Mapping):

@@ -32,7 +32,8 @@ def rank(
     """The best of a model's `artifacts` for `target` whose spec covers `spec`: static before dynamic, then the
     narrowest range, then the fastest (median) where the checks timed them all the same way on one kind of device,
     else the newest. `options`, when given, must match exactly; without them, report-only records (mode=training, no
-    package) are never picked. `mode`, when given, must be the artifact's compile mode. `graphs`: the caller will
+    package) are never picked, nor train-step packages unless `mode` is "training". `mode`, when given, must be the
+    artifact's compile mode. `graphs`: the caller will
     replay CUDA graphs (Client.load(cuda_graphs=True)), so the check's graph-replay medians rank, where every
     candidate has one that passed; otherwise the plain medians do. An artifact built before today's bounds (forced
     index asserts, compiler.bounds; `cachekey.bounded`) is never picked, nor is a CPU package built under an old
@@ -47,7 +48,8 @@ def rank(
         and cachekey.pinned(a["factors"])
         and target.matches(a["factors"]["target"])
         and specs.covers(a["factors"]["spec"], [i["shape"] for i in spec])
-        and (a["factors"]["options"] == options if options is not None else a.get("package", True))
+        and (a["factors"]["options"] == options if options is not None
+             else a.get("package", True) and (mode == "training") == _train_step(a))
         and (mode is None or a["factors"]["options"].get("mode") == mode)
     ]
     if not fits:
@@ -64,6 +66,11 @@ def rank(
         # on some models and loses on others (bench/results/tuning-*), so the measured time, not the mode, decides.
         return min(timed, key=lambda ta: (ta[0][1], -ta[1]["created"]))[1]
     return max(best, key=lambda a: a["created"])
+
+
+def _train_step(a: dict[str, Any]) -> bool:
+    """A train-step package (mode=training): never served to an inference load, nor the reverse."""
+    return bool(a["factors"]["options"].get("mode") == "training")
 
 
 def _slower(a: dict[str, Any]) -> bool:

@@ -28,9 +28,15 @@ class Picked:
     rejected: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _why_not(a: dict[str, Any], host: Target, torch: str | None, spec: list[dict[str, Any]] | None) -> list[str]:
+def _why_not(a: dict[str, Any], host: Target, torch: str | None, spec: list[dict[str, Any]] | None,
+             training: bool = False) -> list[str]:
     f = a["factors"]
     why: list[str] = []
+    step = (f.get("options") or {}).get("mode") == "training"
+    if step and not training and a.get("package", True):
+        why.append("a train step (mode=training): load it with Client.load_training")
+    elif training and not step:
+        why.append("not a train step: Client.load_training takes a mode=training package")
     built = Target.parse(f["target"])
     if (no := built.cannot_run_on(host)) is not None:
         why.append(f"target: {no}")
@@ -63,12 +69,13 @@ def _highest(targets: list[str]) -> str:
 
 
 def pick(artifacts: list[dict[str, Any]], host: Target, *, torch: str | None = None,
-         spec: list[dict[str, Any]] | None = None) -> Picked:
-    """The artifact for `host` among `artifacts` (one model's), with a reason, and every other with why it lost."""
+         spec: list[dict[str, Any]] | None = None, training: bool = False) -> Picked:
+    """The artifact for `host` among `artifacts` (one model's), with a reason, and every other with why it lost.
+    `training`: a train step for Client.load_training, else an inference package."""
     fits: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
     for a in sorted(artifacts, key=lambda a: (a["factors"]["target"], -a.get("created", 0))):
-        why = _why_not(a, host, torch, spec)
+        why = _why_not(a, host, torch, spec, training)
         (rejected.append(_entry(a, why)) if why else fits.append(a))
     if not fits:
         return Picked(None, rejected=rejected)
@@ -80,7 +87,8 @@ def pick(artifacts: list[dict[str, Any]], host: Target, *, torch: str | None = N
         best = _highest(sorted({_target(a) for a in fits}))
         group, match = [a for a in fits if _target(a) == best], "compatible"
         reason = f"no build for {host}; {best} runs on it, and is the highest such target built"
-    chosen = (rank(group, Target(host.kind), spec) if spec is not None else None) or max(
+    chosen = (rank(group, Target(host.kind), spec, mode="training" if training else None)
+              if spec is not None else None) or max(
         group, key=lambda a: a.get("created", 0))
     if len(group) > 1:
         reason += f" (of {len(group)} such builds, the best ranked for these shapes: static first, then the "\

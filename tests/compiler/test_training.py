@@ -127,3 +127,27 @@ def test_a_package_that_freezes_a_parameter_fails_naming_it(mlp):
     frozen = r"does not read weight 'l2.bias' .*: scale\): it was frozen into the generated code"
     with pytest.raises(CheckFailed, match=frozen):
         check_training(str(mlp["path"]), package, SPEC, "cpu")
+
+
+def test_a_train_step_is_never_served_as_a_model_nor_the_reverse():
+    """Lookup and the pick by name: an inference load never gets a train step (its outputs are not the model's), and
+    Client.load_training never gets an inference package; each rejected candidate says why."""
+    from compiler.targets import Target
+    from service.api.lookup import rank
+    from service.api.pick import pick
+
+    def record(options: CompileOptions, created: float) -> dict:
+        f = cachekey.factors("ab" * 32, SPEC, "cpu-x86_64-v3", {"torch": "2.13"}, options.canonical())
+        return {"key": cachekey.cache_key(f), "factors": f, "created": created}
+
+    infer, step = record(CompileOptions(), 1.0), record(CompileOptions(mode="training"), 2.0)  # the step is newer
+    host = Target.parse("cpu-x86_64-v3")
+    assert rank([infer, step], Target.parse("cpu"), SPEC)["key"] == infer["key"]
+    assert rank([infer, step], Target.parse("cpu"), SPEC, mode="training")["key"] == step["key"]
+    assert rank([step], Target.parse("cpu"), SPEC) is None
+    got = pick([infer, step], host, spec=SPEC)
+    assert got.artifact["key"] == infer["key"]
+    assert ["a train step (mode=training): load it with Client.load_training"] in [r["why"] for r in got.rejected]
+    got = pick([infer, step], host, spec=SPEC, training=True)
+    assert got.artifact["key"] == step["key"]
+    assert ["not a train step: Client.load_training takes a mode=training package"] in [r["why"] for r in got.rejected]
