@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 
+from client.sdk import ClientError
 from modelzoo import TrainMLP, export_train, seeded
 from procs import api, wait_job
 
@@ -101,6 +102,16 @@ def test_train_step_package_signed_and_steps_match_eager(api_url, worker, client
     once = model.l1.weight.grad.clone()
     step(x, y)
     torch.testing.assert_close(model.l1.weight.grad, 2 * once)
+
+    # By name: the pick serves the train step to load_training, and never to load (an inference server).
+    named = api.post(f"{api_url}/v1/compilations", json={
+        "model_id": uploaded["id"], "shapes": {"x": list(X), "y": list(Y)}, "options": {"mode": "training"},
+        "name": "train-mlp"})
+    assert named.status_code < 300 and named.json()["key"] == key, named.text
+    by_name = client.load_training("train-mlp", seeded(TrainMLP, 3).train())
+    assert by_name.manifest["outputs"] == train["outputs"]
+    with pytest.raises(ClientError, match=r"a train step \(mode=training\): load it with Client.load_training"):
+        client.load("train-mlp")
 
     # A module of another shape is refused, naming the tensor.
     with pytest.raises(ValueError, match="'l1.weight' is float32 \\[16, 9\\]"):
