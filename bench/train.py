@@ -14,9 +14,11 @@ a checked, signed train-step package came back, or the exact reason it did not. 
              package's gradients against fp32 eager's (no autocast) at one batch
 
     python bench/train.py --out bench/results/train-cpu.json                  # CPU: tiny models, a few minutes
-    # GPU (the lead, torch 2.11):
-    python bench/train.py --device cuda --amp bf16 --batch 32 --zoo resnet18,mobilenet_v2,efficientnet_b0,\\
-        convnext_tiny,timm_vit_small_patch16_224,hf_bert_base,hf_distilbert,hf_gpt2 --out bench/results/train-h100.json
+    # GPU (torch 2.11), in chunks of two models (each command under 10 minutes), one service data dir kept between
+    # them (its precompiled headers and caches), the rows appended to one JSON:
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 python bench/train.py --device cuda --amp bf16 --batch 32 \\
+        --zoo resnet50,mobilenet_v3_large --base /tmp/aotc-train-gpu --append --out bench/results/train-h100.json
+    # ... then efficientnet_b0,convnext_tiny / timm_vit_small_patch16_224,hf_distilbert / hf_bert_base,hf_gpt2
 
 Prints a table, writes JSON.
 """
@@ -256,6 +258,8 @@ def main() -> None:
     p.add_argument("--max-autotune", action="store_true", help="also time torch.compile(mode='max-autotune')")
     p.add_argument("--no-ttfs", dest="ttfs", action="store_false", help="skip the fresh-process runs")
     p.add_argument("--url", default=None, help="a running service (default: start one with one worker)")
+    p.add_argument("--base", default=None, help="the service's data dir, kept after the run (a GPU run in chunks "
+                   "reuses its precompiled headers and caches); default: a temporary one, removed")
     p.add_argument("--out", default=None)
     p.add_argument("--append", action="store_true",
                    help="add this run's rows to --out's (a GPU run in chunks of a few models, each under 10 min)")
@@ -267,7 +271,8 @@ def main() -> None:
     from bench.ttfi import start_service
     from client import Client
 
-    base = Path(tempfile.mkdtemp(prefix="aotc-train-"))
+    base = Path(a.base) if a.base else Path(tempfile.mkdtemp(prefix="aotc-train-"))
+    base.mkdir(parents=True, exist_ok=True)
     procs: list[Any] = []
     redis_srv = None
     if a.url:
@@ -304,7 +309,8 @@ def main() -> None:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=1, default=str))
         print(f"wrote {a.out}")
-    shutil.rmtree(base, ignore_errors=True)
+    if not a.base:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
