@@ -146,9 +146,13 @@ def compile_(
     target: Annotated[list[str] | None, typer.Option(
         help="cpu, cuda, a concrete target such as cuda-sm90, or all (every target the farm serves). Repeat it for "
         "several: one job each.")] = None,
-    mode: Annotated[Mode, typer.Option(help="max-autotune: slower compile, faster kernels.")] = "default",
+    mode: Annotated[Mode, typer.Option(help="max-autotune: slower compile, faster kernels. training: a train-step "
+                                       "package (docs/training.md).")] = "default",
+    loss_output: Annotated[int, typer.Option(
+        min=0, help="With --mode training: which output of the program is the loss.")] = 0,
     precision: Annotated[Precision, typer.Option(
-        help="Compute in bf16/fp16 for inference; inputs and outputs keep their dtypes.")] = "keep",
+        help="Compute in bf16/fp16 for inference; inputs and outputs keep their dtypes. With --mode training: "
+        "autocast to it.")] = "keep",
     freezing: Annotated[bool, typer.Option("--freezing", help="Fold weights into the graph as constants.")] = False,
     allow_nonfinite: Annotated[bool, typer.Option(
         "--allow-nonfinite", help="Publish even if outputs hold NaN or inf (they must match eager's).")] = False,
@@ -172,6 +176,8 @@ def compile_(
     options: dict[str, Any] = {"mode": mode, "precision": precision, "freezing": freezing}
     if allow_nonfinite:  # only when set: an option at its default is not part of the cache key
         options["allow_nonfinite"] = True
+    if loss_output:  # likewise
+        options["loss_output"] = loss_output
     if inductor:
         options["inductor"] = _inductor_settings(inductor)
     with _service(ctx) as c:
