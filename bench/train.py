@@ -120,6 +120,55 @@ def child_compile(name: str, batch: int, device: str, amp: str, mode: str) -> di
     return out
 
 
+def child_time(url: str, key: str, name: str, batch: int, device: str, amp: str, max_autotune: bool,
+               cache: str) -> dict[str, Any]:
+    """Step times, in this order: eager, torch.compile (default; max-autotune on request), then the aotc package (its
+    OpenMP runtime last), and the package's gradients against fp32 eager's at one batch."""
+    import torch
+
+    from bench.trainmodels import build
+    from client import Client
+    from compiler.check import measure
+    from compiler.traincheck import grad_error, grad_scales
+
+    model, args = build(name, batch, device)
+    out: dict[str, Any] = {}
+    times: dict[str, Any] = {"eager": measure(eager_step(model, args, device, amp), device)}
+    for mode in ["default", *(["max-autotune"] if max_autotune else [])]:
+        try:
+            torch._dynamo.reset()
+            compiled = torch.compile(copy.deepcopy(model), mode=None if mode == "default" else mode)
+            times[f"compile_{mode}"] = measure(eager_step(compiled, args, device, amp), device)
+        except Exception as e:  # noqa: BLE001 - recorded
+            out[f"compile_{mode}_error"] = reason(e)
+    bound = copy.deepcopy(model)
+    with Client(url, cache_dir=cache, timeout=600) as c:
+        step = c.load_training(key, bound, device)
+
+    def aotc_step() -> None:
+        bound.zero_grad(set_to_none=True)
+        step(*args)
+
+    times["aotc"] = measure(aotc_step, device)
+    # The package's gradients against fp32 eager's (no autocast), on the same weights and batch, in the check's
+    # measure (compiler.traincheck.grad_scales): max|diff| relative to each gradient's own scale.
+    ref = copy.deepcopy(model)
+    ref.zero_grad(set_to_none=True)
+    ref(*args)[0].backward()
+    bound.load_state_dict(ref.state_dict())  # copies values into the bound tensors: the step still reads them
+    bound.zero_grad(set_to_none=True)
+    step(*args)
+    want = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
+    got = dict(bound.named_parameters())
+    scales = grad_scales(want)
+    out["grad_err_vs_fp32"] = max((grad_error(g, got[n].grad, scales[n]) for n, g in want.items()
+                                   if got[n].grad is not None), default=0.0)
+    out["step_ms"] = {k: round(v["median_ms"], 3) for k, v in times.items()}
+    out["step_spread_ms"] = {k: [round(v["p25_ms"], 3), round(v["p75_ms"], 3)] for k, v in times.items()}
+    out["step_method"] = times["eager"]["method"]
+    return out
+
+
 def _fresh(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
     from bench.ttfi import _pythonpath
 
@@ -141,11 +190,7 @@ def reason(e: BaseException) -> str:
 
 
 def run_model(c: Any, url: str, name: str, a: argparse.Namespace, base: Path) -> dict[str, Any]:
-    import torch
-
     from bench.trainmodels import build
-    from compiler.check import measure
-    from compiler.traincheck import grad_error, grad_scales
 
     row: dict[str, Any] = {"model": name}
     model, args = build(name, a.batch, a.device)
@@ -170,37 +215,15 @@ def run_model(c: Any, url: str, name: str, a: argparse.Namespace, base: Path) ->
     row["check_max_rel_err"] = check.get("max_rel_err")
     row["check_steps"] = len((check.get("training") or {}).get("steps") or [])
 
-    bound = copy.deepcopy(model)
-    step = c.load_training(art.key, bound, a.device)
-    times: dict[str, Any] = {"eager": measure(eager_step(model, args, a.device, a.amp), a.device)}
-
-    def aotc_step() -> None:
-        bound.zero_grad(set_to_none=True)
-        step(*args)
-
-    times["aotc"] = measure(aotc_step, a.device)
-    # The package's gradients against fp32 eager's (no autocast), on the same weights and batch.
-    ref = copy.deepcopy(model)
-    ref.zero_grad(set_to_none=True)
-    ref(*args)[0].backward()
-    bound.load_state_dict(ref.state_dict())  # copies values into the bound tensors: the step still reads them
-    bound.zero_grad(set_to_none=True)
-    step(*args)
-    # The check's measure (compiler.traincheck.grad_scales): max|diff| relative to each gradient's own scale.
-    want = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
-    got = dict(bound.named_parameters())
-    scales = grad_scales(want)
-    row["grad_err_vs_fp32"] = max((grad_error(g, got[n].grad, scales[n]) for n, g in want.items()
-                                   if got[n].grad is not None), default=0.0)
-    for mode in ["default", *(["max-autotune"] if a.max_autotune else [])]:
-        try:
-            torch._dynamo.reset()
-            compiled = torch.compile(copy.deepcopy(model), mode=None if mode == "default" else mode)
-            times[f"compile_{mode}"] = measure(eager_step(compiled, args, a.device, a.amp), a.device)
-        except Exception as e:  # noqa: BLE001 - recorded
-            row[f"compile_{mode}_error"] = reason(e)
-    row["step_ms"] = {k: round(v["median_ms"], 3) for k, v in times.items()}
-    row["step_method"] = times["eager"]["method"]
+    # In a process of its own: a CPU package brings its own OpenMP runtime, whose threads spin beside torch's and
+    # slow whatever runs after it (compiler/check.py measures eager first for that reason); the next model's eager
+    # would be timed beside this one's package.
+    timed = _fresh(["time", url, art.key, name, str(row["batch"]), a.device, a.amp,
+                    "1" if a.max_autotune else "0", str(base / f"cache-time-{name}")])
+    if "error" in timed:
+        row["time_error"] = timed["error"]
+        return row
+    row.update({k: v for k, v in timed.items() if k != "wall_s"})
     e_ms = row["step_ms"]["eager"]
     row["speedup_vs_eager"] = round(e_ms / row["step_ms"]["aotc"], 3)
     if "compile_default" in row["step_ms"]:
@@ -224,6 +247,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         if not r.get("package"):
             lines.append(f"{r['model']:<28}{'no':>4}  {r.get('reason', '')[:150]}")
             continue
+        if "step_ms" not in r:
+            lines.append(f"{r['model']:<28}{'yes':>4}  not timed: {str(r.get('time_error'))[-150:]}")
+            continue
         s = r["step_ms"]
         ta = (r.get("ttfs_aotc") or {}).get("ttfs_s")
         tc = (r.get("ttfs_compile") or {}).get("ttfs_s")
@@ -232,10 +258,11 @@ def table(rows: list[dict[str, Any]]) -> str:
                      f"{r.get('speedup_vs_compile', float('nan')):>7.2f}"
                      f"{ta if ta is not None else float('nan'):>10.2f}{tc if tc is not None else float('nan'):>10.2f}"
                      f"{r['check_max_rel_err']:>10.1e}")
-    made = [r for r in rows if r.get("package")]
+    made = [r for r in rows if r.get("package") and "step_ms" in r]
     if made:
         gm = statistics.geometric_mean([r["speedup_vs_eager"] for r in made])
-        lines.append(f"{len(made)}/{len(rows)} models make a train-step package; step geomean vs eager {gm:.2f}x")
+        lines.append(f"{sum(1 for r in rows if r.get('package'))}/{len(rows)} models make a train-step package; "
+                     f"step geomean vs eager {gm:.2f}x")
     return "\n".join(lines)
 
 
@@ -245,6 +272,9 @@ def main() -> None:
         if kind == "aotc":
             url, key, name, batch, device, cache = rest
             out = child_aotc(url, key, name, int(batch), device, cache)
+        elif kind == "time":
+            url, key, name, batch, device, amp, tune, cache = rest
+            out = child_time(url, key, name, int(batch), device, amp, tune == "1", cache)
         else:
             name, batch, device, amp, mode = rest
             out = child_compile(name, int(batch), device, amp, mode)
