@@ -195,32 +195,18 @@ def test_aotc_report_prints_the_stage_table(api_url, bundle):
     assert "in-place ops removed by functionalisation: aten.add_.Tensor x1" in out.stdout
 
 
-def test_training_mode_reports_the_joint_graph_and_partition(api_url, client, bundle):
+def test_training_mode_on_a_model_without_a_loss_fails_naming_the_output(api_url, client, bundle):
+    """mode=training builds a train step (tests/e2e/test_train_steps.py has the joint graph's report): a model whose
+    output 0 is no scalar loss fails at the autograd stage, before any compile, saying what the loss must be."""
     body = {**bundle["body"], "shapes": {"x": [4, 16]}, "options": {"mode": "training"}}
     body.pop("buckets")
     r = api.post(f"{api_url}/v1/compilations", json=body, timeout=30)
     assert r.status_code == 202, r.text
     job = wait_job(api_url, r.json()["job"]["id"])
-    assert job["state"] == "succeeded", job.get("error")
-    key = job["artifact"]
-    meta = _get(api_url, f"/v1/artifacts/{key}/meta").json()
-    assert meta["package"] is False and meta["check"] is None
-    assert api.get(f"{api_url}/v1/artifacts/{key}").status_code == 409
-    rep = _get(api_url, f"/v1/artifacts/{key}/report").json()
-    tr = rep["stages"]["autograd"]["training"]
-    backward = _get(api_url, f"/v1/artifacts/{key}/source/graphs/backward.py").text
-    forward = _get(api_url, f"/v1/artifacts/{key}/source/graphs/forward.py").text
-    joint = _get(api_url, f"/v1/artifacts/{key}/source/graphs/joint.py").text
-    for name, code in (("joint", joint), ("forward", forward), ("backward", backward)):
-        assert tr[name]["nodes"] == len(fx_calls(code)), name
-    args = forward_args(backward)
-    saved = [a for a in args if not a.startswith("tangents")]
-    assert tr["saved_for_backward"] == len(saved) and tr["saved"] == saved
-    assert tr["saved_activations"] == len([a for a in saved if not a.startswith("primals")]) > 0
-    assert tr["tangents"] == len(args) - len(saved) == 1
-    # The joint graph holds both halves: every forward and backward call is in it, by op.
-    assert len(fx_calls(joint)) >= len(fx_calls(backward))
-    assert [rep["stages"][s]["status"] for s in ("fusion", "codegen", "package")] == ["skipped"] * 3
-    # Deploy-time lookup never hands out a report-only record.
+    assert job["state"] == "failed", job
+    assert job["error"]["stage"] == "autograd", job["error"]
+    assert ("output 0 (options.loss_output) is the loss and must be a floating scalar; it is torch.float32 of "
+            "shape [4, 16]") in job["error"]["message"]
+    # Nothing was published: deploy-time lookup still finds the inference artifact.
     found = client.lookup(bundle["record"]["id"], {"x": [4, 16]}, target="cpu")
     assert found is not None and found.key == bundle["key"]

@@ -65,6 +65,13 @@ def test_train_step_package_signed_and_steps_match_eager(api_url, worker, client
     assert sorted(roles[2:]) == sorted(f"grad:{n}" for n, _ in TrainMLP().named_parameters())
     assert train["mutated_buffers"] == ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]
     assert len(train["steps"]) == 3
+    # The report: the joint graph and its partition (the autograd stage), the roles it built, and a real package.
+    rep = api.get(f"{api_url}/v1/artifacts/{key}/report").json()
+    tr = rep["stages"]["autograd"]["training"]
+    assert tr["joint"]["nodes"] > 0 and tr["saved_for_backward"] > 0 and tr["tangents"] >= 1
+    assert rep["stages"]["autograd"]["train_step"]["outputs"] == train["outputs"]
+    assert [rep["stages"][s]["status"] for s in ("fusion", "codegen", "package")] == ["ok"] * 3
+    assert api.get(f"{api_url}/v1/artifacts/{key}/source/graphs/joint.py").status_code == 200
     # The same request again is a cache hit: the key covers the mode and the loss index.
     again = api.post(f"{api_url}/v1/compilations", json={
         "model_id": uploaded["id"], "shapes": {"x": list(X), "y": list(Y)}, "options": {"mode": "training"}})
