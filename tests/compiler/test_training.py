@@ -151,3 +151,34 @@ def test_a_train_step_is_never_served_as_a_model_nor_the_reverse():
     got = pick([infer, step], host, spec=SPEC, training=True)
     assert got.artifact["key"] == step["key"]
     assert ["not a train step: Client.load_training takes a mode=training package"] in [r["why"] for r in got.rejected]
+
+
+@pytest.mark.slow
+def test_precision_bf16_is_autocast_checked_in_bf16_and_weights_stay_fp32(mlp):
+    """precision=bf16 with mode=training: the step runs under torch.autocast (casts traced into the graph), the weights
+    blob and the gradients stay float32, and the check compares with eager under the same autocast."""
+    from compiler.pipeline import compile_model
+
+    out = str(Path(mlp["dir"]) / "bf16" / "artifact.pt2")
+    Path(out).parent.mkdir()
+    got = compile_model(str(mlp["path"]), SPEC, SPEC, CompileOptions(mode="training", precision="bf16"), "cpu", out)
+    blob = weights_mod.load(got["weights"])
+    assert {t.dtype for t in blob.values() if t.is_floating_point()} == {torch.float32}
+    summary = check_training(str(mlp["path"]), got["package"], SPEC, "cpu", precision="bf16")
+    assert summary["training"]["autocast"] == "bfloat16" and summary["precision"] == "bf16"
+    assert len(summary["training"]["steps"]) == 3
+    # Computed in bf16: the loss is not fp32 eager's (a package that ignored autocast would match it to 1e-7).
+    ep = torch.export.load(str(mlp["path"]))
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 8), torch.randn(6, 4)
+    from compiler.compat.aoti import LoadedPackage
+    from compiler.traincheck import live_tensors
+
+    package = LoadedPackage(got["package"], "cpu")
+    module = ep.module()
+    package.bind_constants({k: v for k, v in live_tensors(module).items() if k in package.get_constant_fqns()})
+    loss = package.run_flat([x, y])[0]
+    fp32 = ep.module()(x, y)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        amp = ep.module()(x, y)[0]
+    assert abs(float(loss) - float(fp32)) > 1e-5 and abs(float(loss) - float(amp)) < 5e-2 * max(abs(float(amp)), 1)
