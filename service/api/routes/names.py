@@ -214,6 +214,9 @@ async def pick_artifact(
         "shapes")],
     torch: Annotated[str | None, Query(max_length=64, pattern=r"^[0-9A-Za-z.+_-]+$",
                                        description="The host's torch version: others are rejected")] = None,
+    allow_unverified: Annotated[bool, Query(description="A package built for its target but not yet run on it "
+                                            "(on_target.state unverified) may be picked, after any that ran on "
+                                            "theirs.")] = False,
 ) -> Response:
     """The artifact of a reference's model for this host: the exact target first, then a compatible one (a lower
     ISA level), with the reason, and why every other candidate lost (target, toolchain, shapes). 404 when none
@@ -228,12 +231,13 @@ async def pick_artifact(
     # Rendered once per (query, version, artifacts as Redis holds them now), as the lookup's answers are: a tag moved,
     # a version or an artifact published, deleted or rewritten picks afresh.
     reads: Reads = request.app.state.reads
-    query = ("pick", str(wanted), found.model_id, str(target), tuple(shape), torch)
+    query = ("pick", str(wanted), found.model_id, str(target), tuple(shape), torch, allow_unverified)
     fingerprint = digest(json.dumps(version.to_json(), sort_keys=True), found.fingerprint.hex())
     if (body := reads.answers.get(query, fingerprint)) is not None:
         return Response(body, media_type="application/json")
     spec = specs.canonical_spec(found.model["inputs"], specs.parse_shape_args(shape)) if shape else None
-    picked = pick([json.loads(raw) for _, raw in found.artifacts], target, torch=torch, spec=spec)
+    picked = pick([json.loads(raw) for _, raw in found.artifacts], target, torch=torch, spec=spec,
+                  allow_unverified=allow_unverified)
     if picked.artifact is None:
         built = {key for key, _ in found.artifacts}
         pending = sorted({b["target"] for b in version.builds if b.get("job") and b.get("key") not in built})
