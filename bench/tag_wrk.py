@@ -69,8 +69,8 @@ end
 def run_wrk(port: int, key: str, paths: Path, script: Path, connections: int, threads: int,
             seconds: float) -> dict[str, Any]:
     done = subprocess.run(
-        ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(seconds))}s", "--latency", "-s", str(script),
-         f"http://127.0.0.1:{port}"],
+        ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(seconds))}s", "--latency",
+         "-s", str(script), f"http://127.0.0.1:{port}"],
         env={**os.environ, "WRK_PATHS": str(paths), "WRK_KEY": key}, capture_output=True, text=True,
         timeout=seconds + 60, check=True)
     found = re.search(r"^JSON (\{.*\})$", done.stdout, re.M)
