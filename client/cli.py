@@ -391,10 +391,13 @@ def lookup(
     target: TargetOption = "cpu",
     cuda_graphs: Annotated[bool, typer.Option(
         "--cuda-graphs", help="You will replay CUDA graphs: rank by the check's graph-replay figures.")] = False,
+    allow_unverified: Annotated[bool, typer.Option(
+        "--allow-unverified", help="Also a package built for the target but not yet run there.")] = False,
 ) -> None:
     """Find the artifact that serves a model, shapes and target; exit 1 if none does."""
     shapes, target = _shapes(shape), _target(target)
     with _service(ctx) as c:
+        c.verifier.allow_unverified = allow_unverified
         art = c.lookup(model_id, shapes, target, graphs=cuda_graphs)
     if art is None:
         _say("no artifact fits")
