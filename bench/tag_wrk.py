@@ -13,6 +13,8 @@ random model. The routes:
 
     python bench/tag_wrk.py --out bench/results/tag-wrk-2cores.json          # 2,000 models, 3 rounds of 10 s
     python bench/tag_wrk.py --quick --out /tmp/tag-wrk.json                   # a dry run
+    python bench/tag_wrk.py --baseline /tmp/main --out ...   # also a server of another tree (`git archive main`),
+                                                            # on the same Redis, its rounds alternating with this one's
 
 wrk (`apt-get install wrk`) runs on the same cores as the server: on a small machine it takes its share, as the
 load average in the JSON shows.
@@ -93,6 +95,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--api-workers", type=int, default=2)
     ap.add_argument("--routes", default=",".join(ROUTES))
+    ap.add_argument("--baseline", type=Path, default=None, help="another tree's root: its aotc-server runs beside "
+                    "this tree's, on the same Redis, and every round measures both")
     ap.add_argument("--quick", action="store_true", help="200 models, 1 round of 3 s")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -129,47 +133,58 @@ def main() -> None:
             for route, listed in paths.items():
                 files[route] = tmp / f"{route}.paths"
                 files[route].write_text("\n".join(listed) + "\n")
-            port = free_port()
-            log = tmp / "server.log"
-            env = {**os.environ, "AOTC_REDIS_URL": redis_srv.url, "AOTC_DATA_DIR": str(tmp / "data"),
-                   "AOTC_ADMIN_KEY": secrets.token_urlsafe(24),
-                   "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-            server = subprocess.Popen(
-                [sys.executable, "-m", "service", "--workers", "0", "--api-workers", str(args.api_workers),
-                 "--port", str(port), "--log-level", "warning"],
-                env=env, cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+            trees = {"this": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
+            results["trees"] = {name: str(path) for name, path in trees.items()}
+            servers: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
             try:
-                wait_up(f"http://127.0.0.1:{port}", server, log)
-                for route in routes:  # a first pass fills each process's memos, as a running service has them
-                    run_wrk(port, key, files[route], script, args.connections, args.threads, 2.0)
+                for name, tree in trees.items():
+                    port = free_port()
+                    log = tmp / f"server-{name}.log"
+                    env = {**os.environ, "AOTC_REDIS_URL": redis_srv.url, "AOTC_DATA_DIR": str(tmp / f"data-{name}"),
+                           "AOTC_ADMIN_KEY": secrets.token_urlsafe(24),
+                           "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", ""))
+                                                         if p)}
+                    servers[name] = port, subprocess.Popen(
+                        [sys.executable, "-m", "service", "--workers", "0", "--api-workers", str(args.api_workers),
+                         "--port", str(port), "--log-level", "warning"],
+                        env=env, cwd=tree, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+                    wait_up(f"http://127.0.0.1:{port}", servers[name][1], log)
+                    for route in routes:  # a first pass fills each process's memos, as a running service has them
+                        run_wrk(port, key, files[route], script, args.connections, args.threads, 2.0)
                 for rnd in range(args.rounds):
-                    for route in routes:
-                        cell = {"round": rnd + 1, "route": route, **run_wrk(
-                            port, key, files[route], script, args.connections, args.threads, args.seconds)}
-                        results["cells"].append(cell)
-                        print(f"round {rnd + 1}  {route:8s} {cell['rps']:9.1f} req/s  p50 {cell['p50_ms']:7.2f} ms  "
-                              f"p99 {cell['p99_ms']:7.2f} ms  errors {cell['errors']}", flush=True)
+                    for name, (port, _) in servers.items():
+                        for route in routes:
+                            cell = {"round": rnd + 1, "tree": name, "route": route, **run_wrk(
+                                port, key, files[route], script, args.connections, args.threads, args.seconds)}
+                            results["cells"].append(cell)
+                            print(f"round {rnd + 1}  {name:8s} {route:8s} {cell['rps']:9.1f} req/s  "
+                                  f"p50 {cell['p50_ms']:7.2f} ms  p99 {cell['p99_ms']:7.2f} ms  "
+                                  f"errors {cell['errors']}", flush=True)
             finally:
-                server.terminate()
-                try:
-                    server.wait(30)
-                except subprocess.TimeoutExpired:
-                    server.kill()
+                for _, server in servers.values():
+                    server.terminate()
+                    try:
+                        server.wait(30)
+                    except subprocess.TimeoutExpired:
+                        server.kill()
             store.close()
     results["loadavg_after"] = os.getloadavg()
-    results["medians"] = {}
-    print(f"\n{'route':8s} {'req/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'errors':>6s} {'vs id':>6s}   "
+    results["medians"] = []
+    print(f"\n{'tree':8s} {'route':8s} {'req/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'errors':>6s} {'vs id':>6s}   "
           f"(medians of {args.rounds} round(s), {args.connections} connections)")
-    by_route = {r: [c for c in results["cells"] if c["route"] == r] for r in routes}
-    for route, cells in by_route.items():
-        m = {k: statistics.median(c[k] for c in cells) for k in ("rps", "p50_ms", "p99_ms")}
-        m["errors"] = sum(c["errors"] for c in cells)
-        results["medians"][route] = m
-    base = results["medians"].get("id", {}).get("rps")
-    for route, m in results["medians"].items():
-        ratio = m["rps"] / base if base else float("nan")
-        m["rps_vs_id"] = round(ratio, 3)
-        print(f"{route:8s} {m['rps']:>9.1f} {m['p50_ms']:>8.2f} {m['p99_ms']:>8.2f} {m['errors']:>6d} {ratio:>6.2f}")
+    for name in results["trees"]:
+        base = None
+        for route in routes:
+            cells = [c for c in results["cells"] if c["tree"] == name and c["route"] == route]
+            m: dict[str, Any] = {"tree": name, "route": route,
+                                 **{k: statistics.median(c[k] for c in cells) for k in ("rps", "p50_ms", "p99_ms")},
+                                 "errors": sum(c["errors"] for c in cells)}
+            base = m["rps"] if route == "id" else base
+            m["rps_vs_id"] = round(m["rps"] / base, 3) if base else None
+            results["medians"].append(m)
+            ratio = f"{m['rps_vs_id']:.2f}" if m["rps_vs_id"] is not None else "-"
+            print(f"{name:8s} {route:8s} {m['rps']:>9.1f} {m['p50_ms']:>8.2f} {m['p99_ms']:>8.2f} {m['errors']:>6d} "
+                  f"{ratio:>6s}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     print(f"wrote {args.out}")

@@ -299,15 +299,17 @@ def _verify_here(c: Client, key: str, path: Path, model: Path, device: str) -> s
     """`pull --verify`: the check on this machine (client.verify.check_here); a failure removes what was pulled."""
     from compiler.errors import CompileError
 
-    art = c.artifact(key)
-    signed = c.verifier.manifest(key, art.meta)
-    here = device if device != "auto" else str(art.meta.get("target", "cpu")).split("-")[0]
     try:
+        art = c.artifact(key)
+        signed = c.verifier.manifest(key, art.meta)
+        here = device if device != "auto" else str(art.meta.get("target", "cpu")).split("-")[0]
         result = check_here(path, model, signed, "cuda:0" if here == "cuda" else here)
-    except CompileError as e:  # nothing it wrote is left for a script to pick up
+    except (CompileError, BadSignature, OSError) as e:  # nothing it wrote is left for a script to pick up
         for p in (path, sidecar(path)):
             p.unlink(missing_ok=True)
-        raise BadSignature("check_failed", f"the check here failed: {e.message}") from None
+        if isinstance(e, BadSignature):
+            raise
+        raise BadSignature("check_failed", f"the check here failed: {getattr(e, 'message', None) or e}") from None
     return (f"; checked here against {model.name}: max abs err {result['max_abs_err']:.2g} at "
             f"{len(result['points'])} point(s) (recorded nowhere)")
 

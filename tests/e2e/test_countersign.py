@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import platform
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ import torch
 from compiler.errors import BadSignature
 from compiler.signing import Signer, b64, raw_public
 from modelzoo import MLP, export, seeded
-from procs import Cluster, api, stop
+from procs import ROOT, Cluster, api, stop
 from service.store import keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 levels only")]
@@ -114,6 +117,28 @@ def test_lookup_and_pull_refuse_an_unverified_package_unless_asked(fleet, tmp_pa
         found = c.lookup(fleet.art["model_id"], {"x": [4, 32]}, target=V3)
         assert found is not None and found.key == fleet.art["key"]
         assert c.pull(found, tmp_path / "mlp.pt2").is_file()
+
+
+def _aotc(fleet: Fleet, *args: str, pins: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "client.cli", "--url", fleet.cluster.url, *args], cwd=ROOT,
+                          env={**os.environ, "AOTC_TRUSTED_KEYS": pins}, capture_output=True, text=True, timeout=300)
+
+
+def test_pull_verify_checks_here_against_the_program_and_records_nothing(fleet, tmp_path):
+    pins = ",".join(_pin(s) for s in (fleet.builder, fleet.verifier))
+    key, out = fleet.art["key"], tmp_path / "mlp.pt2"
+    refused = _aotc(fleet, "pull", key, "-o", str(out), pins=pins)
+    assert refused.returncode == 3 and "not run on cpu-x86_64-v3" in refused.stderr, refused.stderr
+    other = export(seeded(MLP, 42), (torch.randn(4, 32),), tmp_path / "other.pt2")
+    wrong = _aotc(fleet, "pull", key, "-o", str(out), "--verify", str(other), pins=pins)
+    assert wrong.returncode == 3 and "is not the program" in wrong.stderr, wrong.stderr
+    assert not out.exists()
+    checked = _aotc(fleet, "pull", key, "-o", str(out), "--verify", str(fleet.model_path), pins=pins)
+    assert checked.returncode == 0, checked.stderr
+    assert "checked here against mlp.pt2" in checked.stderr and checked.stdout.strip().endswith(str(out))
+    # Recorded nowhere: the service still has it unverified.
+    record = fleet.cluster.store.artifacts.get(key)
+    assert record["on_target"]["state"] == "unverified" and not record.get("countersignatures")
 
 
 def test_a_native_worker_countersigns_and_clients_verify_it(fleet, tmp_path):
