@@ -36,6 +36,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+import redis
+
 from compiler.signing import Signer, key_record
 from service.store import Lease, StorageOptions, Store, keys
 from service.store.reaper import Reaper
@@ -119,7 +121,14 @@ class Worker:
         every reap_interval_s), so lost jobs are back in line, and queues the retried jobs whose backoff is over."""
         self.reaper.maybe_run()
         self.store.jobs.promote_due()
-        return self.reader.next()
+        try:
+            return self.reader.next()
+        except redis.ResponseError as e:
+            # A stream nobody made yet (a verify queue before any worker ensured it) or that Redis lost: make them.
+            if "NOGROUP" not in str(e):
+                raise
+            self.ensure_queues()
+            return self.reader.next()
 
     def while_unhealthy(self) -> None:
         """One turn of the loop of a worker that claims nothing: the heartbeat thread goes on (so no reaper takes
