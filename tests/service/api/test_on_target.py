@@ -93,3 +93,22 @@ def test_the_pick_rejects_an_unverified_build_with_the_reason_and_takes_it_when_
     assert preferred["key"] == v2, preferred
     lost = {r["key"]: r["why"] for r in preferred["rejected"]}[blind]
     assert "builds that ran on their target fit" in lost[0], lost
+
+
+def test_the_console_artifact_page_says_whether_it_ran_on_target(api_url, store, tmp_path):
+    import re
+
+    from procs import ADMIN_KEY
+
+    model_id = _model(store)
+    blind = _publish(store, tmp_path, model_id, V3, UNVERIFIED)
+    c = httpx.Client(base_url=api_url, timeout=10)
+    token = re.search(r'name="csrf" value="([^"]+)"', c.get("/ui/login").text)
+    assert token
+    c.post("/ui/login", data={"key": ADMIN_KEY, "csrf": token.group(1), "next": "/ui/models"},
+           headers={"Origin": api_url})
+    page = c.get(f"/ui/artifacts/{blind}").text
+    assert "<b>built, not run on target</b>: built and checked on <span class=\"mono\">cpu-x86_64-v4</span>" in page
+    store.artifacts.set_on_target(blind, {**UNVERIFIED, "state": "verified", "by": "ab" * 8, "checked_on": V3})
+    page = c.get(f"/ui/artifacts/{blind}").text
+    assert f"countersigned by key <span class=\"mono\">{'ab' * 8}</span>" in page
