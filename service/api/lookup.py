@@ -77,8 +77,9 @@ def find_artifact(
     store: Store, model_id: str, target: Target, spec: list[dict[str, Any]], options: dict[str, Any] | None = None,
     *, mode: str | None = None,
 ) -> dict[str, Any] | None:
-    """`rank` over every artifact stored for `model_id`."""
-    return rank(store.artifacts.for_model(model_id), target, spec, options, mode=mode)
+    """`rank` over every artifact stored for `model_id`. A compile request asks what is built, so a build not yet
+    run on its target counts (the pull refuses it until it is countersigned, compiler/ontarget.py)."""
+    return rank(store.artifacts.for_model(model_id), target, spec, options, mode=mode, allow_unverified=True)
 
 
 def _measured(a: dict[str, Any], graphs: bool = False) -> tuple[tuple[str, str], float] | None:
