@@ -94,11 +94,14 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
 
 def served(worker: dict[str, Any]) -> str:
     """The targets a worker serves, highest first, the lower x86-64 levels by their level alone:
-    'cpu-x86_64-v4 v3 v2 v1'."""
+    'cpu-x86_64-v4 v3 v2 v1'; a target it builds without running there (AOTC_BUILD_ONLY_TARGETS) marked
+    'v3 (build only)'."""
     targets = [str(t) for t in worker.get("targets") or [worker["target"]]]
+    blind = set(worker.get("build_only") or ())
     first, rest = targets[0], targets[1:]
     prefix = first.rsplit("-", 1)[0] + "-"
-    return " ".join([first, *(t[len(prefix):] if t.startswith(prefix) else t for t in rest)])
+    shown = [first, *(t[len(prefix):] if t.startswith(prefix) else t for t in rest)]
+    return " ".join(f"{s} (build only)" if t in blind else s for s, t in zip(shown, targets))
 
 
 def workers_table(workers: list[dict[str, Any]]) -> RenderableType:

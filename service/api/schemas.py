@@ -571,6 +571,12 @@ class WorkerRecord(Record):
     targets: list[str] | None = Field(default=None, description="Every target it serves, highest first: a CPU "
                                       "worker serves each x86-64 level at or below its host's (AOTC_WORKER_TARGETS "
                                       "narrows it). Absent for workers that predate levels.")
+    build_only: list[str] | None = Field(
+        default=None, description="Targets it builds without running them there (AOTC_BUILD_ONLY_TARGETS): their "
+        "packages are published 'built, not run on target' until a worker that serves them natively countersigns "
+        "them; it takes no verify job for them.")
+    built_on: str | None = Field(default=None, description="With build_only: the target of its own host, where it "
+                                 "checks what it builds.")
     toolchain: dict[str, Any]
     healthy: bool = Field(default=True, description="False: its compile children keep failing before their work "
                           "starts (a broken environment), so it claims no jobs until a probe child passes.")

@@ -145,6 +145,13 @@ def test_report_summary_renders_the_stage_table_and_the_notes():
     assert all(ln == ln.rstrip() for ln in lines)  # a pipe gets no padding
 
 
+def test_workers_show_the_targets_they_build_only():
+    worker = {"target": "cpu-x86_64-v4", "targets": ["cpu-x86_64-v4", "cpu-x86_64-v3", "cpu-x86_64-v2"],
+              "build_only": ["cpu-x86_64-v3"]}
+    assert render.served(worker) == "cpu-x86_64-v4 v3 (build only) v2"
+    assert render.served({**worker, "build_only": None}) == "cpu-x86_64-v4 v3 v2"
+
+
 def test_report_says_whether_the_package_ran_on_its_target():
     built = {"state": "unverified", "built_on": "cpu-x86_64-v4"}
     blind = {**META, "target": "cpu-x86_64-v3", "factors": {"target": "cpu-x86_64-v3"}, "on_target": built}
