@@ -98,11 +98,14 @@ def _shape_of(x: Any) -> list[Any]:
 
 class Client:
     def __init__(self, url: str | None = None, *, timeout: float = 60.0, cache_dir: str | Path | None = None,
-                 api_key: str | None = None, trusted_keys: TrustSpec | None = None) -> None:
+                 api_key: str | None = None, trusted_keys: TrustSpec | None = None,
+                 allow_unverified: bool = False) -> None:
         """`api_key`: sent as `Authorization: Bearer`; default $AOTC_API_KEY (a server on loopback without keys
         needs none). `trusted_keys`: the public keys an artifact's manifest must be signed by, in AOTC_TRUSTED_KEYS's
         syntax (client/verify.py), default $AOTC_TRUSTED_KEYS; unset, the keys the service lists (pinning is the
-        secure choice: a compromised service can list a key of its own)."""
+        secure choice: a compromised service can list a key of its own). `allow_unverified`: lookups, picks and pulls
+        also take a package built for its target but not yet run there (compiler/ontarget.py); by default one needs
+        a countersignature by a trusted key."""
         self.url = (url or os.environ.get("AOTC_URL") or DEFAULT_URL).rstrip("/")
         key = api_key or os.environ.get("AOTC_API_KEY")
         self.http = httpx.Client(base_url=self.url, timeout=timeout,
@@ -112,7 +115,7 @@ class Client:
         self.direct = httpx.Client(timeout=timeout)
         self.cache_dir = Path(cache_dir or os.environ.get("AOTC_CACHE_DIR") or Path.home() / ".cache" / "aotc")
         pins = trusted_keys if trusted_keys is not None else os.environ.get(TRUSTED_KEYS_ENV) or None
-        self.verifier = Verifier(self, _raise_for, pins)
+        self.verifier = Verifier(self, _raise_for, pins, allow_unverified)
 
     def close(self) -> None:
         self.http.close()
@@ -344,6 +347,8 @@ class Client:
         why, and why every other candidate lost. `target` (a concrete one) overrides detection for `device`."""
         host = Target.parse(target) if target else detect_target(device or "auto")
         params: list[tuple[str, str | int | float | bool | None]] = [("host", str(host))]
+        if self.verifier.allow_unverified:
+            params.append(("allow_unverified", "true"))
         torch_version = _torch_version()
         if torch_version:
             params.append(("torch", torch_version))
@@ -363,6 +368,8 @@ class Client:
         params: list[tuple[str, str | int | float | bool | None]] = [("model_id", model_id), ("target", target)]
         if graphs:
             params.append(("graphs", "true"))
+        if self.verifier.allow_unverified:
+            params.append(("allow_unverified", "true"))
         for name, shape in shapes.items():
             params.append(("shape", f"{name}={format_shape(_shape_of(shape))}"))
         resp = self.http.get("/v1/artifacts/lookup", params=params)

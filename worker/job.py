@@ -28,12 +28,13 @@ from typing import Any, TypeVar, cast
 
 import redis
 
-from compiler import speed  # torch-free
-from compiler.errors import Failure
+from compiler import ontarget, speed  # torch-free
+from compiler.errors import BadSignature, Failure
 from compiler.report import attach_check  # torch-free
-from compiler.signing import Signer, key_record, statement
+from compiler.signing import Signer, TrustedKey, countersign_statement, key_record, statement
+from compiler.signing import verify as verify_manifest
 from compiler.weightsfile import FormatError, describe, read_header_file
-from service.store import Lease, Store
+from service.store import Lease, Store, keys
 from service.store.blobstore import local_root
 from service.store.disk import is_disk_full
 from worker.backoff import retry_delay, until_redis
@@ -197,7 +198,8 @@ class JobRunner:
         self.stage = "fetch"
         try:
             try:
-                outcome, result = self._compile_and_check(job, workdir)
+                work = self._verify_on_target if job.get("kind") == "verify" else self._compile_and_check
+                outcome, result = work(job, workdir)
             except Exception as e:  # the worker's own write: the model, a child's task, the outputs, publishing
                 if not is_disk_full(e):  # ENOSPC anywhere in the cause chain; else process() reports it
                     raise
@@ -417,15 +419,122 @@ class JobRunner:
         if weights is not None:
             record["weights"] = {"sha256": weights["sha256"], "size": weights["size"],
                                  "constants": len(weights["constants"])}
+        # A target it builds but does not serve natively: checked here, on its own device, not on the target.
+        blind = outputs["package"] is not None and target in (self.info.get("build_only") or ())
+        built_on = str(self.info.get("built_on") or self.target)
+        if blind:
+            record["on_target"] = {"state": ontarget.UNVERIFIED, "built_on": built_on}
 
         def publish() -> dict[str, Any]:
             if outputs["package"] is not None:  # a report-only record (mode=training) has no package to sign
-                record["manifest"] = self._sign(job, outputs["package"], check, weights)
+                record["manifest"] = self._sign(job, outputs["package"], check, weights,
+                                                {"run": False, "built_on": built_on} if blind else None)
             return store.artifacts.put(record, outputs["package"], report=report, sources=outputs["sources"],
                                        weights=outputs["weights"])
 
         artifact = self._once_redis_answers(publish, f"publish job {job_id}")
+        if ontarget.state(artifact) == ontarget.UNVERIFIED:
+            self._once_redis_answers(partial(self._ask_verify, job, artifact), f"queue the verify job of {job_id}")
         return Outcome(True), {"key": artifact["key"], "timings": timings, "check": check}
+
+    def _ask_verify(self, job: dict[str, Any], artifact: dict[str, Any]) -> None:
+        """Queue the job that has a worker serving the artifact's target natively check it there and countersign
+        (compiler/ontarget.py). One per artifact at a time (its key is the artifact's)."""
+        target = str(artifact["factors"]["target"])
+        job_id, created = self.store.jobs.submit(
+            f"verify:{artifact['key']}", keys.verify_target(target),
+            {"kind": "verify", "artifact": artifact["key"], "model_id": artifact["model_id"], "spec": job["spec"],
+             "options": job["options"], "toolchain": job["toolchain"], "factors": job["factors"],
+             "max_attempts": job.get("max_attempts", 3)},
+            priority=str(job.get("priority") or keys.PRIORITIES[0]))
+        if created:
+            log.info("artifact %s was built for %s on %s, not run there: verify job %s queued", artifact["key"],
+                     target, artifact["on_target"].get("built_on"), job_id)
+
+    def _verify_on_target(self, job: dict[str, Any], workdir: Path) -> tuple[Outcome, dict[str, Any]]:
+        """A verify job: check, on this worker's device (which serves the target natively), a package another
+        worker built for it without running it there, and countersign it with this worker's key. The package and
+        its weights are the stored bytes its builder's manifest signed (verified here first against the service's
+        keys), checked by the same sandboxed check child as a compile's."""
+        store, key = self.store, str(job["artifact"])
+        art = store.artifacts.get(key)
+        if art is None:
+            return Outcome(False, failure=Failure.not_found(f"artifact {key} is gone from the store", "fetch")), {}
+        done: dict[str, Any] = {"key": key, "timings": {}, "check": None}
+        if ontarget.state(art) != ontarget.UNVERIFIED:  # verified (or failed) by an earlier delivery
+            return Outcome(True), done
+        if self.signer is None:
+            raise RuntimeError("this worker has no signing key (worker.main loads one at start)")
+        trusted = []
+        for rec in store.signing.all():
+            try:
+                trusted.append(TrustedKey.from_record(rec))
+            except (ValueError, TypeError):
+                continue
+        try:
+            manifest = verify_manifest(art.get("manifest"), trusted)
+            manifest.expect(key=key, sha256=str(art.get("sha256")), size=int(art.get("size") or 0))
+        except BadSignature as e:
+            return Outcome(False, failure=Failure.bad_output("fetch", f"refusing to verify artifact {key}: {e}")), {}
+        if manifest.target != self._native(manifest.target):
+            return Outcome(False, failure=Failure.bad_output(
+                "fetch", f"artifact {key} is for {manifest.target}, which this worker does not serve natively")), {}
+        workdir.mkdir(parents=True, exist_ok=True)
+        os.chmod(workdir, 0o755)  # the worker's: children read the model, the package and their task here
+        results = workdir / "results"
+        results.mkdir()
+        os.chmod(results, 0o755)
+        package = results / OUTPUTS["package"]
+        self._set_stage(job["id"], "fetch")
+        if store.blobs.to_file("artifact", store.artifacts.blob_id(art), package) != manifest.sha256:
+            return Outcome(False, failure=Failure.bad_output("fetch", f"artifact {key}'s stored package is not "
+                                                                      "the one its manifest signed")), {}
+        if manifest.weights is not None:
+            sidecar = results / OUTPUTS["weights"]
+            if store.blobs.to_file("weights", str(manifest.weights["sha256"]), sidecar) != manifest.weights["sha256"]:
+                return Outcome(False, failure=Failure.bad_output("fetch", f"artifact {key}'s weights blob is not "
+                                                                          "the one its manifest signed")), {}
+            os.chmod(sidecar, 0o644)
+        os.chmod(package, 0o644)
+        model_path = workdir / "model.pt2"
+        if store.models.get(job["model_id"]) is None:
+            return Outcome(False, failure=Failure.not_found(f"model {job['model_id']} is gone from the store",
+                                                            "fetch")), {}
+        store.blobs.to_file("model", job["model_id"], model_path)
+        os.chmod(model_path, 0o644)
+        checked = self.health.run_child(
+            {"kind": "check", "model_path": str(model_path), "package_path": str(package), "spec": job["spec"],
+             "device": self.info["device"], "options": job["options"], "untimed": True},
+            workdir, sandbox=self.sandbox, device=self.info["device"], limits=self.limits(), hide=self._hide(),
+            timeout_s=self.settings.check_timeout_s, on_stage=partial(self._set_stage, job["id"]),
+            should_cancel=partial(self._should_stop, job["id"]))
+        mark = {**art["on_target"], "worker": self.id, "at": time.time()}
+        if not checked.ok:
+            if checked.failure is not None and checked.failure.type == "CheckFailed":  # the package, not the machine
+                self._once_redis_answers(partial(store.artifacts.set_on_target, key, {
+                    **mark, "state": ontarget.FAILED, "checked_on": manifest.target,
+                    "why": checked.failure.message[:500]}), f"record artifact {key}'s failed check")
+            return checked, {}
+        result = checked.result
+        summary = {"passed": result.get("passed") is True, "max_abs_err": result.get("max_abs_err"),
+                   "max_rel_err": result.get("max_rel_err"), "points": len(result.get("points") or []),
+                   "device": self.info["device_name"], "seconds": round(checked.seconds, 3)}
+        envelope = self.signer.sign(countersign_statement(
+            manifest=manifest, checked_on=manifest.target, check=summary,
+            verifier={"id": self.id, "host": self.info["host"], "device_name": self.info["device_name"]}))
+        marked = self._once_redis_answers(partial(store.artifacts.set_on_target, key, {
+            **mark, "state": ontarget.VERIFIED, "checked_on": manifest.target, "by": self.signer.kid}, envelope),
+            f"countersign artifact {key}")
+        if marked is None:
+            return Outcome(False, failure=Failure.not_found(f"artifact {key} went from the store meanwhile",
+                                                            "publish")), {}
+        log.info("artifact %s checked on %s and countersigned with key %s", key, manifest.target, self.signer.kid)
+        return Outcome(True), {**done, "timings": {"check": round(checked.seconds, 3)}, "check": summary}
+
+    def _native(self, target: str) -> str | None:
+        """`target` if this worker serves it natively (not build-only), else None."""
+        served = self.info.get("targets") or [self.target]
+        return target if target in served and target not in (self.info.get("build_only") or ()) else None
 
     def _timing_pass(self, job_id: str, task: dict[str, Any], check: dict[str, Any], workdir: Path,
                      run: Callable[..., Any], cancelled: Callable[[], bool]
@@ -447,7 +556,7 @@ class JobRunner:
         return speed.with_timing(check, timed.result, {**held, "seconds": seconds}), seconds, held["waited_s"]
 
     def _sign(self, job: dict[str, Any], package: Path, check: dict[str, Any] | None,
-              weights: dict[str, Any] | None = None) -> dict[str, Any]:
+              weights: dict[str, Any] | None = None, on_target: dict[str, Any] | None = None) -> dict[str, Any]:
         """The signed manifest (compiler/signing.py) of a package about to be published. Signed here, in the trusted
         worker, from the file the dead child left: the key never reaches a child, and Redis only stores the result."""
         signer = self.signer
@@ -465,7 +574,7 @@ class JobRunner:
             model_sha256=str(job["factors"].get("model") or job["model_id"]), factors=job["factors"],
             toolchain=self.info["toolchain"], target=str(job.get("target") or self.target), check=check,
             worker={"id": self.id, "host": self.info["host"], "device_name": self.info["device_name"]},
-            weights=weights))
+            weights=weights, on_target=on_target))
 
 
 REPORT_MAX_BYTES = 256 * 2**20

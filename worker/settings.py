@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from compiler.errors import AotcError
@@ -26,6 +26,14 @@ class WorkerSettings(StorageSettings):
         default_factory=list, description="The CPU targets this worker serves, e.g. [\"cpu-x86_64-v3\"] (aliases "
         "such as cpu-x86_64-avx2 allowed). Empty: every x86-64 level at or below the host's (an AVX-512 host serves "
         "v4, v3, v2 and v1). A level above the host's stops the worker at start. Ignored by GPU workers.")
+    build_only_targets: list[str] = Field(
+        default_factory=list, description="Targets this worker builds but does not serve natively, e.g. "
+        "[\"cpu-x86_64-v3\"] on a v4 host, or an older GPU architecture where the toolchain can emit it: its check "
+        "runs on this worker's own device, not on the target, so it publishes the artifact marked 'built, not run "
+        "on target' (in the record and the signed manifest) and queues a verify job that only a worker serving the "
+        "target natively takes; that worker checks it there and countersigns. Lookup serves such an artifact only "
+        "when asked (allow_unverified) until then. Each must be a target this worker serves (AOTC_WORKER_TARGETS); "
+        "it never takes verify jobs for them.")
     isa_scan_timeout_s: float = Field(
         default=120.0, gt=0, description="How long a CPU compile may spend disassembling its package to check that "
         "no instruction above its x86-64 level is in it (compiler.isa); past it the scan stops, and the report "
@@ -169,13 +177,13 @@ class WorkerSettings(StorageSettings):
         default=8192, ge=0, description="Open files per process (RLIMIT_NOFILE) in compile and check children; 0: none."
     )
 
-    @field_validator("worker_targets")
+    @field_validator("worker_targets", "build_only_targets")
     @classmethod
-    def _known_targets(cls, value: list[str]) -> list[str]:
+    def _known_targets(cls, value: list[str], info: ValidationInfo) -> list[str]:
         try:  # aliases become levels; whether this host can serve them is checked at start (compiler.device)
             return [str(Target.parse(t)) for t in value]
         except AotcError as e:
-            raise ValueError(f"AOTC_WORKER_TARGETS: {e.message}") from None
+            raise ValueError(f"AOTC_{str(info.field_name).upper()}: {e.message}") from None
 
     @model_validator(mode="after")
     def _redis_password(self) -> WorkerSettings:

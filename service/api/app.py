@@ -102,9 +102,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # unreachable (503), out of memory (507) or refusing (503), and a last-resort 500 logged under a request id.
     errors.install(app)
     # Routes match in this order: artifacts first, since deploy-time lookups, metas and pulls are most of the
-    # traffic (each route tried before the right one costs a match); their paths overlap no other router's.
-    routers = [m.router for m in (artifacts, health, metrics, models, compilations, jobs, workers, keys, signing,
-                                  names)]
+    # traffic (each route tried before the right one costs a match); then names, whose pick by tag is the fleet's
+    # deploy-time path (last, it paid ~0.6 ms of matching per request); their paths overlap no other router's.
+    routers = [m.router for m in (artifacts, names, health, metrics, models, compilations, jobs, workers, keys,
+                                  signing)]
     for router in routers:
         app.include_router(router)
     ours = [route for router in routers for route in router.routes]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from compiler import cachekey, speed
+from compiler import cachekey, ontarget, speed
 from compiler import shapes as specs
 from compiler.errors import NotFound
 from compiler.targets import Target
@@ -28,6 +28,7 @@ def _width(spec: list[dict[str, Any]]) -> int:
 def rank(
     artifacts: list[dict[str, Any]], target: Target, spec: list[dict[str, Any]],
     options: dict[str, Any] | None = None, *, mode: str | None = None, graphs: bool = False,
+    allow_unverified: bool = False,
 ) -> dict[str, Any] | None:
     """The best of a model's `artifacts` for `target` whose spec covers `spec`: static before dynamic, then the
     narrowest range, then the fastest (median) where the checks timed them all the same way on one kind of device,
@@ -39,7 +40,8 @@ def rank(
     label with -march=native (`cachekey.pinned`): only its own key reaches them. An artifact its check timed slower
     than eager (compiler.speed) is picked only where every candidate is: it never outranks one that is not, however
     specialised or new. A dynamic artifact's graph figure never ranks: a dynamic artifact is not replayed
-    (compiler.speed.NOT_REPLAYABLE)."""
+    (compiler.speed.NOT_REPLAYABLE). A package built for the target without being run on it (compiler.ontarget) is
+    picked only with `allow_unverified`, and then only where no countersigned or native build fits."""
     fits = [
         a
         for a in artifacts
@@ -50,6 +52,7 @@ def rank(
         and (a["factors"]["options"] == options if options is not None else a.get("package", True))
         and (mode is None or a["factors"]["options"].get("mode") == mode)
     ]
+    fits = ontarget.prefer(fits, allow_unverified)
     if not fits:
         return None
     fits = [a for a in fits if not _slower(a)] or fits
@@ -74,8 +77,9 @@ def find_artifact(
     store: Store, model_id: str, target: Target, spec: list[dict[str, Any]], options: dict[str, Any] | None = None,
     *, mode: str | None = None,
 ) -> dict[str, Any] | None:
-    """`rank` over every artifact stored for `model_id`."""
-    return rank(store.artifacts.for_model(model_id), target, spec, options, mode=mode)
+    """`rank` over every artifact stored for `model_id`. A compile request asks what is built, so a build not yet
+    run on its target counts (the pull refuses it until it is countersigned, compiler/ontarget.py)."""
+    return rank(store.artifacts.for_model(model_id), target, spec, options, mode=mode, allow_unverified=True)
 
 
 def _measured(a: dict[str, Any], graphs: bool = False) -> tuple[tuple[str, str], float] | None:
@@ -101,15 +105,25 @@ def _measured(a: dict[str, Any], graphs: bool = False) -> tuple[tuple[str, str],
     return (str(device), str(figure.get("method") or "legacy")), float(ms)
 
 
+def _unverified_note(records: list[dict[str, Any]], wanted: Target, spec: list[dict[str, Any]], mode: str | None,
+                     allow_unverified: bool) -> str:
+    """Why a 404 when only a build not run on its target (compiler.ontarget) fits: it says so, and how to take it."""
+    if allow_unverified:
+        return ""
+    blind = rank(records, wanted, spec, mode=mode, allow_unverified=True)
+    return f" that ran on its target; artifact {blind['key'][:12]} fits but was {ontarget.why_not(blind)}" if blind \
+        else ""
+
+
 async def lookup_answer(reads: Reads, model_id: str, target: str, shape: list[str], mode: str | None,
-                        graphs: bool = False) -> bytes:
+                        graphs: bool = False, allow_unverified: bool = False) -> bytes:
     """GET /v1/artifacts/lookup's JSON body: the artifact record `rank` picks; NotFound when none fits.
 
     One round trip reads the model and its artifact records as they are now. The rendered answer is kept per
     (model, target, shapes, mode, graphs) together with the artifact records it was ranked from, and served again only
     while Redis returns exactly those records: a published, deleted or rewritten artifact ranks afresh."""
     found = await find_model(reads, model_id, with_artifacts=True, trust_id=True)
-    query = (found.model_id, target, tuple(shape), mode, graphs)
+    query = (found.model_id, target, tuple(shape), mode, graphs, allow_unverified)
     fingerprint = found.fingerprint
     body = reads.answers.get(query, fingerprint)
     if body is not None:
@@ -117,9 +131,10 @@ async def lookup_answer(reads: Reads, model_id: str, target: str, shape: list[st
     spec = specs.canonical_spec(found.model["inputs"], specs.parse_shape_args(shape))
     wanted = Target.parse(target)
     records = {key: json.loads(raw) for key, raw in found.artifacts}
-    art = rank(list(records.values()), wanted, spec, mode=mode, graphs=graphs)
+    art = rank(list(records.values()), wanted, spec, mode=mode, graphs=graphs, allow_unverified=allow_unverified)
     if art is None:
+        note = _unverified_note(list(records.values()), wanted, spec, mode, allow_unverified)
         raise NotFound(f"no artifact of model {found.model_id[:12]} for {specs.format_spec(spec)} on "
-                       f"{str(wanted)!r}; request one with POST /v1/compilations")
+                       f"{str(wanted)!r}{note}; request one with POST /v1/compilations")
     key = next(k for k, r in records.items() if r is art)
     return reads.answers.put(query, fingerprint, reads.meta(key, dict(found.artifacts)[key]))

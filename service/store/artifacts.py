@@ -218,6 +218,30 @@ class Artifacts:
     def pinned(self, key: str) -> bool:
         return bool(self.r.sismember(keys.ARTIFACTS_PINNED, key))
 
+    # -- on target (compiler/ontarget.py) ------------------------------------------------------------------------
+
+    def set_on_target(self, key: str, mark: dict[str, Any],
+                      countersignature: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """Rewrite an artifact's `on_target` mark, adding `countersignature` (a DSSE envelope) to its
+        `countersignatures`, in one transaction with any other writer of the record. None when the artifact is gone
+        (evicted or deleted meanwhile: nothing to vouch for)."""
+        name = keys.artifact(key)
+
+        def update(pipe: Any) -> dict[str, Any] | None:
+            raw = pipe.get(name)
+            if not raw:
+                return None
+            record = json.loads(raw)
+            record["on_target"] = mark
+            if countersignature is not None:
+                record["countersignatures"] = [*(record.get("countersignatures") or []), countersignature]
+            pipe.multi()
+            pipe.set(name, canonical_json(record))
+            return cast(dict[str, Any], record)
+
+        return cast(dict[str, Any] | None, self.r.transaction(update, name,  # type: ignore[arg-type]
+                                                              value_from_callable=True))
+
     # -- reads --------------------------------------------------------------------------------------------------
 
     @staticmethod

@@ -68,6 +68,9 @@ async def lookup(
     mode: Annotated[Mode | None, Query(description="Only artifacts compiled in this mode.")] = None,
     graphs: Annotated[bool, Query(description="The caller replays CUDA graphs: rank equally specialised artifacts "
                                   "by the check's graph-replay median where all have one.")] = False,
+    allow_unverified: Annotated[bool, Query(description="Also serve a package built for the target but not yet run "
+                                            "on it (on_target.state unverified), where nothing that ran there "
+                                            "fits.")] = False,
 ) -> Response:
     """Find the artifact for (model, shapes, target) without knowing its key; 404 when none fits.
 
@@ -76,7 +79,7 @@ async def lookup(
     """
     # The async hot path (service/api/lookup.py): one Redis round trip, the answer rendered once per process.
     model_id = await own_model_id(request, who, model_id)
-    body = await lookup_answer(request.app.state.reads, model_id, target, shape, mode, graphs)
+    body = await lookup_answer(request.app.state.reads, model_id, target, shape, mode, graphs, allow_unverified)
     return Response(body, media_type="application/json")
 
 
