@@ -85,7 +85,8 @@ def child(args: argparse.Namespace) -> None:
             store = Store(redis_srv.url)
             ids, _ = seed(store, args.models, tmp)
             key = store.apikeys.create("pull", NAMESPACE, "profile")[1]
-            settings = Settings(redis_url=redis_srv.url, data_dir=tmp / "data", admin_key=SecretStr(secrets.token_urlsafe(24)))
+            settings = Settings(redis_url=redis_srv.url, data_dir=tmp / "data",
+                                admin_key=SecretStr(secrets.token_urlsafe(24)))
             port = free_port()
             paths = [f"/v1/artifacts/lookup?model_id={m}&target=cpu&shape=x=8x3x64x64" for m in ids]
             script = tmp / "paths.lua"
