@@ -22,7 +22,6 @@ from __future__ import annotations
 import http.client
 import os
 import queue
-import socket
 import ssl
 import threading
 import urllib.request
@@ -33,7 +32,6 @@ from urllib.parse import urlsplit
 import httpx
 
 BLOCK = 1 << 20
-LOWAT = 256 << 10  # the least a receive waits for (SO_RCVLOWAT), below the kernel's cap of half the receive buffer
 BLOCKS = 4  # in flight: enough that neither thread waits for the other, few enough to stay in the CPU's caches
 
 
@@ -104,7 +102,7 @@ def fetch(url: str, headers: Mapping[str, str], f: BinaryIO, digest: Any, have: 
                     raise Refused(502, f"the redirect to {location!r} cannot be fetched directly".encode())
                 return fetch(location, redirect_headers, f, digest, have, timeout=timeout, redirect_headers=None)
             _expect(resp, have)
-            _drain(resp, f, digest, conn.sock)
+            _drain(resp, f, digest)
         finally:
             conn.close()
     except _Local as e:
@@ -125,33 +123,10 @@ def _expect(resp: http.client.HTTPResponse, have: int) -> None:
         raise Restart
 
 
-class _Lowat:
-    """SO_RCVLOWAT on a plain TCP socket, set only when it changes (one syscall); nothing on TLS or elsewhere."""
-
-    def __init__(self, sock: Any) -> None:
-        plain = isinstance(sock, socket.socket) and not isinstance(sock, ssl.SSLSocket)
-        self.sock = sock if plain and hasattr(socket, "SO_RCVLOWAT") else None
-        self.now = 1
-
-    def set(self, n: int) -> None:
-        n = max(1, n)
-        if self.sock is not None and n != self.now:
-            try:
-                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
-                self.now = n
-            except OSError:  # a kernel that refuses it: receive as before
-                self.sock = None
-
-
-def _drain(resp: http.client.HTTPResponse, f: BinaryIO, digest: Any, sock: Any = None) -> None:
+def _drain(resp: http.client.HTTPResponse, f: BinaryIO, digest: Any) -> None:
     """Read the body block by block into a few reused buffers: this thread receives and writes each block, a helper
     hashes it meanwhile, and the block is reused once hashed. On a failure midway, what filled the block so far is
-    kept too (written and hashed), so a resume starts right after the last byte received.
-
-    On a plain TCP socket each receive waits for at least LOWAT bytes (SO_RCVLOWAT; less for the body's last
-    bytes): a server that keeps up with the reader (sendfile) otherwise leaves a few KB in the socket per wake-up,
-    and the many small reads cost more CPU than the hash (bench/README.md "Verified pull")."""
-    lowat = _Lowat(sock if resp.length is not None else None)  # chunked: a chunk's end may be far below LOWAT
+    kept too (written and hashed), so a resume starts right after the last byte received."""
     bufs = [memoryview(bytearray(BLOCK)) for _ in range(BLOCKS)]
     free: queue.SimpleQueue[int] = queue.SimpleQueue()
     hashing: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
@@ -176,7 +151,6 @@ def _drain(resp: http.client.HTTPResponse, f: BinaryIO, digest: Any, sock: Any =
             n = 0
             try:
                 while n < BLOCK:
-                    lowat.set(min(LOWAT, BLOCK - n, resp.length or 1))
                     got = resp.readinto(bufs[i][n:])
                     if not got:
                         break
