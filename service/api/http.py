@@ -193,8 +193,18 @@ def _with_sendfile(cycle: Any, transport: asyncio.Transport, fd: int, stall_s: f
         try:
             if transport.is_closing():
                 raise ConnectionError("closed")
-            await asyncio.get_running_loop().run_in_executor(
-                _SENDERS, _sendfile, fd, message["file"], int(message["offset"]), count, stall_s)
+            # The thread writes to a duplicate of the socket's descriptor, and closes it itself: if the loop closes
+            # the connection meanwhile (the client reset it), the number may be reused by another client's
+            # connection, but the duplicate still names this one, so its bytes can only fail, never reach someone
+            # else.
+            own = os.dup(fd)
+            sending = _SENDERS.submit(_sendfile, own, message["file"], int(message["offset"]), count, stall_s)
+            try:
+                await asyncio.wrap_future(sending)
+            except asyncio.CancelledError:
+                if sending.cancel():  # never started: the thread will not close it
+                    os.close(own)
+                raise
         except OSError:
             # The client went, stalled, or the file came up short: the answer is cut off, as a streamed one
             # would be (a client resumes with a Range; its sha256 check catches a short file).
@@ -209,22 +219,26 @@ def _with_sendfile(cycle: Any, transport: asyncio.Transport, fd: int, stall_s: f
 
 
 def _sendfile(sock: int, f: BinaryIO, offset: int, count: int, stall_s: float) -> None:
-    """sendfile(2) on the non-blocking socket until `count` bytes went; OSError if the client takes none for
-    `stall_s` or the file ends first. Runs in a thread: the event loop never waits on it."""
-    poller = select.poll()
-    poller.register(sock, select.POLLOUT)
-    src = f.fileno()
-    while count > 0:
-        try:
-            sent = os.sendfile(sock, src, offset, min(count, 1 << 30))
-        except BlockingIOError:
-            if not poller.poll(stall_s * 1000):
-                raise TimeoutError(f"the client took no bytes for {stall_s:g} s (AOTC_SEND_STALL_S)") from None
-            continue
-        if sent == 0:
-            raise EOFError("the file is shorter than its manifest")  # an OSError below: cut off
-        offset += sent
-        count -= sent
+    """sendfile(2) on the non-blocking socket (a duplicate descriptor, closed here) until `count` bytes went;
+    OSError if the client takes none for `stall_s` or the file ends first. Runs in a thread: the event loop never
+    waits on it."""
+    try:
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT)
+        src = f.fileno()
+        while count > 0:
+            try:
+                sent = os.sendfile(sock, src, offset, min(count, 1 << 30))
+            except BlockingIOError:
+                if not poller.poll(stall_s * 1000):
+                    raise TimeoutError(f"the client took no bytes for {stall_s:g} s (AOTC_SEND_STALL_S)") from None
+                continue
+            if sent == 0:
+                raise ConnectionError("the file is shorter than its manifest")  # cut off, as below
+            offset += sent
+            count -= sent
+    finally:
+        os.close(sock)  # the duplicate `send` made for this thread
 
 
 class Sendfile(Response):
