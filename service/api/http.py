@@ -188,11 +188,13 @@ def _with_sendfile(cycle: Any, transport: asyncio.Transport, fd: int, stall_s: f
         count = int(message["count"])
         # The head went through the transport: what the socket did not take at once is still in its buffer, and
         # must leave before the file's bytes.
-        while transport.get_write_buffer_size() and not transport.is_closing():
-            await asyncio.sleep(0.001)
+        waited = 0.0
+        while transport.get_write_buffer_size() and not transport.is_closing() and waited < stall_s:
+            await asyncio.sleep(0.005)
+            waited += 0.005
         try:
-            if transport.is_closing():
-                raise ConnectionError("closed")
+            if transport.is_closing() or transport.get_write_buffer_size():
+                raise ConnectionError("closed, or the head not taken within AOTC_SEND_STALL_S")
             # The thread writes to a duplicate of the socket's descriptor, and closes it itself: if the loop closes
             # the connection meanwhile (the client reset it), the number may be reused by another client's
             # connection, but the duplicate still names this one, so its bytes can only fail, never reach someone
