@@ -87,3 +87,16 @@ def test_packages_are_weightless_unless_frozen_and_the_layout_is_a_key_factor():
                               CompileOptions(freezing=True).canonical())
     assert plain["weights"] == {"layout": "external", "revision": 1} and frozen["weights"]["layout"] == "embedded"
     assert cachekey.bounded(plain) and cachekey.bounded({**plain, "format": 3})  # lookup serves both kinds alike
+
+
+def test_layout_optimization_is_an_allowed_setting_that_keeps_old_keys_when_unset():
+    # pinned keys above are unchanged by the new field; setting it is a new key and reaches Inductor's config
+    assert "layout_optimization" not in CompileOptions().canonical()["inductor"]
+    nchw = CompileOptions(inductor={"layout_optimization": False})
+    assert nchw.canonical()["inductor"]["layout_optimization"] is False
+    assert key(nchw) != key(CompileOptions())
+    assert nchw.inductor_configs()["layout_optimization"] is False
+    assert "layout_optimization" not in CompileOptions().inductor_configs()
+    assert CompileOptions(**nchw.canonical()) == nchw
+    with pytest.raises(ValidationError):
+        CompileOptions(inductor={"layout_optimization": "false"})
