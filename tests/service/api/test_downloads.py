@@ -27,7 +27,7 @@ from service.api.http import protocol
 from service.store import StorageOptions, Store, keys
 
 SIGNER = Signer.generate()
-STALL_S = 4  # AOTC_SEND_STALL_S: long enough that no pull of these tests stalls that long on a busy machine
+STALL_S = 6  # AOTC_SEND_STALL_S: long enough that no pull of these tests stalls that long on a busy machine
 S3 = {"AWS_ACCESS_KEY_ID": "aotc-test", "AWS_SECRET_ACCESS_KEY": "aotc-test", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
