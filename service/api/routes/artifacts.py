@@ -12,6 +12,7 @@ from compiler.errors import Conflict, NotFound, Unprocessable
 from compiler.options import Mode
 from service.api.auth import Admin, Pull, needs
 from service.api.deps import ArtifactDep, ArtifactMetaDep, StoreDep, own_model_id
+from service.api.http import Sendfile, offers_sendfile
 from service.api.lookup import lookup_answer
 from service.api.ranges import Unsatisfiable, byte_range, etag_matches
 from service.api.schemas import (
@@ -34,6 +35,7 @@ from service.api.schemas import (
     errors,
 )
 from service.store import Store
+from service.store.blobstore import open_local
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"], responses=V1_ERRORS, dependencies=needs("pull"))
 SOURCES_LIMIT = 512 * 2**20  # the sources archive is read whole; the worker writes text, far below this
@@ -199,15 +201,19 @@ def _serve(request: Request, store: Store, kind: str, blob: str, sha: str, size:
             f"{what} is {size} bytes; the Range {request.headers.get('range')!r} starts past its end")}},
             status_code=416, headers={"Content-Range": f"bytes */{size}", "ETag": etag})
     start, end = span or (0, size)
+    headers["Content-Length"] = str(end - start)
+    if span:
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+    status = 206 if span else 200
+    # A file on this machine goes out with sendfile where the server offers it (service/api/http.py); the rest is
+    # streamed in pieces.
+    if offers_sendfile(request.scope) and (f := open_local(store.blobs, kind, blob)) is not None:
+        return Sendfile(f, start, end - start, status, headers, "application/octet-stream")
     try:
         body = store.blobs.iter_range(kind, blob, start, end)
     except KeyError:
         raise Unprocessable(f"{what} is not stored") from None
-    headers["Content-Length"] = str(end - start)
-    if span:
-        headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-    return StreamingResponse(body, status_code=206 if span else 200, headers=headers,
-                             media_type="application/octet-stream")
+    return StreamingResponse(body, status_code=status, headers=headers, media_type="application/octet-stream")
 
 
 _WEIGHTS: dict[int | str, dict[str, Any]] = {

@@ -33,6 +33,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.auth import needs
+from service.api.http import SENDFILE
 from service.api.schemas import V1_ERRORS
 from service.store import TERMINAL, Store, keys, scripts
 from service.store.registry import broken, late
@@ -281,6 +282,8 @@ class CountRequests:
                 status = int(message["status"])
             elif message["type"] == "http.response.body":
                 sent += len(message.get("body", b""))
+            elif message["type"] == SENDFILE:  # the body, sent by the kernel (service/api/http.py)
+                sent += int(message["count"])
             await send(message)
 
         await self.app(scope, receive, counting)

@@ -211,3 +211,17 @@ class Announced(Reads):
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
+
+
+def open_local(blobs: BlobStore, kind: str, blob_id: str) -> BinaryIO | None:
+    """A blob's bytes as a file open on this machine's disk, where the store keeps them there (the file store), else
+    None: for an answer the kernel sends straight from the page cache (sendfile). Opened once: a delete or a
+    rewrite after this leaves the open file whole."""
+    store: Any = blobs.store if isinstance(blobs, Announced) else blobs
+    if isinstance(store, WithRedisFallback):
+        store = store._holder(kind, blob_id)
+    path = store.path(kind, blob_id) if isinstance(store, FileBlobs) else None
+    try:
+        return open(path, "rb", buffering=0) if path is not None else None
+    except FileNotFoundError:  # deleted meanwhile: the caller streams, and reports it gone
+        return None
