@@ -155,7 +155,7 @@ _TARGET = re.compile(schemas.TARGET)
 _SHAPE_ARG = re.compile(schemas.SHAPE_ARG)
 _MODES = frozenset(get_args(Mode))
 _BOOLS = {"true": True, "false": False, "1": True, "0": False}  # a subset of what the route reads as a bool
-_SCALARS = ("model_id", "target", "mode", "graphs")
+_SCALARS = ("model_id", "target", "mode", "graphs", "allow_unverified")
 _JSON = [(b"content-type", b"application/json")]
 
 
@@ -188,9 +188,9 @@ class FastLookup(BaseRoute):
             scope[_PASSED] = True  # this route no longer matches: the router finds the FastAPI route
             await scope["router"](scope, receive, send)
             return
-        model_id, target, shape, mode, graphs = query
+        model_id, target, shape, mode, graphs, unverified = query
         model_id = await own_model_id(Request(scope), who, model_id)
-        body = await lookup_answer(scope["app"].state.reads, model_id, target, shape, mode, graphs)
+        body = await lookup_answer(scope["app"].state.reads, model_id, target, shape, mode, graphs, unverified)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-length", str(len(body)).encode()), *_JSON]})
         await send({"type": "http.response.body", "body": body})
@@ -200,7 +200,7 @@ PATH = "/v1/artifacts/lookup"
 _PASSED = "aotc.fast_lookup_passed"
 
 
-Query = tuple[str, str, list[str], str | None, bool]
+Query = tuple[str, str, list[str], str | None, bool, bool]
 
 
 def _query(raw: bytes) -> Query | None:
@@ -221,11 +221,12 @@ def _query(raw: bytes) -> Query | None:
             values[name] = value
     model_id, target = values.get("model_id"), values.get("target", "cpu")
     mode, graphs = values.get("mode"), _BOOLS.get(values.get("graphs", "false"))
+    unverified = _BOOLS.get(values.get("allow_unverified", "false"))
     if (model_id is None or not _MODEL_ID.fullmatch(model_id) or len(target) > schemas.MAX_TARGET
             or not _TARGET.fullmatch(target) or len(shape) > schemas.MAX_SHAPE_ARGS
-            or (mode is not None and mode not in _MODES) or graphs is None):
+            or (mode is not None and mode not in _MODES) or graphs is None or unverified is None):
         return None
-    return model_id, target, shape, mode, graphs
+    return model_id, target, shape, mode, graphs, unverified
 
 
 async def _caller(scope: Scope) -> Principal | None:

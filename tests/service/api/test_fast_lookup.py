@@ -129,9 +129,12 @@ def test_a_revoked_key_stops_looking_up_within_auth_cache_s(seeded: dict, api_ur
 
 def test_the_query_parser_takes_only_what_the_route_would_take_the_same_way() -> None:
     mid = "ab" * 32
-    assert _query(f"model_id={mid}&shape=x=8x4".encode()) == (mid, "cpu", ["x=8x4"], None, False)
+    assert _query(f"model_id={mid}&shape=x=8x4".encode()) == (mid, "cpu", ["x=8x4"], None, False, False)
     assert _query(f"model_id={mid[:8]}&target=CUDA-sm90&shape=x=1..8x4&shape=y=scalar&mode=max-autotune&graphs=1"
-                  f"&unknown=1".encode()) == (mid[:8], "CUDA-sm90", ["x=1..8x4", "y=scalar"], "max-autotune", True)
+                  f"&unknown=1".encode()) == (mid[:8], "CUDA-sm90", ["x=1..8x4", "y=scalar"], "max-autotune", True,
+                                              False)
+    # allow_unverified reaches the answer (the fast route once ignored it and served as if it were false)
+    assert _query(f"model_id={mid}&shape=x=8x4&allow_unverified=true".encode())[-1] is True
     declined = [
         f"model_id={mid}&model_id={mid}",  # which of two the route takes is its business
         f"model_id={mid}&target=cpu&target=cuda",
@@ -141,6 +144,7 @@ def test_the_query_parser_takes_only_what_the_route_would_take_the_same_way() ->
         f"model_id={mid}&shape=%C3%A9=8", f"model_id={mid}&shape=x=8x%D9%A3",  # non-ASCII letters and digits
         f"model_id={mid}&" + "&".join(["shape=x=1"] * 65),
         f"model_id={mid}&graphs=yes", f"model_id={mid}&graphs=True", f"model_id={mid}&mode=",
+        f"model_id={mid}&allow_unverified=yes", f"model_id={mid}&allow_unverified=0&allow_unverified=1",
         "shape=x=8x4", "",
     ]
     for q in declined:
