@@ -251,6 +251,9 @@ def pull(
         help="By reference: the concrete target to pick for (default: this machine's, detected).")] = None,
     device: Annotated[str, typer.Option(help="By reference: the device whose target is detected: cpu, cuda:0, "
                                         "auto.")] = "auto",
+    self_contained: Annotated[bool, typer.Option(
+        "--self-contained", help="The package with its weights inside (no weights blob to bind; torch's own "
+        "aoti_load_package runs it), built on request: a compile, waited for.")] = False,
 ) -> None:
     """Download an artifact, verified against its signed manifest (keys: $AOTC_TRUSTED_KEYS, else the service's).
     By reference, the service picks the artifact for this machine (exact target first, then a compatible one) and
@@ -274,6 +277,11 @@ def pull(
                  f"{picked['host']}: {picked['key']} ({picked['target']}, {picked['match']}): {picked['reason']}")
             key = picked["key"]
         try:
+            if self_contained:
+                with render.JobProgress() as progress:
+                    built = c.self_contained(key, progress=progress)
+                _say(f"{key}: its self-contained build is {built.key}")
+                key = built.key
             path = c.pull(key, output)
             weights = c.pull_weights(key, sidecar(path))
         except BadSignature as e:

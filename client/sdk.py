@@ -372,9 +372,24 @@ class Client:
         meta = resp.json()
         return Artifact(meta["key"], meta)
 
+    def self_contained(self, artifact: Artifact | str, *, progress: Callable[[dict[str, Any]], None] | None = None,
+                       timeout: float | None = None) -> Artifact:
+        """The artifact's self-contained build (weights inside the package, for tools that cannot bind a weights
+        blob: torch's own `aoti_load_package` runs it as it is): POST /v1/artifacts/{key}/self-contained, then, if
+        the service queued its build, wait for it (`progress` and `timeout` as in `wait`). An artifact that carries
+        its weights already is its own self-contained build. Needs a key of scope compile."""
+        key = artifact.key if isinstance(artifact, Artifact) else artifact
+        answer = self._json("POST", f"/v1/artifacts/{key}/self-contained")
+        if answer["status"] == "cached":
+            return Artifact(answer["key"], answer["artifact"])
+        return self.wait(answer["job"]["id"], progress=progress, timeout=timeout)
+
     def pull(self, artifact: Artifact | str, dest: str | Path | None = None, *, attempts: int = 3,
-             rehash: bool = False, timings: dict[str, float] | None = None) -> Path:
+             rehash: bool = False, timings: dict[str, float] | None = None, self_contained: bool = False) -> Path:
         """Download a package into the local cache (or `dest`), verified against its signed manifest.
+
+        `self_contained=True` pulls the artifact's self-contained build instead (`self_contained()`: built on
+        request, then signed and verified like any artifact), a package that needs no weights blob.
 
         Before a byte is written, the manifest's signature must verify with a trusted key that is not revoked, name
         this artifact, and agree with the service's record (client/verify.py); the download must then have the
@@ -392,6 +407,8 @@ class Client:
 
         `timings`, if given, gets `verify_s` (manifest and signature, and the cached copy's check) and `pull_s`
         (the download, hashed on the way; 0 when the cache had it)."""
+        if self_contained:
+            artifact = self.self_contained(artifact)
         t0 = time.perf_counter()
         art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
         signed = self.verifier.manifest(art.key, art.meta)  # the record agrees with it: art.sha256 is signed

@@ -87,3 +87,17 @@ def test_packages_are_weightless_unless_frozen_and_the_layout_is_a_key_factor():
                               CompileOptions(freezing=True).canonical())
     assert plain["weights"] == {"layout": "external", "revision": 1} and frozen["weights"]["layout"] == "embedded"
     assert cachekey.bounded(plain) and cachekey.bounded({**plain, "format": 3})  # lookup serves both kinds alike
+
+
+def test_embed_weights_builds_a_self_contained_package_under_a_key_of_its_own():
+    """`embed_weights` (what POST /v1/artifacts/{key}/self-contained asks for): the layout embedded, a key of its own,
+    and the keys of requests that do not set it unchanged (the key pinned above)."""
+    assert "embed_weights" not in CompileOptions().canonical()
+    assert key(CompileOptions(embed_weights=False)) == key(CompileOptions())
+    embedded = CompileOptions(embed_weights=True)
+    assert not embedded.weightless and CompileOptions(**embedded.canonical()) == embedded
+    assert key(embedded) != key(CompileOptions())
+    factors = cachekey.factors("ab" * 32, SPEC, "cpu-x86_64-avx2", {"torch": "2.13.0+cpu"}, embedded.canonical())
+    assert factors["weights"]["layout"] == "embedded"
+    with pytest.raises(ValidationError, match="embed_weights are for inference"):
+        CompileOptions(mode="training", embed_weights=True)
