@@ -564,7 +564,8 @@ class Client:
         `timings`, if given (a dict; not for a Bundle), gets the time to first inference split into seconds:
         `verify_s` (manifest, signature, the cached copy's check), `pull_s` (the download, hashed as it streams),
         `bind_s` (the device: the target check, which initialises CUDA on a GPU), `weights_s` (a weightless
-        package's weights blob: pulled and verified, or found, and put on the device), `load_s` (the package opened
+        package's weights blob: pulled and verified, or found, and put on the device; of it, `weights_pull_s` the
+        pull and its check, `weights_load_s` the mapping and the copy to the device), `load_s` (the package opened
         and its weights bound) and, once the callable has run, `first_call_s` (the first call, synchronised on a
         GPU; with graphs, its capture)."""
         if isinstance(artifact, Bundle):
@@ -590,7 +591,7 @@ class Client:
         t1 = time.perf_counter()
         # A weightless package binds the model's weights blob: pulled and verified once, one copy per device in
         # this process, shared by every bucket and version that names the same blob.
-        weights = self._device_weights(art, device, rehash) if art.meta.get("weights") else None
+        weights = self._device_weights(art, device, rehash, timings) if art.meta.get("weights") else None
         t2 = time.perf_counter()
         fn: Callable[..., Any]
         if cuda_graphs:
@@ -660,9 +661,12 @@ class Client:
         os.replace(tmp, dest)
         return dest
 
-    def _device_weights(self, art: Artifact, device: str, rehash: bool = False) -> dict[str, Any]:
+    def _device_weights(self, art: Artifact, device: str, rehash: bool = False,
+                        timings: dict[str, float] | None = None) -> dict[str, Any]:
+        t0 = time.perf_counter()
         path = self.pull_weights(art, rehash=rehash)
         assert path is not None
+        t1 = time.perf_counter()
         # The signed digest (the cached file's name), never the record's: a record cannot point this artifact at
         # tensors another artifact loaded.
         sha = path.name.removesuffix(".safetensors")
@@ -672,6 +676,9 @@ class Client:
                 from compiler.weights import load  # imports torch: only to load
 
                 found = _LOADED[(sha, device)] = load(path, device)
+        if timings is not None:
+            timings["weights_pull_s"] = t1 - t0
+            timings["weights_load_s"] = time.perf_counter() - t1
         return found
 
     def workers(self) -> list[dict[str, Any]]:
