@@ -217,7 +217,8 @@ def run_ttfi(args: argparse.Namespace) -> None:
                 w = art.meta.get("weights") or {}
                 artifacts[layout] = {"key": art.key, "compile_s": round(time.perf_counter() - t0, 1),
                                      "package_bytes": art.meta["size"], "weights_bytes": w.get("size", 0),
-                                     "layout": art.meta["factors"]["weights"]["layout"]}
+                                     "layout": art.meta["factors"]["weights"]["layout"],
+                                     "stage_s": art.meta.get("timings")}
                 print(f"{layout}: {art.key}, package {art.meta['size']} bytes, weights {w.get('size', 0)} bytes, "
                       f"{artifacts[layout]['compile_s']} s", file=sys.stderr, flush=True)
         env = {**os.environ, "PYTHONPATH": _pythonpath()}

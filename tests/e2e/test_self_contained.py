@@ -50,6 +50,12 @@ def test_a_self_contained_pull_loads_with_torch_alone_and_is_signed(api_url, wor
     with torch.no_grad():
         torch.testing.assert_close(fn(x), model(x), rtol=1e-4, atol=1e-5)
 
+    timings: dict[str, float] = {}
+    loaded = client.load(built, timings=timings)  # aotc's loader too: nothing to pull or bind beside the package
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), rtol=1e-4, atol=1e-5)
+    assert "weights_pull_s" not in timings and set(timings) >= {"verify_s", "pull_s", "load_s", "first_call_s"}
+
     # `aotc pull KEY --self-contained`: the build (stored now) named on stderr, its path on stdout, nothing beside.
     out = tmp_path / "cli" / "self.pt2"
     done = subprocess.run([sys.executable, "-m", "client.cli", "--url", api_url, "pull", art.key, "--self-contained",
