@@ -653,12 +653,13 @@ class Client:
         tmp.unlink(missing_ok=True)
         try:
             os.link(cached, tmp)  # the verified inode itself: no bytes copied, none to hash a second time
+            copied = False
         except OSError:
             shutil.copyfile(cached, tmp)
-            if _file_sha256(tmp) != sha:  # what was copied, not what the cache held a moment before
-                tmp.unlink(missing_ok=True)
-                raise BadSignature("mismatch", f"the weights of artifact {art.key} changed while copied",
-                                   kid=signed.kid)
+            copied = True
+        if copied and _file_sha256(tmp) != sha:  # what was copied, not what the cache held a moment before
+            tmp.unlink(missing_ok=True)
+            raise BadSignature("mismatch", f"the weights of artifact {art.key} changed while copied", kid=signed.kid)
         os.replace(tmp, dest)
         return dest
 
