@@ -6,6 +6,7 @@
     aotc pull KEY -o model.so.pt2                 fetch an artifact, verified against its signed manifest; the path
                                                   comes last
     aotc pull bert-base:prod --shape x=8x128      by name: the artifact for this machine, and why it was picked
+    aotc pull KEY --self-contained -o m.pt2       its build with the weights inside (built on request, waited for)
     aotc versions NAME [--history] | names        a name's versions (tags, artifacts per target) | every name
     aotc tag NAME@3 canary | untag NAME:canary    move a tag (recorded: who, when) | remove one
     aotc delete-version NAME@3                    its tags go; its model stays pinned while another version holds it
