@@ -127,3 +127,16 @@ def test_lookup_serves_weightless_self_contained_and_pre_weights_artifacts_alike
         records = [timed(f, 1.0 if name == fastest else 2.0, 3.0 if name != fastest else 1.0)
                    for name, f in kinds.items()]
         assert rank(records, target, spec)["factors"] is kinds[fastest]
+
+
+def test_layout_optimization_is_an_allowed_setting_that_keeps_old_keys_when_unset():
+    # pinned keys above are unchanged by the new field; setting it is a new key and reaches Inductor's config
+    assert "layout_optimization" not in CompileOptions().canonical()["inductor"]
+    nchw = CompileOptions(inductor={"layout_optimization": False})
+    assert nchw.canonical()["inductor"]["layout_optimization"] is False
+    assert key(nchw) != key(CompileOptions())
+    assert nchw.inductor_configs()["layout_optimization"] is False
+    assert "layout_optimization" not in CompileOptions().inductor_configs()
+    assert CompileOptions(**nchw.canonical()) == nchw
+    with pytest.raises(ValidationError):
+        CompileOptions(inductor={"layout_optimization": "false"})
