@@ -6,6 +6,7 @@
     aotc pull KEY -o model.so.pt2                 fetch an artifact, verified against its signed manifest; the path
                                                   comes last
     aotc pull bert-base:prod --shape x=8x128      by name: the artifact for this machine, and why it was picked
+    aotc pull KEY --self-contained -o m.pt2       its build with the weights inside (built on request, waited for)
     aotc versions NAME [--history] | names        a name's versions (tags, artifacts per target) | every name
     aotc tag NAME@3 canary | untag NAME:canary    move a tag (recorded: who, when) | remove one
     aotc delete-version NAME@3                    its tags go; its model stays pinned while another version holds it
@@ -259,6 +260,9 @@ def pull(
         "--verify", metavar="MODEL.pt2", help="Run the artifact check here, against the exported program it was "
         "built from, before the path is printed (imports torch); implies --allow-unverified. Records nothing on "
         "the service.")] = None,
+    self_contained: Annotated[bool, typer.Option(
+        "--self-contained", help="The package with its weights inside (no weights blob to bind; torch's own "
+        "aoti_load_package runs it), built on request: a compile, waited for.")] = False,
 ) -> None:
     """Download an artifact, verified against its signed manifest (keys: $AOTC_TRUSTED_KEYS, else the service's).
     By reference, the service picks the artifact for this machine (exact target first, then a compatible one) and
@@ -285,6 +289,11 @@ def pull(
                  f"{picked['host']}: {picked['key']} ({picked['target']}, {picked['match']}): {picked['reason']}")
             key = picked["key"]
         try:
+            if self_contained:
+                with render.JobProgress() as progress:
+                    built = c.self_contained(key, progress=progress)
+                _say(f"{key}: its self-contained build is {built.key}")
+                key = built.key
             path = c.pull(key, output)
             weights = c.pull_weights(key, sidecar(path))
             checked = _verify_here(c, key, path, verify, device) if verify is not None else ""

@@ -379,9 +379,24 @@ class Client:
         meta = resp.json()
         return Artifact(meta["key"], meta)
 
+    def self_contained(self, artifact: Artifact | str, *, progress: Callable[[dict[str, Any]], None] | None = None,
+                       timeout: float | None = None) -> Artifact:
+        """The artifact's self-contained build (weights inside the package, for tools that cannot bind a weights
+        blob: torch's own `aoti_load_package` runs it as it is): POST /v1/artifacts/{key}/self-contained, then, if
+        the service queued its build, wait for it (`progress` and `timeout` as in `wait`). An artifact that carries
+        its weights already is its own self-contained build. Needs a key of scope compile."""
+        key = artifact.key if isinstance(artifact, Artifact) else artifact
+        answer = self._json("POST", f"/v1/artifacts/{key}/self-contained")
+        if answer["status"] == "cached":
+            return Artifact(answer["key"], answer["artifact"])
+        return self.wait(answer["job"]["id"], progress=progress, timeout=timeout)
+
     def pull(self, artifact: Artifact | str, dest: str | Path | None = None, *, attempts: int = 3,
-             rehash: bool = False, timings: dict[str, float] | None = None) -> Path:
+             rehash: bool = False, timings: dict[str, float] | None = None, self_contained: bool = False) -> Path:
         """Download a package into the local cache (or `dest`), verified against its signed manifest.
+
+        `self_contained=True` pulls the artifact's self-contained build instead (`self_contained()`: built on
+        request, then signed and verified like any artifact), a package that needs no weights blob.
 
         Before a byte is written, the manifest's signature must verify with a trusted key that is not revoked, name
         this artifact, and agree with the service's record (client/verify.py); the download must then have the
@@ -399,6 +414,8 @@ class Client:
 
         `timings`, if given, gets `verify_s` (manifest and signature, and the cached copy's check) and `pull_s`
         (the download, hashed on the way; 0 when the cache had it)."""
+        if self_contained:
+            artifact = self.self_contained(artifact)
         t0 = time.perf_counter()
         art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
         signed = self.verifier.manifest(art.key, art.meta)  # the record agrees with it: art.sha256 is signed
@@ -554,7 +571,8 @@ class Client:
         `timings`, if given (a dict; not for a Bundle), gets the time to first inference split into seconds:
         `verify_s` (manifest, signature, the cached copy's check), `pull_s` (the download, hashed as it streams),
         `bind_s` (the device: the target check, which initialises CUDA on a GPU), `weights_s` (a weightless
-        package's weights blob: pulled and verified, or found, and put on the device), `load_s` (the package opened
+        package's weights blob: pulled and verified, or found, and put on the device; of it, `weights_pull_s` the
+        pull and its check, `weights_load_s` the mapping and the copy to the device), `load_s` (the package opened
         and its weights bound) and, once the callable has run, `first_call_s` (the first call, synchronised on a
         GPU; with graphs, its capture)."""
         if isinstance(artifact, Bundle):
@@ -580,7 +598,7 @@ class Client:
         t1 = time.perf_counter()
         # A weightless package binds the model's weights blob: pulled and verified once, one copy per device in
         # this process, shared by every bucket and version that names the same blob.
-        weights = self._device_weights(art, device, rehash) if art.meta.get("weights") else None
+        weights = self._device_weights(art, device, rehash, timings) if art.meta.get("weights") else None
         t2 = time.perf_counter()
         fn: Callable[..., Any]
         if cuda_graphs:
@@ -641,18 +659,23 @@ class Client:
         tmp = dest.with_name(dest.name + ".part")
         tmp.unlink(missing_ok=True)
         try:
-            os.link(cached, tmp)  # the cache's bytes, not a second copy, where one filesystem holds both
+            os.link(cached, tmp)  # the verified inode itself: no bytes copied, none to hash a second time
+            copied = False
         except OSError:
             shutil.copyfile(cached, tmp)
-        if _file_sha256(tmp) != sha:
+            copied = True
+        if copied and _file_sha256(tmp) != sha:  # what was copied, not what the cache held a moment before
             tmp.unlink(missing_ok=True)
             raise BadSignature("mismatch", f"the weights of artifact {art.key} changed while copied", kid=signed.kid)
         os.replace(tmp, dest)
         return dest
 
-    def _device_weights(self, art: Artifact, device: str, rehash: bool = False) -> dict[str, Any]:
+    def _device_weights(self, art: Artifact, device: str, rehash: bool = False,
+                        timings: dict[str, float] | None = None) -> dict[str, Any]:
+        t0 = time.perf_counter()
         path = self.pull_weights(art, rehash=rehash)
         assert path is not None
+        t1 = time.perf_counter()
         # The signed digest (the cached file's name), never the record's: a record cannot point this artifact at
         # tensors another artifact loaded.
         sha = path.name.removesuffix(".safetensors")
@@ -662,6 +685,9 @@ class Client:
                 from compiler.weights import load  # imports torch: only to load
 
                 found = _LOADED[(sha, device)] = load(path, device)
+        if timings is not None:
+            timings["weights_pull_s"] = t1 - t0
+            timings["weights_load_s"] = time.perf_counter() - t1
         return found
 
     def workers(self) -> list[dict[str, Any]]:

@@ -91,13 +91,13 @@ def weights_layout(options: dict[str, Any]) -> str:
     """"external" or "embedded" for canonical options (what a job carries). max-autotune embeds too: on a CPU its
     GEMM templates pack weights into constants of the package's own at build time, which no blob feeds (the bind
     failed in update_user_managed_constant_buffer), and a key's layout cannot depend on the target's kind."""
-    if options.get("freezing") or options.get("mode") in ("training", "max-autotune"):
+    if options.get("freezing") or options.get("embed_weights") or options.get("mode") in ("training", "max-autotune"):
         return "embedded"
     return "external"
 
 
 # Options newer than the cache key's format 2: spelled out in the canonical form (and so in the key) only when set.
-ADDED_AFTER_FORMAT_2 = ("allow_nonfinite",)
+ADDED_AFTER_FORMAT_2 = ("allow_nonfinite", "embed_weights")
 INDUCTOR_ADDED_AFTER_FORMAT_2 = ("layout_optimization",)
 
 
@@ -126,11 +126,16 @@ class CompileOptions(BaseModel):
         "eager results must still agree, non-finite values in the same places). Off: any NaN or inf fails the check.",
     )
 
+    embed_weights: StrictBool = Field(default=False, description=(
+        "Build the package with its weights inside it (self-contained), for tools that cannot bind a weights blob: "
+        "torch's own aoti_load_package runs it as it is. Off: the package binds the model's one weights blob at "
+        "load. `POST /v1/artifacts/{key}/self-contained` asks for this build of an artifact."))
+
     @model_validator(mode="after")
     def _inference_only_options(self) -> CompileOptions:
-        if self.mode == "training" and (self.precision != "keep" or self.freezing):
-            raise ValueError("precision casts and freezing are for inference; mode=training keeps the program's "
-                             "dtypes and weights")
+        if self.mode == "training" and (self.precision != "keep" or self.freezing or self.embed_weights):
+            raise ValueError("precision casts, freezing and embed_weights are for inference; mode=training keeps "
+                             "the program's dtypes and weights")
         return self
 
     def canonical(self) -> dict[str, Any]:

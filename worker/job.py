@@ -391,7 +391,7 @@ class JobRunner:
                 check = speed.not_replayable(check)
         weights: dict[str, Any] | None = None
         if outputs["weights"] is not None:
-            found = _weights_manifest(outputs["weights"], check)
+            found = _weights_manifest(outputs["weights"], check, self.settings.weights_max_header_mb * 2**20)
             if isinstance(found, Failure):
                 return Outcome(False, failure=found), {}
             weights = found
@@ -583,12 +583,13 @@ OUTPUTS = {"package": "artifact.pt2", "report": "report.json", "sources": "sourc
 OPTIONAL = ("package", "weights")  # none for mode=training; no weights for a package that carries its own
 
 
-def _weights_manifest(path: Path, check: dict[str, Any] | None) -> dict[str, Any] | Failure:
+def _weights_manifest(path: Path, check: dict[str, Any] | None,
+                      max_header_bytes: int | None = None) -> dict[str, Any] | Failure:
     """What the manifest signs of a weights blob the compile left: its sha256, size and constants, read from its
     header here (torch-free, strictly: compiler.weightsfile). Refused unless the check bound this blob and found the
     package reading exactly these constants."""
     try:
-        constants = describe(read_header_file(path))
+        constants = describe(read_header_file(path, max_header_bytes))
     except (FormatError, OSError) as e:
         return Failure.bad_output("publish", f"the compile's weights blob is not a well-formed safetensors file: {e}")
     bound = (check or {}).get("weights") or {}

@@ -38,6 +38,10 @@ class WorkerSettings(StorageSettings):
         default=120.0, gt=0, description="How long a CPU compile may spend disassembling its package to check that "
         "no instruction above its x86-64 level is in it (compiler.isa); past it the scan stops, and the report "
         "says it is incomplete. The flags check always runs.")
+    weights_max_header_mb: int = Field(
+        default=64, gt=0, le=1024, description="The largest safetensors header a weights blob may have (its JSON "
+        "list of tensors; 64 MiB holds about 500k): the worker's publish, its check children, the SDK and the "
+        "loader refuse a blob whose header claims more. Read from the environment where a client reads a blob.")
     work_dir: Path = Field(default=Path(".aotc/work"), description="Scratch space for compiles.")
     compile_timeout_s: float = Field(default=1800.0, gt=0, description="A compile running longer is killed.")
     check_timeout_s: float = Field(default=600.0, gt=0, description="An artifact check running longer is killed.")

@@ -9,9 +9,10 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response, Streamin
 from pydantic import BaseModel, StringConstraints
 
 from compiler.errors import Conflict, NotFound, Unprocessable
-from compiler.options import Mode
-from service.api.auth import Admin, Pull, needs
-from service.api.deps import ArtifactDep, ArtifactMetaDep, StoreDep, own_model_id
+from compiler.options import CompileOptions, Mode, weights_layout
+from compiler.targets import Target
+from service.api.auth import Admin, Compile, Pull, needs
+from service.api.deps import ArtifactDep, ArtifactMetaDep, SettingsDep, StoreDep, own_model_id, resolve_model
 from service.api.http import Sendfile, offers_sendfile
 from service.api.lookup import lookup_answer
 from service.api.ranges import Unsatisfiable, byte_range, etag_matches
@@ -27,6 +28,7 @@ from service.api.schemas import (
     V1_ERRORS,
     ArtifactList,
     ArtifactRecord,
+    CompilationAnswer,
     ErrorBody,
     Limit,
     SignedManifest,
@@ -238,6 +240,40 @@ def weights(art: ArtifactDep, request: Request, store: StoreDep) -> Response:
                        "stored once): pull the package alone")
     return _serve(request, store, "weights", w["sha256"], w["sha256"], int(w["size"]),
                   f"{w['sha256'][:16]}.safetensors", f"the weights blob of artifact {key}")
+
+
+@router.post("/{key}/self-contained", status_code=202, response_model=CompilationAnswer,
+             response_model_exclude_unset=True, responses={
+                 200: {"model": CompilationAnswer, "description": "The self-contained build is stored: pull its key"},
+                 **errors(404, 409, 422, 429, 503, why={
+                     **_NO_ARTIFACT, 409: "A report-only artifact (mode=training): no package",
+                     503: "No live worker serves the artifact's target, and no self-contained build is stored"})})
+def self_contained(art: ArtifactDep, response: Response, store: StoreDep, settings: SettingsDep,
+                   who: Compile) -> dict[str, Any]:
+    """The artifact's self-contained build: the same model, shapes, target and options with its weights inside the
+    package (`embed_weights`), for tools that cannot bind a weights blob (torch's own `aoti_load_package`). It is an
+    artifact of its own, under its own key, signed, checked and evicted like any other.
+
+    200 with it when it is stored (an artifact that carries its weights already answers with itself); otherwise
+    202 with the job that builds it (a compile: AOTInductor cannot move weights into a package built without them,
+    docs/weights.md says why), which counts against the namespace's job quota."""
+    from service.api.routes.compilations import _compile_for
+
+    if art.get("package", True) is False:
+        raise Conflict(f"artifact {art['key']} is a report only (mode=training): it has no package")
+    factors = art["factors"]
+    if weights_layout(dict(factors.get("options") or {})) == "embedded" or not art.get("weights"):
+        response.status_code = 200  # frozen, max-autotune, or published before weights were stored once
+        return {"status": "cached", "key": art["key"], "artifact": art}
+    model = resolve_model(store, str(art["model_id"]), who.ns)
+    options = CompileOptions(**{**factors["options"], "embed_weights": True}).canonical()
+    body = _compile_for(store, settings, who, model, list(factors["spec"]), [], Target.parse(str(factors["target"])),
+                        options, "interactive")
+    if body["status"] == "cached":
+        response.status_code = 200
+    elif "job" in body:
+        response.headers["Location"] = f"/v1/jobs/{body['job']['id']}"
+    return body
 
 
 class PinState(BaseModel):

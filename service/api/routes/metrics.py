@@ -98,6 +98,14 @@ class Scraper:
         pulls.add_metric(["api"], int(counters.get("pulls_api", 0)))
         pulls.add_metric(["redirect"], int(counters.get("pulls_redirected", 0)))
         out.append(pulls)
+        out.append(CounterMetricFamily("aotc_weights_served_bytes", "Weights blob bytes the API streamed "
+                                       "(GET /v1/artifacts/{key}/weights).",
+                                       value=int(counters.get("weights_served_bytes", 0))))
+        weights = CounterMetricFamily("aotc_weights_pulls", "Weights blob downloads (GET /v1/artifacts/{key}/weights)"
+                                      ": streamed by the API, or redirected to the object store.", labels=["via"])
+        weights.add_metric(["api"], int(counters.get("weights_pulls_api", 0)))
+        weights.add_metric(["redirect"], int(counters.get("weights_pulls_redirected", 0)))
+        out.append(weights)
         out.append(CounterMetricFamily("aotc_compiles", "Compiles workers ran (a cache hit runs none).",
                                        value=self.store.caches.compiles()))
         out.append(CounterMetricFamily("aotc_artifact_evictions", "Artifacts evicted to keep the store under "
@@ -262,16 +270,17 @@ def metrics(request: Request) -> Response:
 
 class CountRequests:
     """ASGI middleware that counts, in Redis, what /metrics reports of the answers themselves: POST
-    /v1/compilations answered 200 (cache hit) or 202 (miss), package pulls and the bytes the API streamed. Other
-    paths pass straight through."""
+    /v1/compilations answered 200 (cache hit) or 202 (miss), package and weights blob pulls and the bytes the API
+    streamed of each. Other paths pass straight through."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if not (path == "/v1/compilations" or (path.startswith("/v1/artifacts/") and path.count("/") == 3
-                                               and path != "/v1/artifacts/lookup")):
+        if not (path == "/v1/compilations" or (path.startswith("/v1/artifacts/") and (
+                (path.count("/") == 3 and path != "/v1/artifacts/lookup")
+                or (path.count("/") == 4 and path.endswith("/weights"))))):
             await self.app(scope, receive, send)
             return
         status, sent = 0, 0
@@ -296,6 +305,11 @@ class CountRequests:
                 counts = {"pulls_api": 1, "served_bytes": sent}
             elif status == 307:  # a presigned URL: the object store serves the bytes
                 counts = {"pulls_redirected": 1}
+        elif route == "/v1/artifacts/{key}/weights" and scope["method"] == "GET":
+            if status in (200, 206):
+                counts = {"weights_pulls_api": 1, "weights_served_bytes": sent}
+            elif status == 307:
+                counts = {"weights_pulls_redirected": 1}
         if counts:
             try:
                 pipe = scope["app"].state.aredis.pipeline(transaction=False)

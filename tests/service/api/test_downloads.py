@@ -384,6 +384,9 @@ def test_a_weights_blob_is_served_pulled_once_verified_and_refused_when_tampered
     monkeypatch.setattr(sdk, "_file_sha256", lambda p: hashed.append(p) or whole_file_sha256(p))
     with Client(service.url, cache_dir=tmp_path / "cache") as c:
         assert c.pull_weights(key) == got and hashed == []
+        # Beside a package (`aotc pull -o`): a hard link to the verified blob, not hashed a second time.
+        beside = c.pull_weights(key, tmp_path / "beside" / "x.weights.safetensors")
+        assert beside is not None and beside.stat().st_ino == got.stat().st_ino and hashed == []
     monkeypatch.setattr(sdk, "_file_sha256", whole_file_sha256)
 
     # The stored bytes swapped for others: the client refuses them, keeping nothing.
