@@ -141,6 +141,13 @@ class WorkerSettings(StorageSettings):
         default=None, description="Where the trusted precompiled headers live, built at start by a sandboxed "
         "compile of a built-in model and bound read-only into every compile (default: AOTC_WORK_DIR/headers)."
     )
+    headers_warmup: Literal["background", "before"] = Field(
+        default="background", description="When a worker builds the trusted precompiled headers it lacks. "
+        "background: it takes jobs at once, and until the set is built (by the warm-up, in the background) its "
+        "compiles run without precompiled headers, building none of their own; before: it takes no job until the "
+        "set is built (81-127 s on a GPU machine). Either way only the warm-up's compile of a built-in model makes "
+        "headers that other compiles include (worker/headers.py)."
+    )
     compile_max_memory_gb: float = Field(
         default=16.0, ge=0, description="Memory of each compile or check sandbox, all its processes together "
         "(cgroup memory.max or memory.limit_in_bytes; its tmpfs counts too), CUDA children included; 0: none. "
