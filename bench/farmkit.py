@@ -23,9 +23,9 @@ if str(ROOT) not in sys.path:
 SMALL = ("inplace_reduce", "convnet", "transformer")
 
 
-def export(name: str, path: Path, device: str, seed: int = 0) -> Path:
-    """Export `name` at a static shape (the zoo's serving batch on a GPU, a small batch for the CPU models):
-    the same program goes to the plain compile and to aotc. `seed` draws new weights (a new model to aotc)."""
+def build(name: str, device: str, seed: int = 0) -> tuple[Any, tuple[Any, ...]]:
+    """The model (weights drawn from `seed`) and its inputs: the zoo's at its serving batch, or a small CPU
+    model's at a small batch."""
     import torch
 
     if name in SMALL:
@@ -33,14 +33,21 @@ def export(name: str, path: Path, device: str, seed: int = 0) -> Path:
 
         cls, shape = MODELS[name]
         torch.manual_seed(seed)
-        model = cls().eval().to(device)
-        inputs: tuple[Any, ...] = (torch.randn(*shape, device=device),)
-    else:
-        from bench.zoo import build
+        return cls().eval().to(device), (torch.randn(*shape, device=device),)
+    from bench.zoo import build as zoo_build
 
-        model, inputs = build(name, seed=seed, device=device)
+    return zoo_build(name, seed=seed, device=device)
+
+
+def export(name: str, path: Path, device: str, seed: int = 0) -> Path:
+    """Export `name` at a static shape: the same program goes to the plain compile and to aotc. `seed` draws new
+    weights (a new model to aotc). Its inputs go beside it (PATH.inputs.pt, written here, read by this bench)."""
+    import torch
+
+    model, inputs = build(name, device, seed)
     with torch.no_grad():
         torch.export.save(torch.export.export(model, inputs), str(path))
+    torch.save(tuple(t.cpu() for t in inputs), str(path) + ".inputs.pt")
     del model
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -104,8 +111,30 @@ class Service:
             time.sleep(0.3)
         raise RuntimeError(f"{n} workers did not register in {timeout_s} s")
 
+    def wait_headers(self, n: int = 1, timeout_s: float = 1800) -> None:
+        """Until `n` workers have their precompiled headers (found on disk or built)."""
+        import re
+
+        found = re.compile(r"precompiled headers: (built )?\d+ files")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if len([line for line in self.logged("precompiled headers") if found.search(line)]) >= n:
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"{n} workers did not have their headers in {timeout_s} s")
+
     def logged(self, what: str) -> list[str]:
         return [line for line in self.log_path.read_text(errors="replace").splitlines() if what in line]
+
+    def stop_workers(self) -> None:
+        """The workers only (the API and Redis serve pulls on): a quiet device for measuring."""
+        for p in self.workers:
+            p.terminate()
+        for p in self.workers:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
     def stop(self) -> None:
         for p in [*self.workers, self.api]:
