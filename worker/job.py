@@ -385,10 +385,11 @@ class JobRunner:
             task = {"model_path": str(model_path), "package_path": str(outputs["package"]), "spec": job["spec"],
                     "device": device, "options": job["options"]}
             lock = lock_path(self.settings.data_dir, device) if self.settings.check_exclusive else None
-            # AOTC_TIMING_PASS=auto, or no lock at all: a check that finds the device free times itself under the
-            # lock (one child fewer: a worker alone on its device); otherwise it runs beside the others, untimed.
+            # No lock at all, or AOTC_TIMING_PASS=auto (alone: and no other worker on this device): a check that
+            # finds the device free times itself under the lock (one child fewer); otherwise it runs beside the
+            # others, untimed.
             with exclusive(lock, 0) as held:
-                alone = lock is None or (self.settings.timing_pass == "auto" and held["exclusive"])
+                alone = lock is None or (held["exclusive"] and self._times_itself())
                 if alone:
                     checked = run({"kind": "check", **task}, workdir, timeout_s=self.settings.check_timeout_s)
             if not alone:
@@ -448,6 +449,21 @@ class JobRunner:
 
         artifact = self._once_redis_answers(publish, f"publish job {job_id}")
         return Outcome(True), {"key": artifact["key"], "timings": timings, "check": check}
+
+    def _times_itself(self) -> bool:
+        """Whether a check that holds the device lock takes the figures itself (one child fewer: no timing pass).
+        With AOTC_TIMING_PASS=alone, only while no other live worker shares this device: one that does would wait
+        for the lock through this whole check, not just a timing pass; the figures are taken under the lock
+        either way."""
+        mode = self.settings.timing_pass
+        if mode != "alone":
+            return mode == "auto"
+        try:
+            others = [w for w in self.store.workers.live() if w.get("id") != self.id
+                      and w.get("host") == self.info["host"] and w.get("device") == self.info["device"]]
+        except redis.RedisError:
+            return False
+        return not others
 
     def _timing_pass(self, job_id: str, task: dict[str, Any], check: dict[str, Any], workdir: Path,
                      run: Callable[..., Any], cancelled: Callable[[], bool]

@@ -56,12 +56,13 @@ class WorkerSettings(StorageSettings):
         "taken on a quiet device. The correctness check runs beside compiles and other checks, without it; the "
         "timing pass that follows (compiler/timing.py) takes it. A worker waits at most AOTC_CHECK_TIMEOUT_S for "
         "it, then times anyway; the record's check.timing says whether it held the device, the wait, the load.")
-    timing_pass: Literal["separate", "auto"] = Field(
-        default="separate", description="Where an artifact's latency figures come from. separate: the check runs "
+    timing_pass: Literal["alone", "separate", "auto"] = Field(
+        default="alone", description="Where an artifact's latency figures come from. separate: the check runs "
         "beside compiles and other checks, untimed, then a timing pass of its own (compiler/timing.py) times eager, "
         "the package and its graph replay under the device lock (AOTC_CHECK_EXCLUSIVE); for farms, where one "
         "check at a time would set the pace. auto: a check that finds the device lock free times itself under it "
-        "(one child fewer, for a worker alone on its device), else as separate. The record's check.timing says "
+        "(one child fewer, for a worker alone on its device), else as separate. alone: as auto while the registry "
+        "shows no other live worker on this host and device, else as separate. The record's check.timing says "
         "which ran.")
     keep_work: bool = Field(default=False, description="Keep each job's scratch folder (logs, package) for debugging.")
     retry_backoff_s: float = Field(
