@@ -83,8 +83,24 @@ class Service:
                                     env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
         self.workers: list[subprocess.Popen[bytes]] = []
         self.started: list[float] = []
+        self._wait_api()
         for _ in range(workers):
             self.add_worker()
+
+    def _wait_api(self, timeout_s: float = 120) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.api.poll() is not None:
+                raise RuntimeError(f"the API exited: {self.log_path.read_text()[-3000:]}")
+            time.sleep(0.2)
+        raise RuntimeError(f"the API did not answer in {timeout_s} s")
 
     def add_worker(self) -> float:
         """Start one more worker; returns when it was started (time.time())."""
