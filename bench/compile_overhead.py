@@ -101,6 +101,9 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(SMALL))
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--env", action="append", default=[], help="AOTC_X=value for the service (repeatable)")
+    ap.add_argument("--baseline-env", action="append", default=[], help="AOTC_X=value: a second service (one "
+                    "worker) with these settings compiles each model too, in the same run (e.g. "
+                    "AOTC_TIMING_PASS=separate: the job before the lone worker's check took the figures)")
     ap.add_argument("--state", type=Path, default=None, help="keep the plain side's and the worker's precompiled "
                     "headers here across invocations (one model per call on a GPU host): warmed once")
     ap.add_argument("--out", type=Path, required=True)
@@ -114,6 +117,9 @@ def main() -> int:
         plain_tmp = state / "plain-tmp"
         plain_tmp.mkdir(parents=True, exist_ok=True)
         svc = Service(tmp / "data", a.device, 1, {"AOTC_HEADERS_DIR": str(state / "headers"), **extra})
+        base_env = dict(e.split("=", 1) for e in a.baseline_env)
+        base = (Service(tmp / "base", a.device, 1, {"AOTC_HEADERS_DIR": str(state / "headers"), **extra, **base_env})
+                if base_env else None)
         try:
             # The plain side's precompiled headers, and the worker's (it builds them before it serves).
             if not (state / "warm.done").exists():
@@ -132,11 +138,19 @@ def main() -> int:
                     row.update(plain(model, tmp / f"{name}-{run}-plain.pt2", plain_tmp, a.device))
                     row.update(aotc(svc, model, a.device))
                     row["job_x_plain"] = round(row["job_s"] / row["plain_process_s"], 2)
+                    if base is not None:
+                        b = aotc(base, export(name, tmp / f"{name}-{run}-base.pt2", a.device, seed=run + 500),
+                                 a.device)
+                        row["baseline"] = b
+                        row["base_job_s"] = b["job_s"]
+                        row["base_x_plain"] = round(b["job_s"] / row["plain_process_s"], 2)
                     rows.append(row)
                     print(f"{name} run {run}: plain {row['plain_process_s']} s, aotc job {row['job_s']} s "
                           f"({row['job_x_plain']}x); spans {row['spans']}", flush=True)
         finally:
             svc.stop()
+            if base is not None:
+                base.stop()
     summary = []
     for name in names:
         mine = [r for r in rows if r["model"] == name]
@@ -145,6 +159,9 @@ def main() -> int:
                   "timing_s"):
             s[k] = median([r[k] for r in mine])
         s["job_x_plain"] = round(s["job_s"] / s["plain_process_s"], 2)
+        if base_env:
+            s["base_job_s"] = median([r["base_job_s"] for r in mine])
+            s["base_x_plain"] = round(s["base_job_s"] / s["plain_process_s"], 2)
         s["child_x_plain"] = round(s["compile_child_s"] / s["plain_process_s"], 2)
         spans: dict[str, list[float]] = {}
         for r in mine:
@@ -154,8 +171,11 @@ def main() -> int:
         summary.append(s)
     ratios = sorted(s["job_x_plain"] for s in summary)
     print(table(summary, ["model", "plain_process_s", "plain_compile_s", "job_s", "compile_child_s", "inductor_s",
-                          "check_s", "timing_s", "job_x_plain", "child_x_plain"]))
+                          "check_s", "timing_s", "job_x_plain", "child_x_plain",
+                          *(["base_job_s", "base_x_plain"] if base_env else [])]))
     print("median job / plain:", median(ratios))
+    if base_env:
+        print(f"median baseline ({base_env}) job / plain:", median([s["base_x_plain"] for s in summary]))
     stages = sorted({k for s in summary for k in s["spans"]})
     print(table([{"model": s["model"], **s["spans"]} for s in summary], ["model", *stages]))
     import torch
@@ -164,7 +184,9 @@ def main() -> int:
     a.out.write_text(json.dumps({
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": a.device, "torch": torch.__version__,
         "cpus": os.cpu_count(), "loadavg_end": os.getloadavg(), "env": extra, "runs": a.runs,
-        "median_job_x_plain": median(ratios), "summary": summary, "rows": rows}, indent=1))
+        "baseline_env": base_env, "median_job_x_plain": median(ratios),
+        "median_base_x_plain": median([s["base_x_plain"] for s in summary]) if base_env else None,
+        "summary": summary, "rows": rows}, indent=1))
     print(f"wrote {a.out}")
     return 0
 
