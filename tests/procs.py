@@ -35,7 +35,9 @@ api = httpx.Client(headers=AUTH, timeout=5.0)
 
 
 def _worker_env(env: dict[str, str], **extra: str) -> dict[str, str]:
-    return {"AOTC_HEADERS_DIR": str(HEADERS_DIR), **env, **extra}
+    # Test workers wait for the shared set before their first job (on a fresh checkout the first one builds it), so
+    # every test compile includes it as before; tests/worker/test_headers.py tests the background build.
+    return {"AOTC_HEADERS_DIR": str(HEADERS_DIR), "AOTC_HEADERS_WARMUP": "before", **env, **extra}
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:

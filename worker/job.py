@@ -281,17 +281,26 @@ class JobRunner:
             return []
         return self.headers.binds(tmp)
 
-    def prepare(self) -> None:
-        """At start, before the first job: build the trusted precompiled headers, or find them built."""
+    def prepare(self) -> threading.Thread | None:
+        """At start: find the trusted precompiled headers built, or build them, before the first job
+        (AOTC_HEADERS_WARMUP=before) or in a thread while jobs compile without them (background: the thread)."""
+        if self.headers.found():
+            log.info("precompiled headers: %d files in %s", len(self.headers.files), self.headers.dir)
+            return None
+        background = self.settings.headers_warmup == "background"
+        # The warm-up's own health record in the background: its child must not race the jobs' children on the
+        # early-crash count (a broken environment fails those too, and they count).
+        health = Health(self.settings.worker_max_early_crashes) if background else self.health
+
         def warm_up(adopt: Callable[[Path], None]) -> bool:
             jobdir = (self.settings.work_dir / f"warmup-{os.getpid()}").resolve()
             try:
-                outcome = self.health.run_child({"kind": "warmup", "device": self.info["device"],
-                                                 "target": self.target}, jobdir,
-                                                sandbox=self.sandbox, timeout_s=self.settings.compile_timeout_s,
-                                                device=self.info["device"], hide=self._hide(),
-                                                keep=lambda: [f"{header_dir(Path('tmp'))}/"],
-                                                should_cancel=self.stopping.is_set)
+                outcome = health.run_child({"kind": "warmup", "device": self.info["device"],
+                                            "target": self.target}, jobdir,
+                                           sandbox=self.sandbox, timeout_s=self.settings.compile_timeout_s,
+                                           device=self.info["device"], hide=self._hide(),
+                                           keep=lambda: [f"{header_dir(Path('tmp'))}/"],
+                                           should_cancel=self.stopping.is_set)
                 if not outcome.ok:
                     assert outcome.failure is not None
                     log.warning("warm-up compile failed: %s\n%s", outcome.failure.message, outcome.failure.excerpt)
@@ -307,7 +316,19 @@ class JobRunner:
                 if not self.settings.keep_work:
                     shutil.rmtree(jobdir, ignore_errors=True)
 
-        self.headers.ensure(warm_up)
+        if not background:
+            self.headers.ensure(warm_up)
+            return None
+        log.info("precompiled headers: building them in the background; compiles go without until they are ready")
+        def build() -> None:
+            try:
+                self.headers.ensure(warm_up)
+            except Exception:  # the worker's own fault (its headers dir): compiles go on without, as before
+                log.exception("precompiled headers: building them failed; compiles go on without")
+
+        thread = threading.Thread(target=build, name="headers", daemon=True)
+        thread.start()
+        return thread
 
     def _compile_and_check(self, job: dict[str, Any], workdir: Path) -> tuple[Outcome, dict[str, Any]]:
         store, job_id = self.store, job["id"]
@@ -345,7 +366,8 @@ class JobRunner:
         compiled = run(
             {"kind": "compile", "model_path": str(model_path), "spec": job["spec"], "options": job["options"],
              "program_inputs": model["inputs"], "device": device, "out_path": str(compile_dir / "artifact.pt2"),
-             "target": target, "isa_scan_timeout_s": self.settings.isa_scan_timeout_s},
+             "target": target, "isa_scan_timeout_s": self.settings.isa_scan_timeout_s,
+             "precompiled_headers": self.headers.ready},
             workdir, timeout_s=self.settings.compile_timeout_s, prepare=prepare,
             keep=lambda: [*OUTPUTS.values(), *(share.files() if share is not None else [])],
         )
@@ -365,10 +387,11 @@ class JobRunner:
             task = {"model_path": str(model_path), "package_path": str(outputs["package"]), "spec": job["spec"],
                     "device": device, "options": job["options"]}
             lock = lock_path(self.settings.data_dir, device) if self.settings.check_exclusive else None
-            # AOTC_TIMING_PASS=auto, or no lock at all: a check that finds the device free times itself under the
-            # lock (one child fewer: a worker alone on its device); otherwise it runs beside the others, untimed.
+            # No lock at all, or AOTC_TIMING_PASS=auto (alone: and no other worker on this device): a check that
+            # finds the device free times itself under the lock (one child fewer); otherwise it runs beside the
+            # others, untimed.
             with exclusive(lock, 0) as held:
-                alone = lock is None or (self.settings.timing_pass == "auto" and held["exclusive"])
+                alone = lock is None or (held["exclusive"] and self._times_itself())
                 if alone:
                     checked = run({"kind": "check", **task}, workdir, timeout_s=self.settings.check_timeout_s)
             if not alone:
@@ -535,6 +558,21 @@ class JobRunner:
         """`target` if this worker serves it natively (not build-only), else None."""
         served = self.info.get("targets") or [self.target]
         return target if target in served and target not in (self.info.get("build_only") or ()) else None
+
+    def _times_itself(self) -> bool:
+        """Whether a check that holds the device lock takes the figures itself (one child fewer: no timing pass).
+        With AOTC_TIMING_PASS=alone, only while no other live worker shares this device: one that does would wait
+        for the lock through this whole check, not just a timing pass; the figures are taken under the lock
+        either way."""
+        mode = self.settings.timing_pass
+        if mode != "alone":
+            return mode == "auto"
+        try:
+            others = [w for w in self.store.workers.live() if w.get("id") != self.id
+                      and w.get("host") == self.info["host"] and w.get("device") == self.info["device"]]
+        except redis.RedisError:
+            return False
+        return not others
 
     def _timing_pass(self, job_id: str, task: dict[str, Any], check: dict[str, Any], workdir: Path,
                      run: Callable[..., Any], cancelled: Callable[[], bool]

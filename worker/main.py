@@ -7,8 +7,9 @@ worker that dies loses no job. The attempt is counted at claim time, so a job th
 stops at max_attempts. A worker never exits because Redis is down: it waits (worker.backoff).
 
 Before it serves, a worker sets up the sandbox its children run in (worker.isolation: it refuses to start when
-none can be set up, unless AOTC_SANDBOX=off) and, once registered, builds or finds the trusted precompiled
-headers (worker.headers); its registry record says whether its children are sandboxed.
+none can be set up, unless AOTC_SANDBOX=off) and, once registered, finds the trusted precompiled headers or
+builds them (worker.headers: in the background by default, taking jobs meanwhile); its registry record says whether
+its children are sandboxed.
 
 A worker knows when it is broken (worker.health): after AOTC_WORKER_MAX_EARLY_CRASHES children in a row fail
 before their work starts (in `import torch`, or before), it stops claiming jobs and says so in its registry record
@@ -174,7 +175,7 @@ class Worker:
         self._until_redis(self.heartbeat, "register")
         hb = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         hb.start()
-        self.runner.prepare()  # the trusted precompiled headers, before the first job (registered meanwhile)
+        self.runner.prepare()  # the trusted precompiled headers: found, built now, or building in a thread
         log.info("worker %s serving %s (%s)", self.id, ", ".join(self.targets), self.info["device_name"])
         try:
             while not self.stopping.is_set():

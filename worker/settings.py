@@ -68,12 +68,13 @@ class WorkerSettings(StorageSettings):
         "taken on a quiet device. The correctness check runs beside compiles and other checks, without it; the "
         "timing pass that follows (compiler/timing.py) takes it. A worker waits at most AOTC_CHECK_TIMEOUT_S for "
         "it, then times anyway; the record's check.timing says whether it held the device, the wait, the load.")
-    timing_pass: Literal["separate", "auto"] = Field(
-        default="separate", description="Where an artifact's latency figures come from. separate: the check runs "
+    timing_pass: Literal["alone", "separate", "auto"] = Field(
+        default="alone", description="Where an artifact's latency figures come from. separate: the check runs "
         "beside compiles and other checks, untimed, then a timing pass of its own (compiler/timing.py) times eager, "
         "the package and its graph replay under the device lock (AOTC_CHECK_EXCLUSIVE); for farms, where one "
         "check at a time would set the pace. auto: a check that finds the device lock free times itself under it "
-        "(one child fewer, for a worker alone on its device), else as separate. The record's check.timing says "
+        "(one child fewer, for a worker alone on its device), else as separate. alone: as auto while the registry "
+        "shows no other live worker on this host and device, else as separate. The record's check.timing says "
         "which ran.")
     keep_work: bool = Field(default=False, description="Keep each job's scratch folder (logs, package) for debugging.")
     retry_backoff_s: float = Field(
@@ -152,6 +153,13 @@ class WorkerSettings(StorageSettings):
     headers_dir: Path | None = Field(
         default=None, description="Where the trusted precompiled headers live, built at start by a sandboxed "
         "compile of a built-in model and bound read-only into every compile (default: AOTC_WORK_DIR/headers)."
+    )
+    headers_warmup: Literal["background", "before"] = Field(
+        default="background", description="When a worker builds the trusted precompiled headers it lacks. "
+        "background: it takes jobs at once, and until the set is built (by the warm-up, in the background) its "
+        "compiles run without precompiled headers, building none of their own; before: it takes no job until the "
+        "set is built (81-127 s on a GPU machine). Either way only the warm-up's compile of a built-in model makes "
+        "headers that other compiles include (worker/headers.py)."
     )
     compile_max_memory_gb: float = Field(
         default=16.0, ge=0, description="Memory of each compile or check sandbox, all its processes together "
