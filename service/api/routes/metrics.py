@@ -283,38 +283,52 @@ class CountRequests:
                 or (path.count("/") == 4 and path.endswith("/weights"))))):
             await self.app(scope, receive, send)
             return
-        status, sent = 0, 0
+        status, sent, recorded = 0, 0, False
+
+        async def record() -> None:
+            # Before the answer's last bytes go: a client that reads /metrics once its pull is done sees it counted
+            # (counted after the answer, the count raced the client's next request).
+            nonlocal recorded
+            if recorded:
+                return
+            recorded = True
+            route = getattr(scope.get("route"), "path", None)
+            counts: dict[str, int] = {}
+            if route == "/v1/compilations" and scope["method"] == "POST" and status in (200, 202):
+                counts["cache_hits" if status == 200 else "cache_misses"] = 1
+            elif route == "/v1/artifacts/{key}" and scope["method"] == "GET":
+                if status in (200, 206):
+                    counts = {"pulls_api": 1, "served_bytes": sent}
+                elif status == 307:  # a presigned URL: the object store serves the bytes
+                    counts = {"pulls_redirected": 1}
+            elif route == "/v1/artifacts/{key}/weights" and scope["method"] == "GET":
+                if status in (200, 206):
+                    counts = {"weights_pulls_api": 1, "weights_served_bytes": sent}
+                elif status == 307:
+                    counts = {"weights_pulls_redirected": 1}
+            if counts:
+                try:
+                    pipe = scope["app"].state.aredis.pipeline(transaction=False)
+                    for field, n in counts.items():
+                        pipe.hincrby(keys.METRICS_COUNTERS, field, n)
+                    await pipe.execute()
+                except redis.RedisError as e:  # a lost count, not a failed request
+                    log.warning("metrics: could not count %s: %s", counts, e)
 
         async def counting(message: Message) -> None:
             nonlocal status, sent
+            last = False
             if message["type"] == "http.response.start":
                 status = int(message["status"])
             elif message["type"] == "http.response.body":
                 sent += len(message.get("body", b""))
+                last = not message.get("more_body", False)
             elif message["type"] == SENDFILE:  # the body, sent by the kernel (service/api/http.py)
                 sent += int(message["count"])
+                last = True
+            if last:
+                await record()
             await send(message)
 
         await self.app(scope, receive, counting)
-        route = getattr(scope.get("route"), "path", None)
-        counts: dict[str, int] = {}
-        if route == "/v1/compilations" and scope["method"] == "POST" and status in (200, 202):
-            counts["cache_hits" if status == 200 else "cache_misses"] = 1
-        elif route == "/v1/artifacts/{key}" and scope["method"] == "GET":
-            if status in (200, 206):
-                counts = {"pulls_api": 1, "served_bytes": sent}
-            elif status == 307:  # a presigned URL: the object store serves the bytes
-                counts = {"pulls_redirected": 1}
-        elif route == "/v1/artifacts/{key}/weights" and scope["method"] == "GET":
-            if status in (200, 206):
-                counts = {"weights_pulls_api": 1, "weights_served_bytes": sent}
-            elif status == 307:
-                counts = {"weights_pulls_redirected": 1}
-        if counts:
-            try:
-                pipe = scope["app"].state.aredis.pipeline(transaction=False)
-                for field, n in counts.items():
-                    pipe.hincrby(keys.METRICS_COUNTERS, field, n)
-                await pipe.execute()
-            except redis.RedisError as e:  # a lost count, not a failed request
-                log.warning("metrics: could not count %s: %s", counts, e)
+        await record()  # an answer that ended without its last body message
