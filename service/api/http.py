@@ -153,7 +153,8 @@ if _HttpTools is not None:
             super().connection_made(transport)
             sock = transport.get_extra_info("socket")
             # Plain TCP only: under TLS the bytes must pass through the transport's encryption.
-            self._fd = sock.fileno() if sock is not None and transport.get_extra_info("sslcontext") is None else -1
+            plain = sock is not None and transport.get_extra_info("sslcontext") is None
+            self._fd = sock.fileno() if plain and get_settings().sendfile else -1
 
         def on_headers_complete(self) -> None:
             self._in_body = True
