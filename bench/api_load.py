@@ -14,6 +14,12 @@ the API open). Loopback only; bounded in count (`--max-requests` per cell) and t
     python bench/api_load.py --api-workers 1,2 --out ...                    # compare API process counts
     python bench/api_load.py --stacks h11/asyncio,httptools/uvloop --rounds 3 --routes lookup_full_id \
         --concurrency 32 --out bench/results/api-load-stacks-2cores.json   # HTTP parser and loop (AOTC_HTTP/LOOP)
+    python bench/api_load.py --client wrk --tree /work/main --tree . --rounds 3 --routes lookup_full_id \
+        --concurrency 32 --out ...   # another checkout's server against this one's, load from wrk
+
+`--client wrk` drives the load with wrk (the Debian package; one thread, a Lua script that picks a random path per
+request and prints its own JSON): a C client that leaves more of a small machine to the server than the asyncio
+client does. wrk has no warm-up of its own, so each cell runs it twice: `--warmup-s` unmeasured, then measured.
 
 On a shared machine, what other processes take shows in the numbers: the JSON records the load average.
 """
@@ -31,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +110,7 @@ class Conn:
 
 
 async def run_cell(host: str, port: int, key: str, paths: list[str], concurrency: int, seconds: float,
-                   warmup_s: float, max_requests: int) -> dict[str, Any]:
+                   warmup_s: float, max_requests: int, meter: Callable[[], tuple[float, float]]) -> dict[str, Any]:
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     measuring = False
@@ -127,12 +134,12 @@ async def run_cell(host: str, port: int, key: str, paths: list[str], concurrency
 
     tasks = [asyncio.create_task(user(i)) for i in range(concurrency)]
     await asyncio.sleep(warmup_s)
-    cpu0, t0 = os.times(), time.perf_counter()
+    cpu0, t0, server0 = os.times(), time.perf_counter(), meter()
     stop_at = t0 + seconds
     measuring = True
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - t0
-    cpu1 = os.times()
+    cpu1, server1 = os.times(), meter()
     latencies.sort()
 
     def pct(p: float) -> float:
@@ -144,11 +151,68 @@ async def run_cell(host: str, port: int, key: str, paths: list[str], concurrency
             "seconds": round(elapsed, 3), "rps": round(len(latencies) / elapsed, 1),
             "p50_ms": round(pct(0.50), 3), "p99_ms": round(pct(0.99), 3),
             "mean_ms": round(statistics.fmean(latencies) * 1000, 3) if latencies else None,
-            "client_cpu_s": round((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system), 2)}
+            "client_cpu_s": round((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system), 2),
+            **_server_cpu(server0, server1, len(latencies))}
 
 
-def _rss_mb(pid: int) -> list[float]:
-    """Resident memory of aotc-server and its API processes (Linux /proc), after the load: what the memos hold."""
+def _server_cpu(before: tuple[float, float], after: tuple[float, float], requests: int) -> dict[str, float]:
+    """CPU per measured request of the API processes and of Redis: what a request costs, whatever else the shared
+    machine runs (the rates move with that; this moves less)."""
+    n = max(1, requests)
+    return {"api_cpu_us_per_req": round((after[0] - before[0]) * 1e6 / n, 1),
+            "redis_cpu_us_per_req": round((after[1] - before[1]) * 1e6 / n, 1)}
+
+
+_WRK_SCRIPT = """
+local paths = {%s}
+local auth = %s
+math.randomseed(os.time())
+if auth ~= "" then wrk.headers["Authorization"] = "Bearer " .. auth end
+request = function()
+  return wrk.format("GET", paths[math.random(#paths)])
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    "WRKJSON {\\"requests\\": %%d, \\"duration_us\\": %%d, \\"p50_us\\": %%d, \\"p99_us\\": %%d, "
+    .. "\\"mean_us\\": %%f, \\"non2xx\\": %%d, \\"socket_errors\\": %%d}\\n",
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99), latency.mean,
+    e.status, e.connect + e.read + e.write + e.timeout))
+end
+"""
+
+
+def run_wrk(url: str, key: str, paths: list[str], concurrency: int, seconds: float, warmup_s: float,
+            tmp: Path, meter: Callable[[], tuple[float, float]]) -> dict[str, Any]:
+    """One cell with wrk: a warm-up run, then the measured one. Latency percentiles are wrk's own (HdrHistogram)."""
+    import resource
+
+    script = tmp / "paths.lua"
+    script.write_text(_WRK_SCRIPT % (",".join(json.dumps(p) for p in paths), json.dumps(key)))
+
+    def wrk(duration: float) -> dict[str, Any]:
+        out = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(duration))}s", "--timeout", "10s",
+                              "-s", str(script), url], capture_output=True, text=True, check=True).stdout
+        return dict(json.loads(next(ln for ln in out.splitlines() if ln.startswith("WRKJSON "))[8:]))
+
+    if warmup_s > 0:
+        wrk(warmup_s)
+    r0, server0 = resource.getrusage(resource.RUSAGE_CHILDREN), meter()
+    m = wrk(seconds)
+    r1, server1 = resource.getrusage(resource.RUSAGE_CHILDREN), meter()
+    elapsed = m["duration_us"] / 1e6
+    errors = m["non2xx"] + m["socket_errors"]
+    return {"concurrency": concurrency, "requests": m["requests"], "errors": errors,
+            "statuses": {"non2xx": m["non2xx"], "socket_errors": m["socket_errors"]},
+            "seconds": round(elapsed, 3), "rps": round(m["requests"] / elapsed, 1),
+            "p50_ms": round(m["p50_us"] / 1000, 3), "p99_ms": round(m["p99_us"] / 1000, 3),
+            "mean_ms": round(m["mean_us"] / 1000, 3),
+            "client_cpu_s": round((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), 2),
+            **_server_cpu(server0, server1, m["requests"])}
+
+
+def _family(pid: int) -> list[int]:
+    """`pid` and its children (Linux /proc): aotc-server and its API processes."""
     pids = [pid]
     for d in os.listdir("/proc"):
         try:
@@ -156,6 +220,24 @@ def _rss_mb(pid: int) -> list[float]:
                 pids.append(int(d))
         except (OSError, IndexError, ValueError):
             continue
+    return pids
+
+
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes have used so far."""
+    total = 0
+    for p in pids:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mb(pid: int) -> list[float]:
+    """Resident memory of aotc-server and its API processes (Linux /proc), after the load: what the memos hold."""
+    pids = _family(pid)
     out = []
     for p in pids:
         try:
@@ -195,6 +277,9 @@ def main() -> None:
                     "comma-separated to compare, e.g. h11/asyncio,httptools/uvloop")
     ap.add_argument("--rounds", type=int, default=1, help="Run every stack this many times, alternately.")
     ap.add_argument("--quick", action="store_true", help="a dry run: 500 models, 1.5 s per cell")
+    ap.add_argument("--client", choices=("asyncio", "wrk"), default="asyncio", help="the load generator")
+    ap.add_argument("--tree", action="append", type=Path, help="run the server of this checkout (repeat to "
+                    "compare, alternating rounds); default: this one")
     ap.add_argument("--no-auth", dest="auth", action="store_false", help="run the API open (no keys)")
     ap.add_argument("--out", type=Path, required=True, help="JSON results")
     args = ap.parse_args()
@@ -206,7 +291,10 @@ def main() -> None:
 
     results: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg(),
-        "models": args.models, "artifacts_per_model": 2, "seconds_per_cell": args.seconds, "cells": []}
+        "models": args.models, "artifacts_per_model": 2, "seconds_per_cell": args.seconds, "client": args.client,
+        "cells": []}
+    trees = [t.resolve() for t in (args.tree or [ROOT])]
+    results["trees"] = [str(t) for t in trees]
     routes = [r for r in args.routes.split(",") if r]
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory(prefix="aotc-api-load-") as tmp_s:
@@ -230,33 +318,46 @@ def main() -> None:
                 "pick_tag": [f"/v1/refs/model-{i}:prod/pick?host={TARGET}&shape=x=8x3x64x64&torch=2.13.0"
                              for i in range(len(ids))],
             }
-            runs = [(r, stack, int(w)) for r in range(args.rounds) for stack in args.stacks.split(",")
-                    for w in args.api_workers.split(",")]
-            for rnd, stack, n_api in runs:
+            runs = [(r, tree, stack, int(w)) for r in range(args.rounds) for tree in trees
+                    for stack in args.stacks.split(",") for w in args.api_workers.split(",")]
+            for rnd, tree, stack, n_api in runs:
                 http_impl, loop = stack.split("/")
                 port = free_port()
                 log = tmp / f"server-{n_api}.log"
                 env = {**os.environ, "AOTC_REDIS_URL": redis_srv.url, "AOTC_DATA_DIR": str(tmp / "data"),
                        "AOTC_HTTP": http_impl, "AOTC_LOOP": loop,
                        **({"AOTC_ADMIN_KEY": secrets.token_urlsafe(24)} if args.auth else {}),
-                       "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+                       "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)}
                 server = subprocess.Popen(
                     [sys.executable, "-m", "service", "--workers", "0", "--api-workers", str(n_api),
                      "--port", str(port), "--log-level", "warning"],
-                    env=env, cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+                    env=env, cwd=tree, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
                 try:
                     wait_up(f"http://127.0.0.1:{port}", server, log)
-                    for rnd, route in [(r, route) for r in range(args.rounds) for route in routes]:
+                    for route in routes:
                         for c in concurrencies:
-                            cell = asyncio.run(run_cell("127.0.0.1", port, key, paths[route], c, args.seconds,
-                                                        args.warmup_s, args.max_requests))
-                            cell = {"stack": stack, "round": rnd + 1, "api_workers": n_api, "route": route, **cell}
+                            api_pids = _family(server.pid)
+                            redis_pids = [redis_srv.proc.pid] if redis_srv.proc else []
+
+                            def meter() -> tuple[float, float]:
+                                return cpu_s(api_pids), cpu_s(redis_pids)  # noqa: B023 - called within the cell
+
+                            if args.client == "wrk":
+                                cell = run_wrk(f"http://127.0.0.1:{port}", key, paths[route], c, args.seconds,
+                                               args.warmup_s, tmp, meter)
+                            else:
+                                cell = asyncio.run(run_cell("127.0.0.1", port, key, paths[route], c, args.seconds,
+                                                            args.warmup_s, args.max_requests, meter))
+                            cell = {"tree": str(tree), "stack": stack, "round": rnd + 1, "api_workers": n_api,
+                                    "route": route, **cell}
                             results["cells"].append(cell)
-                            print(f"{stack:18s} round {rnd + 1} api-workers {n_api}  {route:16s} c={c:<4d} "
+                            print(f"{tree.name:12s} {stack:18s} round {rnd + 1} api-workers {n_api}  {route:16s} "
+                                  f"c={c:<4d} "
                                   f"{cell['rps']:9.1f} req/s  "
                                   f"p50 {cell['p50_ms']:8.2f} ms  p99 {cell['p99_ms']:8.2f} ms  "
+                                  f"API {cell['api_cpu_us_per_req']:6.0f} us/req  "
                                   f"errors {cell['errors']}", flush=True)
-                    results.setdefault("api_rss_mb", {})[f"{stack} {n_api}"] = _rss_mb(server.pid)
+                    results.setdefault("api_rss_mb", {})[f"{tree} {stack} {n_api}"] = _rss_mb(server.pid)
                 finally:
                     server.terminate()
                     try:
@@ -266,19 +367,22 @@ def main() -> None:
             store.close()
     results["loadavg_after"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    print(f"\n{'stack':18s} {'api':>3s}  {'route':16s} {'conc':>5s} {'req/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} "
-          f"{'errors':>6s}   (medians over {args.rounds} round(s))")
-    groups: dict[tuple[str, int, str, int], list[dict[str, Any]]] = {}
+    print(f"\n{'tree':12s} {'stack':18s} {'api':>3s}  {'route':16s} {'conc':>5s} {'req/s':>9s} {'p50 ms':>8s} "
+          f"{'p99 ms':>8s} {'errors':>6s} {'API us/req':>10s} {'Redis us/req':>12s}   "
+          f"(medians over {args.rounds} round(s))")
+    groups: dict[tuple[str, str, int, str, int], list[dict[str, Any]]] = {}
     for c in results["cells"]:
-        groups.setdefault((c["stack"], c["api_workers"], c["route"], c["concurrency"]), []).append(c)
+        groups.setdefault((c["tree"], c["stack"], c["api_workers"], c["route"], c["concurrency"]), []).append(c)
     results["medians"] = []
-    for (stack, n_api, route, conc), cells in groups.items():
-        m = {"stack": stack, "api_workers": n_api, "route": route, "concurrency": conc,
-             **{k: statistics.median(c[k] for c in cells) for k in ("rps", "p50_ms", "p99_ms")},
+    for (tree_s, stack, n_api, route, conc), cells in groups.items():
+        m = {"tree": tree_s, "stack": stack, "api_workers": n_api, "route": route, "concurrency": conc,
+             **{k: statistics.median(c[k] for c in cells)
+                for k in ("rps", "p50_ms", "p99_ms", "api_cpu_us_per_req", "redis_cpu_us_per_req")},
              "errors": sum(c["errors"] for c in cells)}
         results["medians"].append(m)
-        print(f"{stack:18s} {n_api:>3d}  {route:16s} {conc:>5d} {m['rps']:>9.1f} {m['p50_ms']:>8.2f} "
-              f"{m['p99_ms']:>8.2f} {m['errors']:>6d}")
+        print(f"{Path(tree_s).name:12s} {stack:18s} {n_api:>3d}  {route:16s} {conc:>5d} {m['rps']:>9.1f} "
+              f"{m['p50_ms']:>8.2f} {m['p99_ms']:>8.2f} {m['errors']:>6d} {m['api_cpu_us_per_req']:>10.0f} "
+              f"{m['redis_cpu_us_per_req']:>12.0f}")
     args.out.write_text(json.dumps(results, indent=1))
     print(f"wrote {args.out}")
 

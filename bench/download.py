@@ -126,28 +126,57 @@ def _sdk_at(rev: str) -> Any:
     return module.Client
 
 
-def measure_pulls(url: str, key: str, size: int, base: Path, rounds: int, before: str) -> dict[str, Any]:
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_pulls(url: str, key: str, size: int, base: Path, rounds: int, before: str,
+                  api_pid: int, streamed: tuple[str, int] | None = None) -> dict[str, Any]:
     """`rounds` rounds, each in turn: plain HTTP (no hash, no disk), sha256 of the pulled file (warm page cache),
     `Client.pull` at `before` and now (each into an empty cache: the whole download, signature and sha256
     verified), then a pull the cache answers, at `before` and now (the manifest's signature checked again; the
-    file's bytes hashed again before, its verified record checked now). Medians in MB/s (10^6 bytes) and seconds."""
+    file's bytes hashed again before, its verified record checked now). With `streamed` (the URL and pid of a
+    second API process with uvicorn's own httptools protocol, which has no sendfile: every blob streamed in pieces,
+    as before), each round also takes a plain GET and today's pull from it. Medians in MB/s (10^6 bytes) and
+    seconds."""
     from client import Client
 
     Before = _sdk_at(before)
     times: dict[str, list[float]] = {k: [] for k in ("plain", "sha256", "pull_before", "pull_now",
-                                                     "cached_before", "cached_now", "cpu_before", "cpu_now")}
+                                                     "cached_before", "cached_now", "cpu_before", "cpu_now",
+                                                     "api_cpu_plain", "api_cpu_now", "plain_streamed",
+                                                     "pull_streamed", "cpu_streamed", "api_cpu_plain_streamed",
+                                                     "api_cpu_pull_streamed")}
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        if streamed is not None:
+            s_url, s_pid = streamed
+            t0, a0 = time.perf_counter(), _proc_cpu(s_pid)
+            assert _get(f"{s_url}/v1/artifacts/{key}") == size
+            times["plain_streamed"].append(time.perf_counter() - t0)
+            times["api_cpu_plain_streamed"].append(_proc_cpu(s_pid) - a0)
+            shutil.rmtree(base / "client-streamed", ignore_errors=True)
+            with Client(s_url, cache_dir=base / "client-streamed", timeout=120) as c:
+                t0, c0, a0 = time.perf_counter(), time.process_time(), _proc_cpu(s_pid)
+                assert c.pull(key).stat().st_size == size
+                times["pull_streamed"].append(time.perf_counter() - t0)
+                times["cpu_streamed"].append(time.process_time() - c0)
+                times["api_cpu_pull_streamed"].append(_proc_cpu(s_pid) - a0)
+        t0, a0 = time.perf_counter(), _proc_cpu(api_pid)
         assert _get(f"{url}/v1/artifacts/{key}") == size
         times["plain"].append(time.perf_counter() - t0)
+        times["api_cpu_plain"].append(_proc_cpu(api_pid) - a0)  # what serving the bytes costs the API
         for name, cls in (("before", Before), ("now", Client)):
             cache = base / f"client-{name}"
             shutil.rmtree(cache, ignore_errors=True)
             with cls(url, cache_dir=cache, timeout=120) as c:
-                t0, c0 = time.perf_counter(), time.process_time()
+                t0, c0, a0 = time.perf_counter(), time.process_time(), _proc_cpu(api_pid)
                 path = c.pull(key)
                 times[f"pull_{name}"].append(time.perf_counter() - t0)
                 times[f"cpu_{name}"].append(time.process_time() - c0)  # this process's CPU, all its threads
+                if name == "now":
+                    times["api_cpu_now"].append(_proc_cpu(api_pid) - a0)
                 assert path.stat().st_size == size
                 t0 = time.perf_counter()
                 c.pull(key)
@@ -156,15 +185,29 @@ def measure_pulls(url: str, key: str, size: int, base: Path, rounds: int, before
         with open(path, "rb") as f:
             hashlib.file_digest(f, "sha256")
         times["sha256"].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    return {"pull_rounds": rounds, "before": before, "times_s": {k: [round(x, 4) for x in v] for k, v in times.items()},
+    med = {k: statistics.median(v) for k, v in times.items() if v}
+    extra = {} if streamed is None else {
+        "streamed_plain_mb_s": round(size / med["plain_streamed"] / 1e6, 1),
+        "streamed_pull_mb_s": round(size / med["pull_streamed"] / 1e6, 1),
+        "streamed_client_cpu_s_per_gb": round(med["cpu_streamed"] / size * 1e9, 3),
+        "streamed_api_cpu_plain_s_per_gb": round(med["api_cpu_plain_streamed"] / size * 1e9, 3),
+        "streamed_api_cpu_pull_s_per_gb": round(med["api_cpu_pull_streamed"] / size * 1e9, 3),
+        "streamed_ceiling_two_idle_cores_mb_s": round(
+            2 * size / (med["cpu_streamed"] + med["api_cpu_pull_streamed"]) / 1e6, 1)}
+    return {**extra, "pull_rounds": rounds, "before": before,
+            "times_s": {k: [round(x, 4) for x in v] for k, v in times.items()},
             "plain_mb_s": round(size / med["plain"] / 1e6, 1), "sha256_mb_s": round(size / med["sha256"] / 1e6, 1),
             "pull_before_mb_s": round(size / med["pull_before"] / 1e6, 1),
             "pull_mb_s": round(size / med["pull_now"] / 1e6, 1),
             "pull_speedup": round(med["pull_before"] / med["pull_now"], 2),
             "cached_before_s": round(med["cached_before"], 4), "cached_now_s": round(med["cached_now"], 4),
             "client_cpu_before_s_per_gb": round(med["cpu_before"] / size * 1e9, 3),
-            "client_cpu_now_s_per_gb": round(med["cpu_now"] / size * 1e9, 3)}
+            "client_cpu_now_s_per_gb": round(med["cpu_now"] / size * 1e9, 3),
+            # The API process's CPU per GB served (clock ticks: 10 ms grain), plain GET and the pull: with the
+            # client's, what one verified GB costs the machine, so the rate two idle cores would allow.
+            "api_cpu_plain_s_per_gb": round(med["api_cpu_plain"] / size * 1e9, 3),
+            "api_cpu_pull_s_per_gb": round(med["api_cpu_now"] / size * 1e9, 3),
+            "ceiling_two_idle_cores_mb_s": round(2 * size / (med["cpu_now"] + med["api_cpu_now"]) / 1e6, 1)}
 
 
 class Peak:
@@ -214,13 +257,16 @@ class Lane:
             raise SystemExit(f"unknown backend {backend!r}: redis, file or s3")
         self.api: subprocess.Popen[bytes] | None = None
         self.url = ""
+        self.streamed: subprocess.Popen[bytes] | None = None  # --compare-streamed: a second API process
 
-    def start_api(self) -> float:
+    def start_api(self, http: str = "service.api.http:HttpToolsProtocol") -> float:
+        """The API as aotc-server runs it (its HTTP protocol, which sends file blobs with sendfile), or with
+        `http="httptools"` uvicorn's own protocol, which streams every blob in pieces."""
         port = free_port()
         t0 = time.monotonic()
         self.api = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1",
-             "--port", str(port), "--log-level", "warning"],
+             "--port", str(port), "--log-level", "warning", "--http", http],
             env=self.env, cwd=ROOT, stdout=open(self.base / "api.log", "ab"), stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
@@ -284,11 +330,13 @@ class Lane:
 
     def close(self) -> None:
         _stop(self.api)
+        _stop(self.streamed)
         self.redis.stop()
         _stop(self.moto)
 
 
-def run_lane(backend: str, size: int, streams: int, repeat: int, args_pulls: int, before: str) -> dict[str, Any]:
+def run_lane(backend: str, size: int, streams: int, repeat: int, args_pulls: int, before: str,
+             compare_streamed: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"aotc-dl-{backend}-") as d:
         lane = Lane(backend, Path(d))
         try:
@@ -315,7 +363,14 @@ def run_lane(backend: str, size: int, streams: int, repeat: int, args_pulls: int
                     many = min(many, time.perf_counter() - t0)
                     assert done == [size] * streams, "a stream came up short"
 
-            pulls = measure_pulls(lane.url, key, size, Path(d), args_pulls, before)
+            other = None
+            if compare_streamed:
+                main_api, main_url = lane.api, lane.url
+                lane.start_api("httptools")
+                assert lane.api is not None
+                other, lane.streamed = (lane.url, lane.api.pid), lane.api
+                lane.api, lane.url = main_api, main_url
+            pulls = measure_pulls(lane.url, key, size, Path(d), args_pulls, before, lane.api.pid, other)
             redis_mb = int(redis.Redis.from_url(lane.redis.url).info("memory")["used_memory"]) / 2**20
             restart = lane.restart()
             return {"backend": backend, "size_bytes": size, "streams": streams, "repeat": repeat, "sha256": sha,
@@ -337,21 +392,34 @@ def main() -> None:
     ap.add_argument("--backends", default="redis,file,s3")
     ap.add_argument("--pulls", type=int, default=7, help="Rounds of the pull comparison (medians reported).")
     ap.add_argument("--before", default="main", help="The git revision whose client/sdk.py is 'before'.")
+    ap.add_argument("--compare-streamed", action="store_true", help="Also pull from a second API process with "
+                    "uvicorn's own httptools protocol (every blob streamed in pieces, no sendfile), alternately.")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "download.json")
     args = ap.parse_args()
     size = int(args.size_mb * 2**20)
     rows = []
     for backend in args.backends.split(","):
         print(f"{backend}: {size / 2**20:.0f} MB ...", file=sys.stderr, flush=True)
-        rows.append(run_lane(backend, size, args.streams, args.repeat, args.pulls, args.before))
-    head = ("backend", "1 stream MB/s", f"{args.streams} streams MB/s", "plain MB/s", "sha256 MB/s",
+        rows.append(run_lane(backend, size, args.streams, args.repeat, args.pulls, args.before,
+                             args.compare_streamed))
+    head: tuple[str, ...] = ("backend", "1 stream MB/s", f"{args.streams} streams MB/s", "plain MB/s", "sha256 MB/s",
             f"pull {args.before} MB/s", "pull MB/s", "x", f"CPU s/GB {args.before}", "CPU s/GB",
-            f"cached {args.before} s", "cached s", "API RSS +MB", "redis MB", "restart s")
-    table = [head] + [(r["backend"], r["one_stream_mb_s"], r["many_streams_mb_s"], r["plain_mb_s"], r["sha256_mb_s"],
+            "API CPU s/GB plain", "API CPU s/GB pull", "2-core ceiling MB/s", f"cached {args.before} s", "cached s",
+            "API RSS +MB", "redis MB", "restart s")
+    table: list[tuple[Any, ...]] = [head] + [
+                      (r["backend"], r["one_stream_mb_s"], r["many_streams_mb_s"], r["plain_mb_s"], r["sha256_mb_s"],
                        r["pull_before_mb_s"], r["pull_mb_s"], r["pull_speedup"], r["client_cpu_before_s_per_gb"],
-                       r["client_cpu_now_s_per_gb"], r["cached_before_s"],
+                       r["client_cpu_now_s_per_gb"], r["api_cpu_plain_s_per_gb"], r["api_cpu_pull_s_per_gb"],
+                       r["ceiling_two_idle_cores_mb_s"], r["cached_before_s"],
                        r["cached_now_s"], r["api_rss_growth_mb"], r["redis_used_mb"], r["restart_s"])
                       for r in rows]
+    if args.compare_streamed:
+        head = (*head, "streamed: plain MB/s", "pull MB/s", "client CPU s/GB", "API CPU s/GB plain",
+                "API CPU s/GB pull", "2-core ceiling MB/s")
+        table = [head] + [(*row, r["streamed_plain_mb_s"], r["streamed_pull_mb_s"],
+                           r["streamed_client_cpu_s_per_gb"],
+                           r["streamed_api_cpu_plain_s_per_gb"], r["streamed_api_cpu_pull_s_per_gb"],
+                           r["streamed_ceiling_two_idle_cores_mb_s"]) for row, r in zip(table[1:], rows)]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     for row in table:
         print("  ".join(str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(row, widths))))

@@ -3,6 +3,8 @@
     python bench/weights.py --out bench/results/weights-cpu.json
     python bench/weights.py --device cuda --out bench/results/weights-gpu.json     # on the GPU machine
     python bench/weights.py --device cuda --hidden 7168 --out bench/results/weights-gpu-441mb.json
+    python bench/weights.py --ttfi --out bench/results/weights-ttfi-cpu.json          # TTFI after import, 441 MB
+    python bench/weights.py --ttfi --device cuda:0 --out bench/results/weights-ttfi-h100.json   # on the GPU machine
 
 One model (a 4-layer MLP, 42 MB of float32 weights) at three static shape buckets (batch 1, 4, 16) and two
 precisions (keep, bf16), each bucket compiled twice from the same specialised program through AOTInductor:
@@ -18,6 +20,16 @@ precisions (keep, bf16), each bucket compiled twice from the same specialised pr
   do_bench-style median, compiler.check.measure; `--latency-rounds` rounds, the order swapped every round); the
   median and the minimum of the rounds' medians.
 
+With `--ttfi`: time to first inference after `import torch`, through the service, for a >= 400 MB model (the MLP at
+--hidden 7168 by default: 441 MB of float32 weights), weightless with its blob against its self-contained build
+(compile option embed_weights, what `aotc pull --self-contained` fetches). A service of its own (embedded Redis, the
+API, one worker: bench/ttfi.py's) compiles both; then each round runs, per artifact, a fresh process with an empty
+client cache (`cold`: the whole pull) and one with the cache the cold one left (`warm`: verified records checked,
+nothing downloaded or hashed). Each process imports torch, then times `Client.load(..., timings=...)`'s parts:
+verify (manifest, signature, the cached copy's record), pull (the package, hashed as it streams), bind (the device
+check), weights_pull (the blob: pulled and verified, or its verified record read), weights_load (the blob mapped and
+put on the device), load (the package opened, the weights bound) and the first call.
+
 Figures on a loaded 2-core CPU move with the load: quote medians from one run.
 """
 
@@ -26,6 +38,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -38,17 +51,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 BUCKETS = (1, 4, 16)
+TTFI_PARTS = ("verify_s", "pull_s", "bind_s", "weights_pull_s", "weights_load_s", "load_s", "first_call_s")
+TTFI_BATCH = 8
 PRECISIONS = ("keep", "bf16")
 D_IN, HIDDEN = 1024, 2048
 
 
-def build(work: Path, device: str, hidden: int) -> dict[str, Any]:
+def wide(hidden: int) -> Any:
+    """The benchmark's MLP: Linear(D_IN, hidden), 2x Linear(hidden, hidden), LayerNorm, Linear(hidden, 4)."""
     import torch
-
-    from compiler.compat.aoti import aoti_compile_and_package, weightless_configs
-    from compiler.options import CompileOptions
-    from compiler.specialize import specialize
-    from compiler.weights import program_weights, save
 
     class Wide(torch.nn.Module):
         def __init__(self) -> None:
@@ -61,7 +72,18 @@ def build(work: Path, device: str, hidden: int) -> dict[str, Any]:
             return self.net(x)
 
     torch.manual_seed(0)
-    model = Wide().eval()
+    return Wide().eval()
+
+
+def build(work: Path, device: str, hidden: int) -> dict[str, Any]:
+    import torch
+
+    from compiler.compat.aoti import aoti_compile_and_package, weightless_configs
+    from compiler.options import CompileOptions
+    from compiler.specialize import specialize
+    from compiler.weights import program_weights, save
+
+    model = wide(hidden)
     params = sum(t.numel() * t.element_size() for t in model.state_dict().values())  # before any cast touches them
     batch = torch.export.Dim("batch", min=1, max=64)
     ep = torch.export.export(model, (torch.randn(4, D_IN),), dynamic_shapes={"x": {0: batch}})
@@ -151,15 +173,120 @@ def run(script: str, *args: str) -> dict[str, Any]:
     return result
 
 
+def ttfi_child(url: str, key: str, device: str, cache: str) -> dict[str, Any]:
+    """One fresh process's time to first inference after `import torch` (timed apart), split into TTFI_PARTS."""
+    t0 = time.perf_counter()
+    import torch
+
+    out: dict[str, Any] = {"import_s": time.perf_counter() - t0}
+    from client import Client
+
+    timings: dict[str, float] = {}
+    with Client(url, cache_dir=cache, timeout=1800) as c:
+        fn = c.load(key, device, timings=timings)
+    x = torch.randn(TTFI_BATCH, D_IN, device=device)
+    with torch.inference_mode():
+        fn(x)
+    out.update({p: timings.get(p, 0.0) for p in TTFI_PARTS})
+    out["ttfi_s"] = sum(out[p] for p in TTFI_PARTS)
+    out["rss_bytes"] = int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
+    return out
+
+
+def run_ttfi(args: argparse.Namespace) -> None:
+    """--ttfi: both layouts of one >= 400 MB model, compiled by a service of its own, loaded in fresh processes."""
+    import shutil
+
+    import torch
+
+    from bench.ttfi import _pythonpath, start_service
+    from client import Client
+
+    base = Path(tempfile.mkdtemp(prefix="aotc-weights-ttfi-"))
+    url, procs, redis_srv = start_service(base, args.device)
+    artifacts: dict[str, dict[str, Any]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {}
+    try:
+        model = wide(args.hidden)
+        target = "cpu" if args.device == "cpu" else "cuda"
+        with Client(url, timeout=3600) as c:
+            for layout, opts in (("weightless", {}), ("self-contained", {"embed_weights": True})):
+                t0 = time.perf_counter()
+                art = c.compile(model, (torch.randn(TTFI_BATCH, D_IN),), target=target, timeout=3600, **opts)
+                assert not isinstance(art, tuple)
+                w = art.meta.get("weights") or {}
+                artifacts[layout] = {"key": art.key, "compile_s": round(time.perf_counter() - t0, 1),
+                                     "package_bytes": art.meta["size"], "weights_bytes": w.get("size", 0),
+                                     "layout": art.meta["factors"]["weights"]["layout"],
+                                     "stage_s": art.meta.get("timings")}
+                print(f"{layout}: {art.key}, package {art.meta['size']} bytes, weights {w.get('size', 0)} bytes, "
+                      f"{artifacts[layout]['compile_s']} s", file=sys.stderr, flush=True)
+        env = {**os.environ, "PYTHONPATH": _pythonpath()}
+        for r in range(args.rounds):
+            for layout, a in artifacts.items():
+                cache = base / f"cache-{layout}"
+                shutil.rmtree(cache, ignore_errors=True)
+                for mode in ("cold", "warm"):
+                    t0 = time.perf_counter()
+                    p = subprocess.run([sys.executable, __file__, "--ttfi-child", url, a["key"], args.device,
+                                        str(cache)], capture_output=True, text=True, timeout=1800, env=env)
+                    if p.returncode != 0:
+                        raise RuntimeError(p.stderr[-3000:])
+                    row = json.loads(p.stdout.strip().splitlines()[-1])
+                    row["wall_s"] = time.perf_counter() - t0
+                    runs.setdefault(f"{layout}|{mode}", []).append(row)
+                    print(f"round {r + 1} {layout} {mode}: ttfi {row['ttfi_s']:.3f} s", file=sys.stderr, flush=True)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
+        redis_srv.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    cols = ("import_s", *TTFI_PARTS, "ttfi_s", "rss_bytes")
+    rows = []
+    for label, got in runs.items():
+        layout, mode = label.split("|")
+        rows.append({"layout": layout, "cache": mode, "runs": len(got),
+                     **{k: round(statistics.median(g[k] for g in got), 4) for k in cols}})
+    import platform
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__, "device": args.device,
+        "model": {"hidden": args.hidden, "weights_fp32_bytes": sum(
+            t.numel() * t.element_size() for t in model.state_dict().values())},
+        "batch": TTFI_BATCH, "rounds": args.rounds, "artifacts": artifacts, "rows": rows, "runs": runs}, indent=1))
+    head = ("layout", "cache", "import", "verify", "pull", "bind", "w.pull", "w.load", "load", "1st call", "TTFI",
+            "RSS MB")
+    print("  ".join(f"{h:>14}" if i < 2 else f"{h:>8}" for i, h in enumerate(head)))
+    for r in rows:
+        print(f"{r['layout']:>14}  {r['cache']:>14}  " + "  ".join(
+            f"{r[k]:>8.3f}" for k in ("import_s", *TTFI_PARTS, "ttfi_s")) + f"  {r['rss_bytes'] / 2**20:>8.0f}")
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--ttfi-child":
+        url, key, device, cache = sys.argv[2:6]
+        print(json.dumps(ttfi_child(url, key, device, cache)))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/weights-cpu.json")
     ap.add_argument("--rounds", type=int, default=3, help="fresh-process loads per variant")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (cuda:0) on the GPU machine")
-    ap.add_argument("--hidden", type=int, default=HIDDEN,
-                    help="the MLP's width: 2048 is 42 MB of fp32 weights, 7168 is 441 MB (the issue's >= 400 MB)")
+    ap.add_argument("--hidden", type=int, default=None,
+                    help="the MLP's width: 2048 is 42 MB of fp32 weights, 7168 is 441 MB (the issue's >= 400 MB); "
+                    "default 2048, and 7168 with --ttfi")
+    ap.add_argument("--ttfi", action="store_true", help="time to first inference after import, through the service, "
+                    "weightless against self-contained (see above)")
     ap.add_argument("--latency-rounds", type=int, default=9, help="alternating rounds of the latency comparison")
     args = ap.parse_args()
+    if args.ttfi:
+        args.hidden = args.hidden or 7168
+        run_ttfi(args)
+        return
+    args.hidden = args.hidden or HIDDEN
     with tempfile.TemporaryDirectory(prefix="aotc-weights-") as tmp:
         built = build(Path(tmp), args.device, args.hidden)
         rows = built["rows"]

@@ -6,6 +6,7 @@
     aotc pull KEY -o model.so.pt2                 fetch an artifact, verified against its signed manifest; the path
                                                   comes last
     aotc pull bert-base:prod --shape x=8x128      by name: the artifact for this machine, and why it was picked
+    aotc pull KEY --self-contained -o m.pt2       its build with the weights inside (built on request, waited for)
     aotc versions NAME [--history] | names        a name's versions (tags, artifacts per target) | every name
     aotc tag NAME@3 canary | untag NAME:canary    move a tag (recorded: who, when) | remove one
     aotc delete-version NAME@3                    its tags go; its model stays pinned while another version holds it
@@ -41,6 +42,7 @@ import typer
 
 from client import render
 from client.sdk import Client, ClientError, JobFailed
+from client.verify import check_here
 from compiler.errors import BadSignature, Unprocessable
 from compiler.options import Mode, Precision
 from compiler.refs import Ref
@@ -257,13 +259,26 @@ def pull(
         help="By reference: the concrete target to pick for (default: this machine's, detected).")] = None,
     device: Annotated[str, typer.Option(help="By reference: the device whose target is detected: cpu, cuda:0, "
                                         "auto.")] = "auto",
+    allow_unverified: Annotated[bool, typer.Option(
+        "--allow-unverified", help="Also take a package built for its target but not yet run there (no trusted "
+        "countersignature yet).")] = False,
+    verify: Annotated[Path | None, typer.Option(
+        "--verify", metavar="MODEL.pt2", help="Run the artifact check here, against the exported program it was "
+        "built from, before the path is printed (imports torch); implies --allow-unverified. Records nothing on "
+        "the service.")] = None,
+    self_contained: Annotated[bool, typer.Option(
+        "--self-contained", help="The package with its weights inside (no weights blob to bind; torch's own "
+        "aoti_load_package runs it), built on request: a compile, waited for.")] = False,
 ) -> None:
     """Download an artifact, verified against its signed manifest (keys: $AOTC_TRUSTED_KEYS, else the service's).
     By reference, the service picks the artifact for this machine (exact target first, then a compatible one) and
     says why. A weightless package's weights blob, verified too, goes beside it as NAME.weights.safetensors, where
-    aotc's loader binds it. The path is stdout's last line; exit 3 when the artifact is refused, with nothing
-    written; exit 1 when nothing of a reference fits this machine (each candidate and why)."""
+    aotc's loader binds it. A package built for its target without running there is refused until a worker that
+    serves the target countersigns it, unless --allow-unverified or --verify. The path is stdout's last line; exit 3
+    when the artifact is refused (or fails --verify), with nothing written; exit 1 when nothing of a reference fits
+    this machine (each candidate and why)."""
     with _service(ctx) as c:
+        c.verifier.allow_unverified = allow_unverified or verify is not None
         if not re.fullmatch(r"[0-9a-f]{32}", key):
             try:
                 Ref.parse(key)
@@ -280,13 +295,38 @@ def pull(
                  f"{picked['host']}: {picked['key']} ({picked['target']}, {picked['match']}): {picked['reason']}")
             key = picked["key"]
         try:
+            if self_contained:
+                with render.JobProgress() as progress:
+                    built = c.self_contained(key, progress=progress)
+                _say(f"{key}: its self-contained build is {built.key}")
+                key = built.key
             path = c.pull(key, output)
             weights = c.pull_weights(key, sidecar(path))
+            checked = _verify_here(c, key, path, verify, device) if verify is not None else ""
         except BadSignature as e:
             _fail(f"refused artifact {key}: {e.message}", 3)
     extra = f"; weights {weights.name}, {weights.stat().st_size} bytes, verified" if weights else ""
-    _say(f"pulled {key} ({path.stat().st_size} bytes, signature and sha256 verified{extra})")
+    _say(f"pulled {key} ({path.stat().st_size} bytes, signature and sha256 verified{extra}){checked}")
     typer.echo(str(path))
+
+
+def _verify_here(c: Client, key: str, path: Path, model: Path, device: str) -> str:
+    """`pull --verify`: the check on this machine (client.verify.check_here); a failure removes what was pulled."""
+    from compiler.errors import CompileError
+
+    try:
+        art = c.artifact(key)
+        signed = c.verifier.manifest(key, art.meta)
+        here = device if device != "auto" else str(art.meta.get("target", "cpu")).split("-")[0]
+        result = check_here(path, model, signed, "cuda:0" if here == "cuda" else here)
+    except (CompileError, BadSignature, OSError) as e:  # nothing it wrote is left for a script to pick up
+        for p in (path, sidecar(path)):
+            p.unlink(missing_ok=True)
+        if isinstance(e, BadSignature):
+            raise
+        raise BadSignature("check_failed", f"the check here failed: {getattr(e, 'message', None) or e}") from None
+    return (f"; checked here against {model.name}: max abs err {result['max_abs_err']:.2g} at "
+            f"{len(result['points'])} point(s) (recorded nowhere)")
 
 
 @app.command()
@@ -368,10 +408,13 @@ def lookup(
     target: TargetOption = "cpu",
     cuda_graphs: Annotated[bool, typer.Option(
         "--cuda-graphs", help="You will replay CUDA graphs: rank by the check's graph-replay figures.")] = False,
+    allow_unverified: Annotated[bool, typer.Option(
+        "--allow-unverified", help="Also a package built for the target but not yet run there.")] = False,
 ) -> None:
     """Find the artifact that serves a model, shapes and target; exit 1 if none does."""
     shapes, target = _shapes(shape), _target(target)
     with _service(ctx) as c:
+        c.verifier.allow_unverified = allow_unverified
         art = c.lookup(model_id, shapes, target, graphs=cuda_graphs)
     if art is None:
         _say("no artifact fits")

@@ -20,8 +20,8 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 from rich.text import Text
 
+from compiler import ontarget, speed
 from compiler import report as rep
-from compiler import speed
 from compiler.shapes import format_spec
 
 # The stages a job walks through, in order: the worker fetches the model, the compiler loads it and runs its report
@@ -94,11 +94,14 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
 
 def served(worker: dict[str, Any]) -> str:
     """The targets a worker serves, highest first, the lower x86-64 levels by their level alone:
-    'cpu-x86_64-v4 v3 v2 v1'."""
+    'cpu-x86_64-v4 v3 v2 v1'; a target it builds without running there (AOTC_BUILD_ONLY_TARGETS) marked
+    'v3 (build only)'."""
     targets = [str(t) for t in worker.get("targets") or [worker["target"]]]
+    blind = set(worker.get("build_only") or ())
     first, rest = targets[0], targets[1:]
     prefix = first.rsplit("-", 1)[0] + "-"
-    return " ".join([first, *(t[len(prefix):] if t.startswith(prefix) else t for t in rest)])
+    shown = [first, *(t[len(prefix):] if t.startswith(prefix) else t for t in rest)]
+    return " ".join(f"{s} (build only)" if t in blind else s for s, t in zip(shown, targets))
 
 
 def workers_table(workers: list[dict[str, Any]]) -> RenderableType:
@@ -215,17 +218,20 @@ def report_summary(key: str, meta: dict[str, Any], report: dict[str, Any]) -> Gr
     stages = table(["STAGE", "STATUS", "TIME", "NODES IN", "NODES OUT", "DETAIL"],
                    [[r["stage"], r["status"], _seconds(r["seconds"]), _dash(r["nodes_before"]),
                      _dash(r["nodes_after"]), r["detail"]] for r in rep.summary_rows(report)])
-    return Group(Text(printable(head)), Text(""), stages, Text(""),
+    # The record's word (compiler.ontarget), as the service has it; a pull believes only what trusted keys signed.
+    marked = [Text(printable(f"on target: {ontarget.describe(meta)}"))] if meta.get("on_target") else []
+    return Group(Text(printable(head)), *marked, Text(""), stages, Text(""),
                  *(Text(printable(line)) for line in report_notes(key, report)))
 
 
 def artifact_line(key: str, meta: dict[str, Any]) -> str:
     """What `aotc compile` says about the artifact it got, before printing the key."""
     check = meta.get("check") or {}
+    blind = "" if ontarget.ran_on_target(meta) else f"; {ontarget.describe(meta)}"
     return printable(f"artifact {key}: {meta['size']} bytes, compiled in "
                      f"{meta['timings'].get('compile_total', 0):.1f} s, max error vs eager "
                      f"{check.get('max_rel_err', 0):.2g}, {check.get('eager_ms')} ms eager -> "
-                     f"{check.get('compiled_ms')} ms compiled on the worker")
+                     f"{check.get('compiled_ms')} ms compiled on the worker{blind}")
 
 
 # -- job progress --------------------------------------------------------------------------------------------------

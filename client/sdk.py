@@ -98,11 +98,14 @@ def _shape_of(x: Any) -> list[Any]:
 
 class Client:
     def __init__(self, url: str | None = None, *, timeout: float = 60.0, cache_dir: str | Path | None = None,
-                 api_key: str | None = None, trusted_keys: TrustSpec | None = None) -> None:
+                 api_key: str | None = None, trusted_keys: TrustSpec | None = None,
+                 allow_unverified: bool = False) -> None:
         """`api_key`: sent as `Authorization: Bearer`; default $AOTC_API_KEY (a server on loopback without keys
         needs none). `trusted_keys`: the public keys an artifact's manifest must be signed by, in AOTC_TRUSTED_KEYS's
         syntax (client/verify.py), default $AOTC_TRUSTED_KEYS; unset, the keys the service lists (pinning is the
-        secure choice: a compromised service can list a key of its own)."""
+        secure choice: a compromised service can list a key of its own). `allow_unverified`: lookups, picks and pulls
+        also take a package built for its target but not yet run there (compiler/ontarget.py); by default one needs
+        a countersignature by a trusted key."""
         self.url = (url or os.environ.get("AOTC_URL") or DEFAULT_URL).rstrip("/")
         key = api_key or os.environ.get("AOTC_API_KEY")
         self.http = httpx.Client(base_url=self.url, timeout=timeout,
@@ -112,7 +115,7 @@ class Client:
         self.direct = httpx.Client(timeout=timeout)
         self.cache_dir = Path(cache_dir or os.environ.get("AOTC_CACHE_DIR") or Path.home() / ".cache" / "aotc")
         pins = trusted_keys if trusted_keys is not None else os.environ.get(TRUSTED_KEYS_ENV) or None
-        self.verifier = Verifier(self, _raise_for, pins)
+        self.verifier = Verifier(self, _raise_for, pins, allow_unverified)
 
     def close(self) -> None:
         self.http.close()
@@ -345,6 +348,8 @@ class Client:
         `training`: a train step (mode=training) rather than an inference package."""
         host = Target.parse(target) if target else detect_target(device or "auto")
         params: list[tuple[str, str | int | float | bool | None]] = [("host", str(host))]
+        if self.verifier.allow_unverified:
+            params.append(("allow_unverified", "true"))
         if training:
             params.append(("training", "true"))
         torch_version = _torch_version()
@@ -366,6 +371,8 @@ class Client:
         params: list[tuple[str, str | int | float | bool | None]] = [("model_id", model_id), ("target", target)]
         if graphs:
             params.append(("graphs", "true"))
+        if self.verifier.allow_unverified:
+            params.append(("allow_unverified", "true"))
         for name, shape in shapes.items():
             params.append(("shape", f"{name}={format_shape(_shape_of(shape))}"))
         resp = self.http.get("/v1/artifacts/lookup", params=params)
@@ -375,9 +382,24 @@ class Client:
         meta = resp.json()
         return Artifact(meta["key"], meta)
 
+    def self_contained(self, artifact: Artifact | str, *, progress: Callable[[dict[str, Any]], None] | None = None,
+                       timeout: float | None = None) -> Artifact:
+        """The artifact's self-contained build (weights inside the package, for tools that cannot bind a weights
+        blob: torch's own `aoti_load_package` runs it as it is): POST /v1/artifacts/{key}/self-contained, then, if
+        the service queued its build, wait for it (`progress` and `timeout` as in `wait`). An artifact that carries
+        its weights already is its own self-contained build. Needs a key of scope compile."""
+        key = artifact.key if isinstance(artifact, Artifact) else artifact
+        answer = self._json("POST", f"/v1/artifacts/{key}/self-contained")
+        if answer["status"] == "cached":
+            return Artifact(answer["key"], answer["artifact"])
+        return self.wait(answer["job"]["id"], progress=progress, timeout=timeout)
+
     def pull(self, artifact: Artifact | str, dest: str | Path | None = None, *, attempts: int = 3,
-             rehash: bool = False, timings: dict[str, float] | None = None) -> Path:
+             rehash: bool = False, timings: dict[str, float] | None = None, self_contained: bool = False) -> Path:
         """Download a package into the local cache (or `dest`), verified against its signed manifest.
+
+        `self_contained=True` pulls the artifact's self-contained build instead (`self_contained()`: built on
+        request, then signed and verified like any artifact), a package that needs no weights blob.
 
         Before a byte is written, the manifest's signature must verify with a trusted key that is not revoked, name
         this artifact, and agree with the service's record (client/verify.py); the download must then have the
@@ -395,6 +417,8 @@ class Client:
 
         `timings`, if given, gets `verify_s` (manifest and signature, and the cached copy's check) and `pull_s`
         (the download, hashed on the way; 0 when the cache had it)."""
+        if self_contained:
+            artifact = self.self_contained(artifact)
         t0 = time.perf_counter()
         art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
         signed = self.verifier.manifest(art.key, art.meta)  # the record agrees with it: art.sha256 is signed
@@ -550,7 +574,8 @@ class Client:
         `timings`, if given (a dict; not for a Bundle), gets the time to first inference split into seconds:
         `verify_s` (manifest, signature, the cached copy's check), `pull_s` (the download, hashed as it streams),
         `bind_s` (the device: the target check, which initialises CUDA on a GPU), `weights_s` (a weightless
-        package's weights blob: pulled and verified, or found, and put on the device), `load_s` (the package opened
+        package's weights blob: pulled and verified, or found, and put on the device; of it, `weights_pull_s` the
+        pull and its check, `weights_load_s` the mapping and the copy to the device), `load_s` (the package opened
         and its weights bound) and, once the callable has run, `first_call_s` (the first call, synchronised on a
         GPU; with graphs, its capture)."""
         if isinstance(artifact, Bundle):
@@ -576,7 +601,7 @@ class Client:
         t1 = time.perf_counter()
         # A weightless package binds the model's weights blob: pulled and verified once, one copy per device in
         # this process, shared by every bucket and version that names the same blob.
-        weights = self._device_weights(art, device, rehash) if art.meta.get("weights") else None
+        weights = self._device_weights(art, device, rehash, timings) if art.meta.get("weights") else None
         t2 = time.perf_counter()
         fn: Callable[..., Any]
         if cuda_graphs:
@@ -667,18 +692,23 @@ class Client:
         tmp = dest.with_name(dest.name + ".part")
         tmp.unlink(missing_ok=True)
         try:
-            os.link(cached, tmp)  # the cache's bytes, not a second copy, where one filesystem holds both
+            os.link(cached, tmp)  # the verified inode itself: no bytes copied, none to hash a second time
+            copied = False
         except OSError:
             shutil.copyfile(cached, tmp)
-        if _file_sha256(tmp) != sha:
+            copied = True
+        if copied and _file_sha256(tmp) != sha:  # what was copied, not what the cache held a moment before
             tmp.unlink(missing_ok=True)
             raise BadSignature("mismatch", f"the weights of artifact {art.key} changed while copied", kid=signed.kid)
         os.replace(tmp, dest)
         return dest
 
-    def _device_weights(self, art: Artifact, device: str, rehash: bool = False) -> dict[str, Any]:
+    def _device_weights(self, art: Artifact, device: str, rehash: bool = False,
+                        timings: dict[str, float] | None = None) -> dict[str, Any]:
+        t0 = time.perf_counter()
         path = self.pull_weights(art, rehash=rehash)
         assert path is not None
+        t1 = time.perf_counter()
         # The signed digest (the cached file's name), never the record's: a record cannot point this artifact at
         # tensors another artifact loaded.
         sha = path.name.removesuffix(".safetensors")
@@ -688,6 +718,9 @@ class Client:
                 from compiler.weights import load  # imports torch: only to load
 
                 found = _LOADED[(sha, device)] = load(path, device)
+        if timings is not None:
+            timings["weights_pull_s"] = t1 - t0
+            timings["weights_load_s"] = time.perf_counter() - t1
         return found
 
     def workers(self) -> list[dict[str, Any]]:

@@ -15,6 +15,13 @@ Which keys are trusted:
 - else the keys the service lists (GET /v1/signing-keys), revoked ones refused. That catches corrupt and swapped
   packages and manifests, but not a compromised service or Redis: whoever controls those can list a key of their
   own. Inference servers should pin.
+
+A package its builder did not run on its target (its signed manifest says `on_target: {"run": false}`:
+compiler/ontarget.py) is refused unless a countersignature in its record, by a trusted key that is not revoked,
+vouches that this manifest's package passed its check on that target; or unless the caller asked for it
+(`Client(allow_unverified=True)`, `aotc pull --allow-unverified`). A countersignature that a trusted key's
+signature does not verify, or that names another build, is refused always: it was tampered with. One by a key
+the client does not trust (or a revoked one) vouches for nothing, as if it were absent.
 """
 
 from __future__ import annotations
@@ -29,7 +36,15 @@ from typing import Any, Protocol
 import httpx
 
 from compiler.errors import BadSignature
-from compiler.signing import Manifest, TrustedKey, key_id, load_public_key, verify
+from compiler.signing import (
+    Countersignature,
+    Manifest,
+    TrustedKey,
+    key_id,
+    load_public_key,
+    verify,
+    verify_countersignature,
+)
 
 ENV = "AOTC_TRUSTED_KEYS"
 TrustSpec = str | Sequence[str | Path]
@@ -68,8 +83,10 @@ class Verifier:
     or None to trust the keys the service lists. `raise_for` turns an answer that is not a success into the SDK's
     ClientError."""
 
-    def __init__(self, client: HasHttp, raise_for: Callable[[httpx.Response], None], pins: TrustSpec | None) -> None:
+    def __init__(self, client: HasHttp, raise_for: Callable[[httpx.Response], None], pins: TrustSpec | None,
+                 allow_unverified: bool = False) -> None:
         self.client, self.raise_for, self.pins = client, raise_for, pins
+        self.allow_unverified = allow_unverified
         self._pinned: dict[str, TrustedKey] | None = None
 
     def trusted(self) -> dict[str, TrustedKey]:
@@ -117,10 +134,37 @@ class Verifier:
             envelope = resp.json()
         except ValueError:
             raise BadSignature("malformed", f"the service's manifest of artifact {key} is not JSON") from None
-        signed = verify(envelope, self.trusted())
+        trusted = self.trusted()
+        signed = verify(envelope, trusted)
         signed.expect(key=key)
         signed.expect(sha256=str(meta.get("sha256")), size=int(meta.get("size") or 0))
+        self.on_target(signed, meta, trusted)
         return signed
+
+    def on_target(self, signed: Manifest, meta: dict[str, Any],
+                  trusted: dict[str, TrustedKey]) -> Countersignature | None:
+        """The countersignature that vouches for a package its builder did not run on its target (None for one
+        that ran there, or one taken unverified as asked); BadSignature (`unverified_on_target`) when none does, or
+        the countersignature's own reason when one was tampered with."""
+        if signed.run_on_target:
+            return None
+        envelopes = meta.get("countersignatures") or []
+        untrusted: list[str] = []
+        for envelope in envelopes if isinstance(envelopes, list) else [envelopes]:
+            try:
+                return verify_countersignature(envelope, trusted, signed)
+            except BadSignature as e:
+                if e.reason not in ("unknown_key", "revoked_key"):
+                    raise
+                untrusted.append(e.message)
+        if self.allow_unverified:
+            return None
+        built_on = (signed.predicate.get("on_target") or {}).get("built_on")
+        raise BadSignature("unverified_on_target", f"artifact {signed.key} was built for {signed.target} on "
+                           f"{built_on} and not run on {signed.target}, and no trusted key countersigned a check "
+                           f"there{' (' + '; '.join(untrusted)[:400] + ')' if untrusted else ''}: wait for a worker "
+                           "that serves it to check it, or take it unverified (allow_unverified=True, "
+                           "--allow-unverified)", kid=signed.kid)
 
 
 def check_file(signed: Manifest, path: Path) -> None:
@@ -135,6 +179,31 @@ def check_digest(signed: Manifest, sha256: str, size: int) -> None:
         raise BadSignature("mismatch", f"artifact {signed.key} arrived corrupt or tampered with: sha256 {sha256} "
                                        f"({size} bytes), but its signed manifest says {signed.sha256} "
                                        f"({signed.size} bytes)", kid=signed.kid)
+
+
+def check_here(package: Path, model: Path, signed: Manifest, device: str) -> dict[str, Any]:
+    """`aotc pull --verify`: the artifact check (compiler/check.py: the package against the exported program run
+    eagerly, at every point of its spec) on this machine, for a package its builder did not run on this target.
+    `model` must be the program it was built from (its sha256 is the signed model_sha256). Imports torch.
+
+    It records nothing on the service: a pull key must not be able to vouch for a package to every other client,
+    and a client's own check is only as good as the client. A fleet that wants a check on target shared runs a
+    worker that serves the target natively; its countersignature is what other clients believe."""
+    with open(model, "rb") as f:
+        sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+    built_from = str(signed.predicate.get("model_sha256"))
+    if sha256 != built_from:
+        raise BadSignature("mismatch", f"{model} (sha256 {sha256[:16]}...) is not the program artifact {signed.key} "
+                                       f"was built from (its manifest signs {built_from[:16]}...)", kid=signed.kid)
+    from compiler.check import check_artifact  # torch: only here
+
+    factors = signed.predicate.get("factors") or {}
+    options = factors.get("options") or {}
+    # The adversarial inputs are the builder's part (the bounds are in the code whatever the host); what differs on
+    # this target is whether the code it runs computes what eager does.
+    return check_artifact(str(model), str(package), factors["spec"], device,
+                          precision=str(options.get("precision", "keep")),
+                          allow_nonfinite=bool(options.get("allow_nonfinite", False)), graphs=False, adversarial=False)
 
 
 def _error(resp: httpx.Response) -> dict[str, Any]:

@@ -99,7 +99,7 @@ def measure(fn: Callable[[], Any], device: str, *, warmup_ms: float = 100.0, rep
     _sync(device)
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device) if cuda else None
 
-    def timed(n: int) -> list[float]:
+    def timed(n: int, within_s: float | None = None) -> list[float]:
         if flush is not None:
             starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
@@ -110,21 +110,28 @@ def measure(fn: Callable[[], Any], device: str, *, warmup_ms: float = 100.0, rep
                 b.record()
             torch.cuda.synchronize()
             return [a.elapsed_time(b) for a, b in zip(starts, ends, strict=True)]
-        out = []
+        out: list[float] = []
+        stop = time.perf_counter() + within_s if within_s is not None else None
         for _ in range(n):
             t0 = time.perf_counter()
             fn()
             out.append((time.perf_counter() - t0) * 1e3)
+            # Calls that turn far slower than the estimate (OpenMP threads waiting their turn on a CPU other
+            # processes share) must not stretch the pass past its budget: 2,000 reps planned from a 0.05 ms
+            # estimate once took 180 s on the 2-core box. At least 3 samples are kept.
+            if stop is not None and len(out) >= 3 and time.perf_counter() > stop:
+                break
         return out
 
     first = timed(1)[0]
     estimate = max(first if first > 10.0 else statistics.fmean(timed(5)), 1e-3)  # a slow call needs no more
     warm = max(3, min(math.ceil(warmup_ms / estimate), max_reps))
     warm = min(warm, max(3, int(budget_s * 250 / estimate)))  # warm-up takes at most a quarter of the budget
-    timed(warm)
+    timed(warm, budget_s / 4)
     reps = max(min_reps, min(math.ceil(rep_ms / estimate), max_reps))
     reps = max(3, min(reps, int(budget_s * 750 / estimate)))
-    samples = sorted(timed(reps))
+    samples = sorted(timed(reps, budget_s * 3 / 4))
+    reps = len(samples)
     q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
     return {"median_ms": round(statistics.median(samples), 5), "p25_ms": round(q[0], 5), "p75_ms": round(q[2], 5),
             "iqr_ms": round(q[2] - q[0], 5), "min_ms": round(samples[0], 5), "max_ms": round(samples[-1], 5),

@@ -22,7 +22,9 @@
 
     BadSignature                   reason, kid: an artifact whose signed manifest does not verify (the client
                                    refuses to write or load it): unsigned, malformed, unknown_key, revoked_key,
-                                   bad_signature, mismatch (key, sha256 or size), trusted_keys (unreadable pins)
+                                   bad_signature, mismatch (key, sha256 or size), trusted_keys (unreadable pins),
+                                   unverified_on_target (built for a target it did not run on, and no trusted
+                                   countersignature: compiler/ontarget.py)
 
 Every message says what was wrong and, where it can, what would be right: a user's mistake is never a 500.
 A CompileError on a valid model is permanent: retrying gives the same answer. Crashes, timeouts and lost
@@ -151,7 +153,8 @@ class CheckFailed(CompileError):
 
 class BadSignature(Exception):
     """A signed artifact manifest (compiler/signing.py) that does not verify, or a package that does not match it.
-    `reason` is one word (unsigned, malformed, unknown_key, revoked_key, bad_signature, mismatch, trusted_keys);
+    `reason` is one word (unsigned, malformed, unknown_key, revoked_key, bad_signature, mismatch, trusted_keys,
+    unverified_on_target);
     `kid` the signing key concerned, where there is one; the message says what failed."""
 
     def __init__(self, reason: str, message: str, *, kid: str = "") -> None:

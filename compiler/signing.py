@@ -42,6 +42,7 @@ from compiler.errors import BadSignature
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://aotc.dev/artifact-manifest/v1"
+COUNTERSIGN_TYPE = "https://aotc.dev/target-verification/v1"
 ALGORITHM = "ed25519"
 MAX_ENVELOPE_BYTES = 1 << 20  # a manifest is a few KB; anything near this is not one
 
@@ -200,12 +201,16 @@ def _finite(value: Any) -> Any:
 def statement(*, artifact_key: str, package_sha256: str, package_size: int, model_sha256: str,
               factors: Mapping[str, Any], toolchain: Mapping[str, Any], target: str,
               check: Mapping[str, Any] | None, worker: Mapping[str, Any], signed_at: float | None = None,
-              weights: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              weights: Mapping[str, Any] | None = None, on_target: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The in-toto statement an artifact's manifest signs: its package by digest, and what it was built from.
     `weights` (a weightless package's: the weights blob's sha256 and size, and each constant's fqn, shape, dtype
-    and stride) is signed with it, so a client binds only the blob the package was checked with."""
+    and stride) is signed with it, so a client binds only the blob the package was checked with. `on_target`
+    ({"run": false, "built_on": the builder's own target}) marks a package its builder did not run on its target:
+    signed, so that no one who can write the record can drop the mark."""
     when = time.gmtime(signed_at if signed_at is not None else time.time())
     extra = {"weights": dict(weights)} if weights is not None else {}
+    if on_target is not None:
+        extra["on_target"] = dict(on_target)
     return {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": artifact_key, "digest": {"sha256": package_sha256}}],
@@ -221,10 +226,12 @@ def statement(*, artifact_key: str, package_sha256: str, package_size: int, mode
 
 @dataclass(frozen=True)
 class Manifest:
-    """A statement whose signature verified, and the key that signed it."""
+    """A statement whose signature verified, the key that signed it, and the sha256 of its signed payload (what a
+    countersignature names)."""
 
     statement: dict[str, Any]
     kid: str
+    payload_sha256: str = ""
 
     @property
     def predicate(self) -> dict[str, Any]:
@@ -248,6 +255,18 @@ class Manifest:
         w = self.statement["predicate"].get("weights")
         return dict(w) if isinstance(w, Mapping) else None
 
+    @property
+    def target(self) -> str:
+        return str(self.statement["predicate"].get("target") or "")
+
+    @property
+    def run_on_target(self) -> bool:
+        """False where the builder signed that it did not run the package on its target (built for another
+        architecture or level: `on_target` in the predicate); such a package needs a countersignature. Manifests from
+        before the mark, and every native build, ran there."""
+        mark = self.statement["predicate"].get("on_target")
+        return not (isinstance(mark, Mapping) and mark.get("run") is False)
+
     def expect(self, *, key: str | None = None, sha256: str | None = None, size: int | None = None) -> None:
         """Raise BadSignature (`mismatch`) unless the manifest names this artifact key, package sha256 and size."""
         if key is not None and self.key != key:
@@ -263,44 +282,122 @@ class Manifest:
 def verify(envelope: Any, trusted: Mapping[str, TrustedKey] | Iterable[TrustedKey]) -> Manifest:
     """The statement of `envelope` if a trusted key that is not revoked signed it; else BadSignature, whose
     `reason` says what failed: unsigned, malformed, unknown_key, revoked_key, bad_signature, mismatch."""
+    body, kid = _open(envelope, trusted, "manifest")
+    return Manifest(_statement(body, kid), kid, hashlib.sha256(body).hexdigest())
+
+
+def _open(envelope: Any, trusted: Mapping[str, TrustedKey] | Iterable[TrustedKey], what: str) -> tuple[bytes, str]:
+    """The signed payload of a DSSE envelope and the id of the trusted, unrevoked key that signed it; else
+    BadSignature. `what` names the envelope in messages (a manifest, a countersignature)."""
     keys = dict(trusted) if isinstance(trusted, Mapping) else {k.kid: k for k in trusted}
     if envelope is None or envelope == {}:
-        raise BadSignature("unsigned", "the artifact has no signed manifest")
+        raise BadSignature("unsigned", f"the artifact has no signed {what}")
     if not isinstance(envelope, Mapping):
-        raise BadSignature("malformed", "the manifest is not a DSSE envelope (a JSON object)")
+        raise BadSignature("malformed", f"the {what} is not a DSSE envelope (a JSON object)")
     if len(canonical_json(envelope)) > MAX_ENVELOPE_BYTES:
-        raise BadSignature("malformed", f"the manifest is over {MAX_ENVELOPE_BYTES} bytes")
+        raise BadSignature("malformed", f"the {what} is over {MAX_ENVELOPE_BYTES} bytes")
     if envelope.get("payloadType") != PAYLOAD_TYPE:
-        raise BadSignature("malformed", f"the manifest's payloadType is {envelope.get('payloadType')!r}, "
+        raise BadSignature("malformed", f"the {what}'s payloadType is {envelope.get('payloadType')!r}, "
                                         f"not {PAYLOAD_TYPE!r}")
     body = unb64(envelope.get("payload"), "payload")
     sigs = envelope.get("signatures")
     if not isinstance(sigs, list) or not sigs:
-        raise BadSignature("unsigned", "the manifest carries no signature")
+        raise BadSignature("unsigned", f"the {what} carries no signature")
     signed = pae(PAYLOAD_TYPE, body)
     problems: list[BadSignature] = []
     for sig in sigs:
         if not isinstance(sig, Mapping):
-            raise BadSignature("malformed", "a signature of the manifest is not a JSON object")
+            raise BadSignature("malformed", f"a signature of the {what} is not a JSON object")
         kid, raw = sig.get("keyid"), unb64(sig.get("sig"), "signature")
         if kid and not (isinstance(kid, str) and kid in keys):
-            problems.append(BadSignature("unknown_key", f"the manifest is signed by unknown key {kid}; trusted: "
+            problems.append(BadSignature("unknown_key", f"the {what} is signed by unknown key {kid}; trusted: "
                                                         f"{', '.join(sorted(keys)) or 'none'}", kid=str(kid)))
             continue
         # keyid is a hint that DSSE does not sign: without one, any trusted key may have signed.
         signer = next((k for k in ([keys[kid]] if kid else keys.values()) if _verifies(k, raw, signed)), None)
         if signer is None:
             which = f"key {kid}" if kid else "any trusted key"
-            problems.append(BadSignature("bad_signature", f"bad signature: the manifest does not verify with {which}",
+            problems.append(BadSignature("bad_signature", f"bad signature: the {what} does not verify with {which}",
                                          kid=str(kid or "")))
         elif signer.revoked_at is not None:
-            problems.append(BadSignature("revoked_key", f"the manifest is signed by revoked key {signer.kid} "
+            problems.append(BadSignature("revoked_key", f"the {what} is signed by revoked key {signer.kid} "
                                          f"(revoked at {_when(signer.revoked_at)})", kid=signer.kid))
         else:
-            return Manifest(_statement(body, signer.kid), signer.kid)
+            return body, signer.kid
     # The most telling problem: a revoked key, then a bad signature, then an unknown key.
     order = {"revoked_key": 0, "bad_signature": 1, "unknown_key": 2}
     raise min(problems, key=lambda p: order.get(p.reason, 3))
+
+
+# -- countersignatures ----------------------------------------------------------------------------------------------
+#
+# A worker that serves a target natively checks a package its builder could not run there, and signs, with its own
+# key, a second statement over the builder's signed payload (by sha256), the package and the target:
+#
+#     subject   = the artifact, as in the manifest
+#     predicate = {artifact_key, package_sha256, manifest_sha256, target, checked_on, check: {passed, ...},
+#                  verifier: {id, host, device_name}, signed_at}
+#
+# It names the manifest's payload, not only the package: a countersignature vouches for this build's statement (its
+# weights, its factors), and cannot be moved to another manifest of the same bytes.
+
+
+def countersign_statement(*, manifest: Manifest, checked_on: str, check: Mapping[str, Any],
+                          verifier: Mapping[str, Any], signed_at: float | None = None) -> dict[str, Any]:
+    """The statement a verifying worker signs for `manifest` (verified) after its check passed on `checked_on`."""
+    when = time.gmtime(signed_at if signed_at is not None else time.time())
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": manifest.key, "digest": {"sha256": manifest.sha256}}],
+        "predicateType": COUNTERSIGN_TYPE,
+        "predicate": _finite({
+            "artifact_key": manifest.key, "package_sha256": manifest.sha256,
+            "manifest_sha256": manifest.payload_sha256, "target": manifest.target, "checked_on": checked_on,
+            "check": dict(check), "verifier": dict(verifier),
+            "signed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", when),
+        }),
+    }
+
+
+@dataclass(frozen=True)
+class Countersignature:
+    """A countersignature whose signature verified and that vouches for one manifest, and the key that signed it."""
+
+    statement: dict[str, Any]
+    kid: str
+
+    @property
+    def predicate(self) -> dict[str, Any]:
+        return dict(self.statement["predicate"])
+
+
+def verify_countersignature(envelope: Any, trusted: Mapping[str, TrustedKey] | Iterable[TrustedKey],
+                            manifest: Manifest) -> Countersignature:
+    """The countersignature in `envelope` if a trusted, unrevoked key signed it and it vouches that `manifest`'s
+    package passed its check on the manifest's own target; else BadSignature (the reasons of `verify`)."""
+    body, kid = _open(envelope, trusted, "countersignature")
+    try:
+        st = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise BadSignature("malformed", "the countersigned payload is not JSON", kid=kid) from None
+    pred = st.get("predicate") if isinstance(st, dict) else None
+    if not isinstance(st, dict) or st.get("_type") != STATEMENT_TYPE or st.get("predicateType") != COUNTERSIGN_TYPE \
+            or not isinstance(pred, dict):
+        raise BadSignature("malformed", f"the countersigned payload is not an in-toto statement of type "
+                                        f"{COUNTERSIGN_TYPE}", kid=kid)
+    expected = {"artifact_key": manifest.key, "package_sha256": manifest.sha256,
+                "manifest_sha256": manifest.payload_sha256, "target": manifest.target}
+    wrong = [f"{k} {str(pred.get(k))[:80]!r} (expected {v!r})" for k, v in expected.items() if pred.get(k) != v]
+    if st.get("subject") != [{"name": manifest.key, "digest": {"sha256": manifest.sha256}}]:
+        wrong.append("its subject")
+    if wrong:
+        raise BadSignature("mismatch", f"the countersignature by {kid} is for another build: {'; '.join(wrong)}",
+                           kid=kid)
+    check = pred.get("check")
+    if not isinstance(check, dict) or check.get("passed") is not True:
+        raise BadSignature("mismatch", f"the countersignature by {kid} does not say the check passed on "
+                                       f"{manifest.target}", kid=kid)
+    return Countersignature(st, kid)
 
 
 def _verifies(key: TrustedKey, sig: bytes, signed: bytes) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,12 @@ DTYPES: dict[str, tuple[str, int]] = {
     "C64": ("complex64", 8),
 }
 BY_TORCH_NAME = {t: s for s, (t, _) in DTYPES.items()}
-MAX_HEADER_BYTES = 64 * 2**20  # safetensors' own reader caps it at 100 MB; 64 MiB holds ~500k entries
+# The header's cap, in MiB: a setting (worker/settings.py declares it, so a worker validates it at start-up, and
+# hands it to its sandboxed children), read here from the environment since the SDK, the loader and the check all
+# read blobs. safetensors' own reader caps a header at 100 MB; 64 MiB holds ~500k entries.
+MAX_HEADER_SETTING = "AOTC_WEIGHTS_MAX_HEADER_MB"
+DEFAULT_MAX_HEADER_MB = 64
+MAX_HEADER_MB_LIMIT = 1024
 METADATA = "__metadata__"
 SUFFIX = ".weights.safetensors"
 STRIDES = "aotc.strides"  # aotc's metadata: each tensor's stride in the program (what the package expects)
@@ -62,13 +68,32 @@ class Header:
     size: int  # the whole file's bytes
 
 
-def read_header(f: BinaryIO, size: int, max_header_bytes: int = MAX_HEADER_BYTES) -> Header:
-    """Parse and check the header of a file of `size` bytes open as `f`. FormatError names what is wrong."""
+def header_cap() -> int:
+    """AOTC_WEIGHTS_MAX_HEADER_MB (default 64), in bytes. ValueError naming the setting when it is not 1..1024."""
+    raw = os.environ.get(MAX_HEADER_SETTING, "").strip()
+    if not raw:
+        return DEFAULT_MAX_HEADER_MB * 2**20
+    try:
+        mb = int(raw)
+    except ValueError:
+        raise ValueError(f"{MAX_HEADER_SETTING}={raw[:20]!r} is not a whole number of MiB") from None
+    if not 0 < mb <= MAX_HEADER_MB_LIMIT:
+        raise ValueError(f"{MAX_HEADER_SETTING}={mb}: it must be 1..{MAX_HEADER_MB_LIMIT} (MiB)")
+    return mb * 2**20
+
+
+def read_header(f: BinaryIO, size: int, max_header_bytes: int | None = None) -> Header:
+    """Parse and check the header of a file of `size` bytes open as `f`. FormatError names what is wrong.
+    `max_header_bytes`: the cap; by default AOTC_WEIGHTS_MAX_HEADER_MB's."""
+    cap = max_header_bytes if max_header_bytes is not None else header_cap()
     if size < 8:
         raise FormatError(f"{size} bytes is too short for a safetensors file")
     (n,) = struct.unpack("<Q", f.read(8))
-    if n > max_header_bytes or n > size - 8:
-        raise FormatError(f"the header claims {n} bytes (the file has {size}, the cap is {max_header_bytes})")
+    if n > cap:
+        raise FormatError(f"the header claims {n} bytes, over the cap of {cap} ({MAX_HEADER_SETTING}="
+                          f"{cap // 2**20} MiB)")
+    if n > size - 8:
+        raise FormatError(f"the header claims {n} bytes, and the file has {size}")
     try:
         raw = json.loads(f.read(n).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as bad:
@@ -107,7 +132,7 @@ def read_header(f: BinaryIO, size: int, max_header_bytes: int = MAX_HEADER_BYTES
     return Header(entries, dict(meta), data_start, size)
 
 
-def read_header_file(path: str | Path, max_header_bytes: int = MAX_HEADER_BYTES) -> Header:
+def read_header_file(path: str | Path, max_header_bytes: int | None = None) -> Header:
     p = Path(path)
     with open(p, "rb") as f:
         return read_header(f, p.stat().st_size, max_header_bytes)

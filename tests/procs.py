@@ -35,7 +35,9 @@ api = httpx.Client(headers=AUTH, timeout=5.0)
 
 
 def _worker_env(env: dict[str, str], **extra: str) -> dict[str, str]:
-    return {"AOTC_HEADERS_DIR": str(HEADERS_DIR), **env, **extra}
+    # Test workers wait for the shared set before their first job (on a fresh checkout the first one builds it), so
+    # every test compile includes it as before; tests/worker/test_headers.py tests the background build.
+    return {"AOTC_HEADERS_DIR": str(HEADERS_DIR), "AOTC_HEADERS_WARMUP": "before", **env, **extra}
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -62,14 +64,15 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def start_api(env: dict[str, str], log_path: Path, *,
-              log_level: str = "warning") -> tuple[str, subprocess.Popen[bytes]]:
+def start_api(env: dict[str, str], log_path: Path, *, log_level: str = "warning",
+              http: str | None = None) -> tuple[str, subprocess.Popen[bytes]]:
     """The API served by uvicorn on a free port, in its own process; returns its URL once it answers.
-    `log_level="info"` logs each request and the shutdown, for tests that read the log."""
+    `log_level="info"` logs each request and the shutdown, for tests that read the log. `http`: uvicorn's HTTP
+    protocol, e.g. aotc-server's (service.api.http.protocol)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", log_level],
+         "--port", str(port), "--log-level", log_level, *(["--http", http] if http else [])],
         env=env, cwd=ROOT, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     wait_http(url, proc)
@@ -110,8 +113,9 @@ class Cluster:
     (tests that need workers apart from the session's, or that kill them)."""
 
     def __init__(self, base: Path, *, env: dict[str, str] | None = None, worker_env: dict[str, str] | None = None,
-                 worker_path: list[str] | None = None) -> None:
+                 worker_path: list[str] | None = None, api_http: str | None = None) -> None:
         self.base = base
+        self.api_http = api_http
         self.redis = EmbeddedRedis(base / "redis").start()
         self.store = Store(self.redis.url)
         common = {**os.environ, "AOTC_REDIS_URL": self.redis.url, "AOTC_DATA_DIR": str(base),
@@ -125,7 +129,7 @@ class Cluster:
         self.url, self.api = self.start_api()
 
     def start_api(self) -> tuple[str, subprocess.Popen[bytes]]:
-        url, proc = start_api(self.api_env, self.base / f"api-{len(self.procs)}.log")
+        url, proc = start_api(self.api_env, self.base / f"api-{len(self.procs)}.log", http=self.api_http)
         self.procs.append(proc)
         return url, proc
 

@@ -114,16 +114,20 @@ def main(jobdir: str, kind: str) -> int:
         _import_toolchain(kind, str(task.get("device") or "cpu"))
         on_stage(READY)
         if kind == "compile":
-            from compiler.compat.caches import inductor_cache_settings
+            from compiler.compat.caches import inductor_cache_settings, without_precompiled_headers
             from compiler.options import CompileOptions
             from compiler.pipeline import compile_model
 
             options = CompileOptions(**task["options"])
-            result = compile_model(
-                task["model_path"], task["spec"], task["program_inputs"], options, task["device"], task["out_path"],
-                on_stage, target=task.get("target"), isa_scan_timeout_s=float(task.get("isa_scan_timeout_s", 120)),
-            )
-            result["caches"] = inductor_cache_settings()
+            # No trusted header set bound yet (worker.headers): parse the headers rather than build a private set.
+            trusted = task.get("precompiled_headers", True)
+            with contextlib.nullcontext() if trusted else without_precompiled_headers():
+                result = compile_model(
+                    task["model_path"], task["spec"], task["program_inputs"], options, task["device"],
+                    task["out_path"], on_stage, target=task.get("target"),
+                    isa_scan_timeout_s=float(task.get("isa_scan_timeout_s", 120)),
+                )
+            result["caches"] = {**inductor_cache_settings(), "precompiled_headers": "trusted" if trusted else "none"}
         elif kind == "check":
             from compiler.check import check_artifact, untimed
 

@@ -14,7 +14,15 @@ later compiles of other users include. So:
   (other options) builds its own in its private dir, which goes with the job.
 
 HEADERS (AOTC_HEADERS_DIR, default AOTC_WORK_DIR/headers) keeps the set across restarts on a volume; one worker
-builds it while the others wait (flock). A failed warm-up only costs speed: each compile then builds its own.
+builds it while the others wait (flock).
+
+Building the set is off a fresh worker's critical path (AOTC_HEADERS_WARMUP=background, the default): a worker
+whose set is not on disk yet starts the warm-up in a thread and takes jobs at once. Until the set is adopted, its
+compiles run without precompiled headers (compiler.compat.caches.without_precompiled_headers): they build none and
+read none, so no compile, of the warm-up's time or after, ever includes a header that a job's compile made. The
+set is swapped in whole (rename) and a compile binds the files that were adopted when it started. A failed warm-up
+only costs speed: compiles go on without precompiled headers. AOTC_HEADERS_WARMUP=before waits for the set
+before the first job, as workers did before.
 """
 
 from __future__ import annotations
@@ -75,6 +83,16 @@ class Headers:
         for src, dest in self.binds(tmpdir):
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.symlink_to(src)
+
+    @property
+    def ready(self) -> bool:
+        """A trusted set is adopted: compiles bind it (files is only ever replaced by a whole new set)."""
+        return bool(self.files)
+
+    def found(self) -> bool:
+        """The set is on disk already (an earlier start, another worker): adopt it without the lock. A set being
+        swapped in meanwhile reads as absent, and ensure() then takes the lock and reads it again."""
+        return self._load()
 
     def _load(self) -> bool:
         try:

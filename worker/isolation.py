@@ -192,7 +192,7 @@ class Sandbox:
             "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE": "0",
             "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0",
         }
-        for name in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"):
+        for name in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "AOTC_WEIGHTS_MAX_HEADER_MB"):
             if os.environ.get(name):
                 env[name] = os.environ[name]
         if self.ld_preload:

@@ -28,12 +28,13 @@ from typing import Any, TypeVar, cast
 
 import redis
 
-from compiler import speed  # torch-free
-from compiler.errors import Failure
+from compiler import ontarget, speed  # torch-free
+from compiler.errors import BadSignature, Failure
 from compiler.report import attach_check  # torch-free
-from compiler.signing import Signer, key_record, statement
+from compiler.signing import Signer, TrustedKey, countersign_statement, key_record, statement
+from compiler.signing import verify as verify_manifest
 from compiler.weightsfile import FormatError, describe, read_header_file
-from service.store import Lease, Store
+from service.store import Lease, Store, keys
 from service.store.blobstore import local_root
 from service.store.disk import is_disk_full
 from worker.backoff import retry_delay, until_redis
@@ -197,7 +198,8 @@ class JobRunner:
         self.stage = "fetch"
         try:
             try:
-                outcome, result = self._compile_and_check(job, workdir)
+                work = self._verify_on_target if job.get("kind") == "verify" else self._compile_and_check
+                outcome, result = work(job, workdir)
             except Exception as e:  # the worker's own write: the model, a child's task, the outputs, publishing
                 if not is_disk_full(e):  # ENOSPC anywhere in the cause chain; else process() reports it
                     raise
@@ -279,17 +281,26 @@ class JobRunner:
             return []
         return self.headers.binds(tmp)
 
-    def prepare(self) -> None:
-        """At start, before the first job: build the trusted precompiled headers, or find them built."""
+    def prepare(self) -> threading.Thread | None:
+        """At start: find the trusted precompiled headers built, or build them, before the first job
+        (AOTC_HEADERS_WARMUP=before) or in a thread while jobs compile without them (background: the thread)."""
+        if self.headers.found():
+            log.info("precompiled headers: %d files in %s", len(self.headers.files), self.headers.dir)
+            return None
+        background = self.settings.headers_warmup == "background"
+        # The warm-up's own health record in the background: its child must not race the jobs' children on the
+        # early-crash count (a broken environment fails those too, and they count).
+        health = Health(self.settings.worker_max_early_crashes) if background else self.health
+
         def warm_up(adopt: Callable[[Path], None]) -> bool:
             jobdir = (self.settings.work_dir / f"warmup-{os.getpid()}").resolve()
             try:
-                outcome = self.health.run_child({"kind": "warmup", "device": self.info["device"],
-                                                 "target": self.target}, jobdir,
-                                                sandbox=self.sandbox, timeout_s=self.settings.compile_timeout_s,
-                                                device=self.info["device"], hide=self._hide(),
-                                                keep=lambda: [f"{header_dir(Path('tmp'))}/"],
-                                                should_cancel=self.stopping.is_set)
+                outcome = health.run_child({"kind": "warmup", "device": self.info["device"],
+                                            "target": self.target}, jobdir,
+                                           sandbox=self.sandbox, timeout_s=self.settings.compile_timeout_s,
+                                           device=self.info["device"], hide=self._hide(),
+                                           keep=lambda: [f"{header_dir(Path('tmp'))}/"],
+                                           should_cancel=self.stopping.is_set)
                 if not outcome.ok:
                     assert outcome.failure is not None
                     log.warning("warm-up compile failed: %s\n%s", outcome.failure.message, outcome.failure.excerpt)
@@ -305,7 +316,19 @@ class JobRunner:
                 if not self.settings.keep_work:
                     shutil.rmtree(jobdir, ignore_errors=True)
 
-        self.headers.ensure(warm_up)
+        if not background:
+            self.headers.ensure(warm_up)
+            return None
+        log.info("precompiled headers: building them in the background; compiles go without until they are ready")
+        def build() -> None:
+            try:
+                self.headers.ensure(warm_up)
+            except Exception:  # the worker's own fault (its headers dir): compiles go on without, as before
+                log.exception("precompiled headers: building them failed; compiles go on without")
+
+        thread = threading.Thread(target=build, name="headers", daemon=True)
+        thread.start()
+        return thread
 
     def _compile_and_check(self, job: dict[str, Any], workdir: Path) -> tuple[Outcome, dict[str, Any]]:
         store, job_id = self.store, job["id"]
@@ -343,7 +366,8 @@ class JobRunner:
         compiled = run(
             {"kind": "compile", "model_path": str(model_path), "spec": job["spec"], "options": job["options"],
              "program_inputs": model["inputs"], "device": device, "out_path": str(compile_dir / "artifact.pt2"),
-             "target": target, "isa_scan_timeout_s": self.settings.isa_scan_timeout_s},
+             "target": target, "isa_scan_timeout_s": self.settings.isa_scan_timeout_s,
+             "precompiled_headers": self.headers.ready},
             workdir, timeout_s=self.settings.compile_timeout_s, prepare=prepare,
             keep=lambda: [*OUTPUTS.values(), *(share.files() if share is not None else [])],
         )
@@ -363,10 +387,11 @@ class JobRunner:
             task = {"model_path": str(model_path), "package_path": str(outputs["package"]), "spec": job["spec"],
                     "device": device, "options": job["options"]}
             lock = lock_path(self.settings.data_dir, device) if self.settings.check_exclusive else None
-            # AOTC_TIMING_PASS=auto, or no lock at all: a check that finds the device free times itself under the
-            # lock (one child fewer: a worker alone on its device); otherwise it runs beside the others, untimed.
+            # No lock at all, or AOTC_TIMING_PASS=auto (alone: and no other worker on this device): a check that
+            # finds the device free times itself under the lock (one child fewer); otherwise it runs beside the
+            # others, untimed.
             with exclusive(lock, 0) as held:
-                alone = lock is None or (self.settings.timing_pass == "auto" and held["exclusive"])
+                alone = lock is None or (held["exclusive"] and self._times_itself())
                 if alone:
                     checked = run({"kind": "check", **task}, workdir, timeout_s=self.settings.check_timeout_s)
             if not alone:
@@ -391,7 +416,7 @@ class JobRunner:
                 check = speed.not_replayable(check)
         weights: dict[str, Any] | None = None
         if outputs["weights"] is not None:
-            found = _weights_manifest(outputs["weights"], check)
+            found = _weights_manifest(outputs["weights"], check, self.settings.weights_max_header_mb * 2**20)
             if isinstance(found, Failure):
                 return Outcome(False, failure=found), {}
             weights = found
@@ -419,15 +444,137 @@ class JobRunner:
         if weights is not None:
             record["weights"] = {"sha256": weights["sha256"], "size": weights["size"],
                                  "constants": len(weights["constants"])}
+        # A target it builds but does not serve natively: checked here, on its own device, not on the target.
+        blind = outputs["package"] is not None and target in (self.info.get("build_only") or ())
+        built_on = str(self.info.get("built_on") or self.target)
+        if blind:
+            record["on_target"] = {"state": ontarget.UNVERIFIED, "built_on": built_on}
 
         def publish() -> dict[str, Any]:
             if outputs["package"] is not None:  # a report-only record (mode=training) has no package to sign
-                record["manifest"] = self._sign(job, outputs["package"], check, weights)
+                record["manifest"] = self._sign(job, outputs["package"], check, weights,
+                                                {"run": False, "built_on": built_on} if blind else None)
             return store.artifacts.put(record, outputs["package"], report=report, sources=outputs["sources"],
                                        weights=outputs["weights"])
 
         artifact = self._once_redis_answers(publish, f"publish job {job_id}")
+        if ontarget.state(artifact) == ontarget.UNVERIFIED:
+            self._once_redis_answers(partial(self._ask_verify, job, artifact), f"queue the verify job of {job_id}")
         return Outcome(True), {"key": artifact["key"], "timings": timings, "check": check}
+
+    def _ask_verify(self, job: dict[str, Any], artifact: dict[str, Any]) -> None:
+        """Queue the job that has a worker serving the artifact's target natively check it there and countersign
+        (compiler/ontarget.py). One per artifact at a time (its key is the artifact's)."""
+        target = str(artifact["factors"]["target"])
+        job_id, created = self.store.jobs.submit(
+            f"verify:{artifact['key']}", keys.verify_target(target),
+            {"kind": "verify", "artifact": artifact["key"], "model_id": artifact["model_id"], "spec": job["spec"],
+             "options": job["options"], "toolchain": job["toolchain"], "factors": job["factors"],
+             "max_attempts": job.get("max_attempts", 3)},
+            priority=str(job.get("priority") or keys.PRIORITIES[0]))
+        if created:
+            log.info("artifact %s was built for %s on %s, not run there: verify job %s queued", artifact["key"],
+                     target, artifact["on_target"].get("built_on"), job_id)
+
+    def _verify_on_target(self, job: dict[str, Any], workdir: Path) -> tuple[Outcome, dict[str, Any]]:
+        """A verify job: check, on this worker's device (which serves the target natively), a package another
+        worker built for it without running it there, and countersign it with this worker's key. The package and
+        its weights are the stored bytes its builder's manifest signed (verified here first against the service's
+        keys), checked by the same sandboxed check child as a compile's."""
+        store, key = self.store, str(job["artifact"])
+        art = store.artifacts.get(key)
+        if art is None:
+            return Outcome(False, failure=Failure.not_found(f"artifact {key} is gone from the store", "fetch")), {}
+        done: dict[str, Any] = {"key": key, "timings": {}, "check": None}
+        if ontarget.state(art) != ontarget.UNVERIFIED:  # verified (or failed) by an earlier delivery
+            return Outcome(True), done
+        if self.signer is None:
+            raise RuntimeError("this worker has no signing key (worker.main loads one at start)")
+        trusted = []
+        for rec in store.signing.all():
+            try:
+                trusted.append(TrustedKey.from_record(rec))
+            except (ValueError, TypeError):
+                continue
+        try:
+            manifest = verify_manifest(art.get("manifest"), trusted)
+            manifest.expect(key=key, sha256=str(art.get("sha256")), size=int(art.get("size") or 0))
+        except BadSignature as e:
+            return Outcome(False, failure=Failure.bad_output("fetch", f"refusing to verify artifact {key}: {e}")), {}
+        if manifest.target != self._native(manifest.target):
+            return Outcome(False, failure=Failure.bad_output(
+                "fetch", f"artifact {key} is for {manifest.target}, which this worker does not serve natively")), {}
+        workdir.mkdir(parents=True, exist_ok=True)
+        os.chmod(workdir, 0o755)  # the worker's: children read the model, the package and their task here
+        results = workdir / "results"
+        results.mkdir()
+        os.chmod(results, 0o755)
+        package = results / OUTPUTS["package"]
+        self._set_stage(job["id"], "fetch")
+        if store.blobs.to_file("artifact", store.artifacts.blob_id(art), package) != manifest.sha256:
+            return Outcome(False, failure=Failure.bad_output("fetch", f"artifact {key}'s stored package is not "
+                                                                      "the one its manifest signed")), {}
+        if manifest.weights is not None:
+            sidecar = results / OUTPUTS["weights"]
+            if store.blobs.to_file("weights", str(manifest.weights["sha256"]), sidecar) != manifest.weights["sha256"]:
+                return Outcome(False, failure=Failure.bad_output("fetch", f"artifact {key}'s weights blob is not "
+                                                                          "the one its manifest signed")), {}
+            os.chmod(sidecar, 0o644)
+        os.chmod(package, 0o644)
+        model_path = workdir / "model.pt2"
+        if store.models.get(job["model_id"]) is None:
+            return Outcome(False, failure=Failure.not_found(f"model {job['model_id']} is gone from the store",
+                                                            "fetch")), {}
+        store.blobs.to_file("model", job["model_id"], model_path)
+        os.chmod(model_path, 0o644)
+        checked = self.health.run_child(
+            {"kind": "check", "model_path": str(model_path), "package_path": str(package), "spec": job["spec"],
+             "device": self.info["device"], "options": job["options"], "untimed": True},
+            workdir, sandbox=self.sandbox, device=self.info["device"], limits=self.limits(), hide=self._hide(),
+            timeout_s=self.settings.check_timeout_s, on_stage=partial(self._set_stage, job["id"]),
+            should_cancel=partial(self._should_stop, job["id"]))
+        mark = {**art["on_target"], "worker": self.id, "at": time.time()}
+        if not checked.ok:
+            if checked.failure is not None and checked.failure.type == "CheckFailed":  # the package, not the machine
+                self._once_redis_answers(partial(store.artifacts.set_on_target, key, {
+                    **mark, "state": ontarget.FAILED, "checked_on": manifest.target,
+                    "why": checked.failure.message[:500]}), f"record artifact {key}'s failed check")
+            return checked, {}
+        result = checked.result
+        summary = {"passed": result.get("passed") is True, "max_abs_err": result.get("max_abs_err"),
+                   "max_rel_err": result.get("max_rel_err"), "points": len(result.get("points") or []),
+                   "device": self.info["device_name"], "seconds": round(checked.seconds, 3)}
+        envelope = self.signer.sign(countersign_statement(
+            manifest=manifest, checked_on=manifest.target, check=summary,
+            verifier={"id": self.id, "host": self.info["host"], "device_name": self.info["device_name"]}))
+        marked = self._once_redis_answers(partial(store.artifacts.set_on_target, key, {
+            **mark, "state": ontarget.VERIFIED, "checked_on": manifest.target, "by": self.signer.kid}, envelope),
+            f"countersign artifact {key}")
+        if marked is None:
+            return Outcome(False, failure=Failure.not_found(f"artifact {key} went from the store meanwhile",
+                                                            "publish")), {}
+        log.info("artifact %s checked on %s and countersigned with key %s", key, manifest.target, self.signer.kid)
+        return Outcome(True), {**done, "timings": {"check": round(checked.seconds, 3)}, "check": summary}
+
+    def _native(self, target: str) -> str | None:
+        """`target` if this worker serves it natively (not build-only), else None."""
+        served = self.info.get("targets") or [self.target]
+        return target if target in served and target not in (self.info.get("build_only") or ()) else None
+
+    def _times_itself(self) -> bool:
+        """Whether a check that holds the device lock takes the figures itself (one child fewer: no timing pass).
+        With AOTC_TIMING_PASS=alone, only while no other live worker shares this device: one that does would wait
+        for the lock through this whole check, not just a timing pass; the figures are taken under the lock
+        either way."""
+        mode = self.settings.timing_pass
+        if mode != "alone":
+            return mode == "auto"
+        try:
+            others = [w for w in self.store.workers.live() if w.get("id") != self.id
+                      and w.get("host") == self.info["host"] and w.get("device") == self.info["device"]]
+        except redis.RedisError:
+            return False
+        return not others
 
     def _timing_pass(self, job_id: str, task: dict[str, Any], check: dict[str, Any], workdir: Path,
                      run: Callable[..., Any], cancelled: Callable[[], bool]
@@ -449,7 +596,7 @@ class JobRunner:
         return speed.with_timing(check, timed.result, {**held, "seconds": seconds}), seconds, held["waited_s"]
 
     def _sign(self, job: dict[str, Any], package: Path, check: dict[str, Any] | None,
-              weights: dict[str, Any] | None = None) -> dict[str, Any]:
+              weights: dict[str, Any] | None = None, on_target: dict[str, Any] | None = None) -> dict[str, Any]:
         """The signed manifest (compiler/signing.py) of a package about to be published. Signed here, in the trusted
         worker, from the file the dead child left: the key never reaches a child, and Redis only stores the result."""
         signer = self.signer
@@ -467,7 +614,7 @@ class JobRunner:
             model_sha256=str(job["factors"].get("model") or job["model_id"]), factors=job["factors"],
             toolchain=self.info["toolchain"], target=str(job.get("target") or self.target), check=check,
             worker={"id": self.id, "host": self.info["host"], "device_name": self.info["device_name"]},
-            weights=weights))
+            weights=weights, on_target=on_target))
 
 
 REPORT_MAX_BYTES = 256 * 2**20
@@ -476,12 +623,13 @@ OUTPUTS = {"package": "artifact.pt2", "report": "report.json", "sources": "sourc
 OPTIONAL = ("package", "weights")  # none for mode=training; no weights for a package that carries its own
 
 
-def _weights_manifest(path: Path, check: dict[str, Any] | None) -> dict[str, Any] | Failure:
+def _weights_manifest(path: Path, check: dict[str, Any] | None,
+                      max_header_bytes: int | None = None) -> dict[str, Any] | Failure:
     """What the manifest signs of a weights blob the compile left: its sha256, size and constants, read from its
     header here (torch-free, strictly: compiler.weightsfile). Refused unless the check bound this blob and found the
     package reading exactly these constants."""
     try:
-        constants = describe(read_header_file(path))
+        constants = describe(read_header_file(path, max_header_bytes))
     except (FormatError, OSError) as e:
         return Failure.bad_output("publish", f"the compile's weights blob is not a well-formed safetensors file: {e}")
     bound = (check or {}).get("weights") or {}

@@ -7,8 +7,9 @@ worker that dies loses no job. The attempt is counted at claim time, so a job th
 stops at max_attempts. A worker never exits because Redis is down: it waits (worker.backoff).
 
 Before it serves, a worker sets up the sandbox its children run in (worker.isolation: it refuses to start when
-none can be set up, unless AOTC_SANDBOX=off) and, once registered, builds or finds the trusted precompiled
-headers (worker.headers); its registry record says whether its children are sandboxed.
+none can be set up, unless AOTC_SANDBOX=off) and, once registered, finds the trusted precompiled headers or
+builds them (worker.headers: in the background by default, taking jobs meanwhile); its registry record says whether
+its children are sandboxed.
 
 A worker knows when it is broken (worker.health): after AOTC_WORKER_MAX_EARLY_CRASHES children in a row fail
 before their work starts (in `import torch`, or before), it stops claiming jobs and says so in its registry record
@@ -36,8 +37,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+import redis
+
 from compiler.signing import Signer, key_record
-from service.store import Lease, StorageOptions, Store
+from service.store import Lease, StorageOptions, Store, keys
 from service.store.reaper import Reaper
 from worker.backoff import until_redis
 from worker.isolation import Sandbox, SandboxUnavailable, setup
@@ -58,12 +61,15 @@ class Worker:
         self.info = info
         self.target: str = info["target"]
         self.targets: list[str] = list(info.get("targets") or [self.target])  # every level it serves, own first
+        # Verify jobs (compiler/ontarget.py) only for the targets it serves natively: never for one it builds blind.
+        build_only = set(info.get("build_only") or ())
+        self.queue_names = [*self.targets, *(keys.verify_target(t) for t in self.targets if t not in build_only)]
         self.id = f"{info['host']}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.store = Store(settings.redis_url, storage=StorageOptions.from_settings(settings))
         self.started = time.time()
         self.stopping = threading.Event()  # shutdown requested (SIGTERM/SIGINT)
         self._hb_stop = threading.Event()
-        self.reader = Reader(self.store, self.targets, self.id, batch_max_wait_s=settings.batch_max_wait_s,
+        self.reader = Reader(self.store, self.queue_names, self.id, batch_max_wait_s=settings.batch_max_wait_s,
                              poll_ms=settings.poll_ms)
         self.reaper = Reaper(self.store, settings.lease_s, settings.reap_interval_s)
         self.sandbox = sandbox or setup(settings, info["device"])
@@ -116,7 +122,14 @@ class Worker:
         every reap_interval_s), so lost jobs are back in line, and queues the retried jobs whose backoff is over."""
         self.reaper.maybe_run()
         self.store.jobs.promote_due()
-        return self.reader.next()
+        try:
+            return self.reader.next()
+        except redis.ResponseError as e:
+            # A stream nobody made yet (a verify queue before any worker ensured it) or that Redis lost: make them.
+            if "NOGROUP" not in str(e):
+                raise
+            self.ensure_queues()
+            return self.reader.next()
 
     def while_unhealthy(self) -> None:
         """One turn of the loop of a worker that claims nothing: the heartbeat thread goes on (so no reaper takes
@@ -162,7 +175,7 @@ class Worker:
         self._until_redis(self.heartbeat, "register")
         hb = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         hb.start()
-        self.runner.prepare()  # the trusted precompiled headers, before the first job (registered meanwhile)
+        self.runner.prepare()  # the trusted precompiled headers: found, built now, or building in a thread
         log.info("worker %s serving %s (%s)", self.id, ", ".join(self.targets), self.info["device_name"])
         try:
             while not self.stopping.is_set():
@@ -211,18 +224,27 @@ class Worker:
         return until_redis(fn, what, self.stopping.wait, recover=self.ensure_queues)
 
     def ensure_queues(self) -> None:
-        for target in self.targets:
-            self.store.queues.ensure(target)
+        for name in self.queue_names:
+            self.store.queues.ensure(name)
 
 
 def serve(settings: WorkerSettings, max_jobs: int | None = None) -> None:
     """Run a worker until SIGTERM/SIGINT. A signal mid-job kills the child and hands the job back unspent."""
-    from compiler.device import detect
+    from compiler.device import detect, host_target
 
     try:
         info = detect(settings.device, settings.worker_targets)
     except ValueError as e:  # AOTC_WORKER_TARGETS names a level above this host's
         raise SystemExit(f"aotc-worker: refusing to start: {e}") from None
+    if settings.build_only_targets:
+        unserved = [t for t in settings.build_only_targets if t not in info["targets"]]
+        if unserved:
+            raise SystemExit(f"aotc-worker: refusing to start: AOTC_BUILD_ONLY_TARGETS names {', '.join(unserved)}, "
+                             f"which this worker does not build (it serves {', '.join(info['targets'])}; "
+                             "AOTC_WORKER_TARGETS)")
+        # What its build-only artifacts are marked as built (and checked) on: the host itself, not the target.
+        info["build_only"] = list(settings.build_only_targets)
+        info["built_on"] = str(host_target(info["device"]))
     try:
         sandbox = setup(settings, info["device"])
     except SandboxUnavailable as e:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from compiler.errors import AotcError
@@ -26,10 +26,22 @@ class WorkerSettings(StorageSettings):
         default_factory=list, description="The CPU targets this worker serves, e.g. [\"cpu-x86_64-v3\"] (aliases "
         "such as cpu-x86_64-avx2 allowed). Empty: every x86-64 level at or below the host's (an AVX-512 host serves "
         "v4, v3, v2 and v1). A level above the host's stops the worker at start. Ignored by GPU workers.")
+    build_only_targets: list[str] = Field(
+        default_factory=list, description="Targets this worker builds but does not serve natively, e.g. "
+        "[\"cpu-x86_64-v3\"] on a v4 host, or an older GPU architecture where the toolchain can emit it: its check "
+        "runs on this worker's own device, not on the target, so it publishes the artifact marked 'built, not run "
+        "on target' (in the record and the signed manifest) and queues a verify job that only a worker serving the "
+        "target natively takes; that worker checks it there and countersigns. Lookup serves such an artifact only "
+        "when asked (allow_unverified) until then. Each must be a target this worker serves (AOTC_WORKER_TARGETS); "
+        "it never takes verify jobs for them.")
     isa_scan_timeout_s: float = Field(
         default=120.0, gt=0, description="How long a CPU compile may spend disassembling its package to check that "
         "no instruction above its x86-64 level is in it (compiler.isa); past it the scan stops, and the report "
         "says it is incomplete. The flags check always runs.")
+    weights_max_header_mb: int = Field(
+        default=64, gt=0, le=1024, description="The largest safetensors header a weights blob may have (its JSON "
+        "list of tensors; 64 MiB holds about 500k): the worker's publish, its check children, the SDK and the "
+        "loader refuse a blob whose header claims more. Read from the environment where a client reads a blob.")
     work_dir: Path = Field(default=Path(".aotc/work"), description="Scratch space for compiles.")
     compile_timeout_s: float = Field(default=1800.0, gt=0, description="A compile running longer is killed.")
     check_timeout_s: float = Field(default=600.0, gt=0, description="An artifact check running longer is killed.")
@@ -56,12 +68,13 @@ class WorkerSettings(StorageSettings):
         "taken on a quiet device. The correctness check runs beside compiles and other checks, without it; the "
         "timing pass that follows (compiler/timing.py) takes it. A worker waits at most AOTC_CHECK_TIMEOUT_S for "
         "it, then times anyway; the record's check.timing says whether it held the device, the wait, the load.")
-    timing_pass: Literal["separate", "auto"] = Field(
-        default="separate", description="Where an artifact's latency figures come from. separate: the check runs "
+    timing_pass: Literal["alone", "separate", "auto"] = Field(
+        default="alone", description="Where an artifact's latency figures come from. separate: the check runs "
         "beside compiles and other checks, untimed, then a timing pass of its own (compiler/timing.py) times eager, "
         "the package and its graph replay under the device lock (AOTC_CHECK_EXCLUSIVE); for farms, where one "
         "check at a time would set the pace. auto: a check that finds the device lock free times itself under it "
-        "(one child fewer, for a worker alone on its device), else as separate. The record's check.timing says "
+        "(one child fewer, for a worker alone on its device), else as separate. alone: as auto while the registry "
+        "shows no other live worker on this host and device, else as separate. The record's check.timing says "
         "which ran.")
     keep_work: bool = Field(default=False, description="Keep each job's scratch folder (logs, package) for debugging.")
     retry_backoff_s: float = Field(
@@ -141,6 +154,13 @@ class WorkerSettings(StorageSettings):
         default=None, description="Where the trusted precompiled headers live, built at start by a sandboxed "
         "compile of a built-in model and bound read-only into every compile (default: AOTC_WORK_DIR/headers)."
     )
+    headers_warmup: Literal["background", "before"] = Field(
+        default="background", description="When a worker builds the trusted precompiled headers it lacks. "
+        "background: it takes jobs at once, and until the set is built (by the warm-up, in the background) its "
+        "compiles run without precompiled headers, building none of their own; before: it takes no job until the "
+        "set is built (81-127 s on a GPU machine). Either way only the warm-up's compile of a built-in model makes "
+        "headers that other compiles include (worker/headers.py)."
+    )
     compile_max_memory_gb: float = Field(
         default=16.0, ge=0, description="Memory of each compile or check sandbox, all its processes together "
         "(cgroup memory.max or memory.limit_in_bytes; its tmpfs counts too), CUDA children included; 0: none. "
@@ -169,13 +189,13 @@ class WorkerSettings(StorageSettings):
         default=8192, ge=0, description="Open files per process (RLIMIT_NOFILE) in compile and check children; 0: none."
     )
 
-    @field_validator("worker_targets")
+    @field_validator("worker_targets", "build_only_targets")
     @classmethod
-    def _known_targets(cls, value: list[str]) -> list[str]:
+    def _known_targets(cls, value: list[str], info: ValidationInfo) -> list[str]:
         try:  # aliases become levels; whether this host can serve them is checked at start (compiler.device)
             return [str(Target.parse(t)) for t in value]
         except AotcError as e:
-            raise ValueError(f"AOTC_WORKER_TARGETS: {e.message}") from None
+            raise ValueError(f"AOTC_{str(info.field_name).upper()}: {e.message}") from None
 
     @model_validator(mode="after")
     def _redis_password(self) -> WorkerSettings:

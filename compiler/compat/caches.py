@@ -17,6 +17,7 @@ Three caches matter (torch 2.11 and 2.13 alike):
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
@@ -115,3 +116,16 @@ def merge_gemm_timings(path: str, timings: dict[tuple[str, str, str, str], float
             json.dump(doc, f)
         os.replace(tmp, path)
     return added
+
+
+def without_precompiled_headers() -> contextlib.AbstractContextManager[Any]:
+    """AOTInductor compiles without precompiled headers in this block: each translation unit parses the headers
+    itself, and no header is built or read. For a compile that has no trusted header set to include (the worker's
+    warm-up is still building it, worker/headers.py): building one of its own is the same parse, written to a .gch
+    that no other compile may use. `aot_inductor.precompile_headers` is in 2.11 and 2.13; a torch without it never
+    precompiles AOTInductor's headers, so there is nothing to turn off."""
+    from torch._inductor import config
+
+    if not hasattr(config.aot_inductor, "precompile_headers"):
+        return contextlib.nullcontext()
+    return config.patch({"aot_inductor.precompile_headers": False})

@@ -32,6 +32,7 @@ from service.api.cache import Reads
 from service.api.events import EventHub
 from service.api.http import BodyDeadlines
 from service.api.liveness import Liveness
+from service.api.lookup import FastLookup
 from service.api.routes import artifacts, compilations, health, jobs, keys, metrics, models, names, signing, workers
 from service.api.routes.metrics import CountRequests, Scraper
 from service.api.settings import Settings, get_settings
@@ -102,14 +103,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # unreachable (503), out of memory (507) or refusing (503), and a last-resort 500 logged under a request id.
     errors.install(app)
     # Routes match in this order: artifacts first, since deploy-time lookups, metas and pulls are most of the
-    # traffic (each route tried before the right one costs a match); their paths overlap no other router's.
-    routers = [m.router for m in (artifacts, health, metrics, models, compilations, jobs, workers, keys, signing,
-                                  names)]
+    # traffic (each route tried before the right one costs a match); then names, whose pick by tag is the fleet's
+    # deploy-time path (last, it paid ~0.6 ms of matching per request); their paths overlap no other router's.
+    routers = [m.router for m in (artifacts, names, health, metrics, models, compilations, jobs, workers, keys,
+                                  signing)]
     for router in routers:
         app.include_router(router)
     ours = [route for router in routers for route in router.routes]
     app.router.routes.insert(0, MethodGate(ours, literal=True))
     app.router.routes.append(MethodGate(ours, literal=False))
+    # The deploy-time lookup, first: it skips FastAPI's per-request solving and hands the rest of its requests
+    # on to the FastAPI route (service/api/lookup.py).
+    app.router.routes.insert(0, FastLookup())
     app.include_router(ui.router)  # the web console at /ui (service/ui): after the API's routes, so they match first
     openapi.install(app, settings)
     app.add_middleware(CountRequests)  # cache hits and misses, bytes served: /metrics

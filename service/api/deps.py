@@ -10,6 +10,7 @@ while Redis holds the same bytes.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request, Response
@@ -45,7 +46,10 @@ SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 
 def is_id_prefix(model_id: str) -> bool:
     """A model id or a prefix of one that is long enough to look up (8+ hex digits, as `aotc models` prints)."""
-    return 8 <= len(model_id) <= 64 and all(c in "0123456789abcdef" for c in model_id)
+    return _ID_PREFIX.fullmatch(model_id) is not None  # a regex: a per-character generator was 3 % of a lookup
+
+
+_ID_PREFIX = re.compile(r"[0-9a-f]{8,64}")
 
 
 def _no_model(model_id: str) -> NotFound:

@@ -15,17 +15,28 @@ them take the API from everyone else (slowloris). Two parts:
   AOTC_BODY_IDLE_TIMEOUT_S, or fewer than AOTC_BODY_MIN_RATE_KBPS on average over each AOTC_BODY_IDLE_TIMEOUT_S of
   waiting, is answered 408 naming the setting, and the connection closed. Only the time spent waiting for the
   client counts, so a route that is slow to take what came never makes a client look slow.
+
+`HttpToolsProtocol` also sends package bytes with sendfile(2) (`SENDFILE`, an ASGI extension of ours): the kernel
+copies them from the page cache to the socket, where a streamed answer costs the API a read into Python, a thread
+hop per piece and a copy into the socket (bench/README.md "Verified pull": that was most of the API's CPU per GB).
+`Sendfile` (the route's response) uses it where the server offers it and the blob lies in a local file, and streams
+otherwise (h11, TLS, an S3 or Redis blob store, a test client). A client that takes no bytes for
+AOTC_SEND_STALL_S is cut off (the connection closed), as it would hold a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import select
 import time
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO
 
 import h11
 from fastapi import HTTPException
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -138,10 +149,22 @@ if _HttpTools is not None:
             super().__init__(*args, **kwargs)
             self._in_body = False  # between a request's headers and its end
 
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            sock = transport.get_extra_info("socket")
+            # Plain TCP only: under TLS the bytes must pass through the transport's encryption.
+            plain = sock is not None and transport.get_extra_info("sslcontext") is None
+            self._fd = sock.fileno() if plain and get_settings().sendfile else -1
+
         def on_headers_complete(self) -> None:
             self._in_body = True
             self._disarm()  # the route's own time starts
+            if self._fd >= 0:
+                self.scope["extensions"] = {**(self.scope.get("extensions") or {}), SENDFILE: {}}
             super().on_headers_complete()
+            cycle = self.cycle
+            if self._fd >= 0 and cycle is not None and cycle.scope is self.scope:  # this request's cycle
+                cycle.send = _with_sendfile(cycle, self.transport, self._fd, get_settings().send_stall_s)
 
         def on_message_complete(self) -> None:
             self._in_body = False
@@ -149,6 +172,97 @@ if _HttpTools is not None:
 
         def _headers_pending(self) -> bool:
             return not self._in_body
+
+
+SENDFILE = "aotc.sendfile"  # the extension; its message: {"type": SENDFILE, "file": ..., "offset": ..., "count": ...}
+_SENDERS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="aotc-sendfile")  # each mostly waits on its socket
+
+
+def _with_sendfile(cycle: Any, transport: asyncio.Transport, fd: int, stall_s: float) -> Any:
+    """`cycle.send` that also takes a SENDFILE message: the file's bytes, after the head the route sent."""
+    plain = cycle.send
+
+    async def send(message: Message) -> None:
+        if message["type"] != SENDFILE:
+            await plain(message)
+            return
+        count = int(message["count"])
+        # The head went through the transport: what the socket did not take at once is still in its buffer, and
+        # must leave before the file's bytes.
+        waited = 0.0
+        while transport.get_write_buffer_size() and not transport.is_closing() and waited < stall_s:
+            await asyncio.sleep(0.005)
+            waited += 0.005
+        try:
+            if transport.is_closing() or transport.get_write_buffer_size():
+                raise ConnectionError("closed, or the head not taken within AOTC_SEND_STALL_S")
+            # The thread writes to a duplicate of the socket's descriptor, and closes it itself: if the loop closes
+            # the connection meanwhile (the client reset it), the number may be reused by another client's
+            # connection, but the duplicate still names this one, so its bytes can only fail, never reach someone
+            # else.
+            own = os.dup(fd)
+            sending = _SENDERS.submit(_sendfile, own, message["file"], int(message["offset"]), count, stall_s)
+            try:
+                await asyncio.wrap_future(sending)
+            except asyncio.CancelledError:
+                if sending.cancel():  # never started: the thread will not close it
+                    os.close(own)
+                raise
+        except OSError:
+            # The client went, stalled, or the file came up short: the answer is cut off, as a streamed one
+            # would be (a client resumes with a Range; its sha256 check catches a short file).
+            transport.abort()
+            for _ in range(3):  # let connection_lost mark the cycle disconnected before the app returns
+                await asyncio.sleep(0)
+            return
+        cycle.expected_content_length -= count  # uvicorn's own count of the body still owed
+        await plain({"type": "http.response.body", "body": b"", "more_body": False})
+
+    return send
+
+
+def _sendfile(sock: int, f: BinaryIO, offset: int, count: int, stall_s: float) -> None:
+    """sendfile(2) on the non-blocking socket (a duplicate descriptor, closed here) until `count` bytes went;
+    OSError if the client takes none for `stall_s` or the file ends first. Runs in a thread: the event loop never
+    waits on it."""
+    try:
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT)
+        src = f.fileno()
+        while count > 0:
+            try:
+                sent = os.sendfile(sock, src, offset, min(count, 1 << 30))
+            except BlockingIOError:
+                if not poller.poll(stall_s * 1000):
+                    raise TimeoutError(f"the client took no bytes for {stall_s:g} s (AOTC_SEND_STALL_S)") from None
+                continue
+            if sent == 0:
+                raise ConnectionError("the file is shorter than its manifest")  # cut off, as below
+            offset += sent
+            count -= sent
+    finally:
+        os.close(sock)  # the duplicate `send` made for this thread
+
+
+class Sendfile(Response):
+    """`count` bytes of an open file from `offset`, sent with sendfile(2): only where the request's scope offers
+    SENDFILE (`offers_sendfile`). The file is closed once sent."""
+
+    def __init__(self, f: BinaryIO, offset: int, count: int, status_code: int, headers: dict[str, str],
+                 media_type: str) -> None:
+        self.f, self.offset, self.count = f, offset, count
+        super().__init__(status_code=status_code, headers=headers, media_type=media_type)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send({"type": SENDFILE, "file": self.f, "offset": self.offset, "count": self.count})
+        finally:
+            self.f.close()
+
+
+def offers_sendfile(scope: Scope) -> bool:
+    return SENDFILE in (scope.get("extensions") or {})
 
 
 def protocol(choice: str) -> str:

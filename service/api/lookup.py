@@ -9,14 +9,24 @@ can never serve an artifact that is gone).
 from __future__ import annotations
 
 import json
-from typing import Any
+import re
+from typing import Any, get_args
+from urllib.parse import parse_qsl
 
-from compiler import cachekey, speed
+from starlette.datastructures import URLPath
+from starlette.requests import Request
+from starlette.routing import BaseRoute, Match, NoMatchFound
+from starlette.types import Receive, Scope, Send
+
+from compiler import cachekey, ontarget, speed
 from compiler import shapes as specs
 from compiler.errors import NotFound
+from compiler.options import Mode
 from compiler.targets import Target
+from service.api import schemas
+from service.api.auth import LOOPBACK, OPEN, Keyring, Principal
 from service.api.cache import Reads
-from service.api.deps import find_model
+from service.api.deps import find_model, own_model_id
 from service.store import Store
 
 
@@ -28,6 +38,7 @@ def _width(spec: list[dict[str, Any]]) -> int:
 def rank(
     artifacts: list[dict[str, Any]], target: Target, spec: list[dict[str, Any]],
     options: dict[str, Any] | None = None, *, mode: str | None = None, graphs: bool = False,
+    allow_unverified: bool = False,
 ) -> dict[str, Any] | None:
     """The best of a model's `artifacts` for `target` whose spec covers `spec`: static before dynamic, then the
     narrowest range, then the fastest (median) where the checks timed them all the same way on one kind of device,
@@ -40,7 +51,8 @@ def rank(
     label with -march=native (`cachekey.pinned`): only its own key reaches them. An artifact its check timed slower
     than eager (compiler.speed) is picked only where every candidate is: it never outranks one that is not, however
     specialised or new. A dynamic artifact's graph figure never ranks: a dynamic artifact is not replayed
-    (compiler.speed.NOT_REPLAYABLE)."""
+    (compiler.speed.NOT_REPLAYABLE). A package built for the target without being run on it (compiler.ontarget) is
+    picked only with `allow_unverified`, and then only where no countersigned or native build fits."""
     fits = [
         a
         for a in artifacts
@@ -52,6 +64,7 @@ def rank(
              else a.get("package", True) and (mode == "training") == _train_step(a))
         and (mode is None or a["factors"]["options"].get("mode") == mode)
     ]
+    fits = ontarget.prefer(fits, allow_unverified)
     if not fits:
         return None
     fits = [a for a in fits if not _slower(a)] or fits
@@ -81,8 +94,9 @@ def find_artifact(
     store: Store, model_id: str, target: Target, spec: list[dict[str, Any]], options: dict[str, Any] | None = None,
     *, mode: str | None = None,
 ) -> dict[str, Any] | None:
-    """`rank` over every artifact stored for `model_id`."""
-    return rank(store.artifacts.for_model(model_id), target, spec, options, mode=mode)
+    """`rank` over every artifact stored for `model_id`. A compile request asks what is built, so a build not yet
+    run on its target counts (the pull refuses it until it is countersigned, compiler/ontarget.py)."""
+    return rank(store.artifacts.for_model(model_id), target, spec, options, mode=mode, allow_unverified=True)
 
 
 def _measured(a: dict[str, Any], graphs: bool = False) -> tuple[tuple[str, str], float] | None:
@@ -108,15 +122,25 @@ def _measured(a: dict[str, Any], graphs: bool = False) -> tuple[tuple[str, str],
     return (str(device), str(figure.get("method") or "legacy")), float(ms)
 
 
+def _unverified_note(records: list[dict[str, Any]], wanted: Target, spec: list[dict[str, Any]], mode: str | None,
+                     allow_unverified: bool) -> str:
+    """Why a 404 when only a build not run on its target (compiler.ontarget) fits: it says so, and how to take it."""
+    if allow_unverified:
+        return ""
+    blind = rank(records, wanted, spec, mode=mode, allow_unverified=True)
+    return f" that ran on its target; artifact {blind['key'][:12]} fits but was {ontarget.why_not(blind)}" if blind \
+        else ""
+
+
 async def lookup_answer(reads: Reads, model_id: str, target: str, shape: list[str], mode: str | None,
-                        graphs: bool = False) -> bytes:
+                        graphs: bool = False, allow_unverified: bool = False) -> bytes:
     """GET /v1/artifacts/lookup's JSON body: the artifact record `rank` picks; NotFound when none fits.
 
     One round trip reads the model and its artifact records as they are now. The rendered answer is kept per
     (model, target, shapes, mode, graphs) together with the artifact records it was ranked from, and served again only
     while Redis returns exactly those records: a published, deleted or rewritten artifact ranks afresh."""
     found = await find_model(reads, model_id, with_artifacts=True, trust_id=True)
-    query = (found.model_id, target, tuple(shape), mode, graphs)
+    query = (found.model_id, target, tuple(shape), mode, graphs, allow_unverified)
     fingerprint = found.fingerprint
     body = reads.answers.get(query, fingerprint)
     if body is not None:
@@ -124,9 +148,111 @@ async def lookup_answer(reads: Reads, model_id: str, target: str, shape: list[st
     spec = specs.canonical_spec(found.model["inputs"], specs.parse_shape_args(shape))
     wanted = Target.parse(target)
     records = {key: json.loads(raw) for key, raw in found.artifacts}
-    art = rank(list(records.values()), wanted, spec, mode=mode, graphs=graphs)
+    art = rank(list(records.values()), wanted, spec, mode=mode, graphs=graphs, allow_unverified=allow_unverified)
     if art is None:
+        note = _unverified_note(list(records.values()), wanted, spec, mode, allow_unverified)
         raise NotFound(f"no artifact of model {found.model_id[:12]} for {specs.format_spec(spec)} on "
-                       f"{str(wanted)!r}; request one with POST /v1/compilations")
+                       f"{str(wanted)!r}{note}; request one with POST /v1/compilations")
     key = next(k for k, r in records.items() if r is art)
     return reads.answers.put(query, fingerprint, reads.meta(key, dict(found.artifacts)[key]))
+
+
+_MODEL_ID = re.compile(schemas.MODEL_ID)
+_TARGET = re.compile(schemas.TARGET)
+_SHAPE_ARG = re.compile(schemas.SHAPE_ARG)
+_MODES = frozenset(get_args(Mode))
+_BOOLS = {"true": True, "false": False, "1": True, "0": False}  # a subset of what the route reads as a bool
+_SCALARS = ("model_id", "target", "mode", "graphs", "allow_unverified")
+_JSON = [(b"content-type", b"application/json")]
+
+
+class FastLookup(BaseRoute):
+    """GET /v1/artifacts/lookup without FastAPI's per-request dependency and parameter solving, which was about
+    43 % of a lookup's time (bench/README.md): a plain route placed before every other (app.py).
+
+    It answers only a request that the FastAPI route would answer the same way: a GET whose parameters are all
+    within the route's declared grammar (checked here with the same patterns and limits, on ASCII only, with
+    `fullmatch`, which is never looser than the route's validator), with at most one of each scalar, and a key
+    that `Keyring` knows with scope pull or more (or the open server's loopback caller). Everything else (a value
+    outside the grammar, a second `model_id`, no key, a revoked one, scope short) is routed again past this route,
+    to the FastAPI route itself, so every 401, 403 and 422 is the route's, word for word, and the OpenAPI (made
+    from that route) stays true. What follows the checks is the route's own code: `own_model_id` (tenancy: another
+    namespace's model answers 404) and `lookup_answer`; their errors reach the app's handlers as the route's do."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if (scope["type"] == "http" and scope["path"] == PATH and scope["method"] == "GET"
+                and _PASSED not in scope):
+            return Match.FULL, {}
+        return Match.NONE, {}
+
+    def url_path_for(self, name: str, /, **path_params: Any) -> URLPath:
+        raise NoMatchFound(name, path_params)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        query = _query(scope["query_string"])
+        who = await _caller(scope) if query is not None else None
+        if query is None or who is None:
+            scope[_PASSED] = True  # this route no longer matches: the router finds the FastAPI route
+            await scope["router"](scope, receive, send)
+            return
+        model_id, target, shape, mode, graphs, unverified = query
+        model_id = await own_model_id(Request(scope), who, model_id)
+        body = await lookup_answer(scope["app"].state.reads, model_id, target, shape, mode, graphs, unverified)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode()), *_JSON]})
+        await send({"type": "http.response.body", "body": body})
+
+
+PATH = "/v1/artifacts/lookup"
+_PASSED = "aotc.fast_lookup_passed"
+
+
+Query = tuple[str, str, list[str], str | None, bool, bool]
+
+
+def _query(raw: bytes) -> Query | None:
+    """The lookup's parameters if every one is within the route's grammar, else None (the route answers)."""
+    values: dict[str, str] = {}
+    shape: list[str] = []
+    # As Starlette reads a query string (its QueryParams); names it does not declare are ignored, as there.
+    for name, value in parse_qsl(raw.decode("latin-1"), keep_blank_values=True):
+        if not value.isascii():
+            return None
+        if name == "shape":
+            if len(value) > schemas.MAX_SHAPE_ARG or not _SHAPE_ARG.fullmatch(value):
+                return None
+            shape.append(value)
+        elif name in _SCALARS:
+            if name in values:  # which of two the route takes is its business
+                return None
+            values[name] = value
+    model_id, target = values.get("model_id"), values.get("target", "cpu")
+    mode, graphs = values.get("mode"), _BOOLS.get(values.get("graphs", "false"))
+    unverified = _BOOLS.get(values.get("allow_unverified", "false"))
+    if (model_id is None or not _MODEL_ID.fullmatch(model_id) or len(target) > schemas.MAX_TARGET
+            or not _TARGET.fullmatch(target) or len(shape) > schemas.MAX_SHAPE_ARGS
+            or (mode is not None and mode not in _MODES) or graphs is None or unverified is None):
+        return None
+    return model_id, target, shape, mode, graphs, unverified
+
+
+async def _caller(scope: Scope) -> Principal | None:
+    """The caller if it may look up (scope pull or more), else None: the route says why not."""
+    keyring: Keyring = scope["app"].state.keyring
+    if keyring.open:
+        client = scope.get("client")
+        host = client[0] if client else ""
+        return OPEN if keyring.insecure or not host or host.startswith(LOOPBACK) else None
+    token = None
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            if token is not None:
+                return None
+            token = value
+    if token is None or not token.startswith(b"Bearer ") or not token.isascii():
+        return None
+    secret = token[7:].decode("ascii")
+    if not secret or secret != secret.strip() or " " in secret:
+        return None
+    who = await keyring.principal(secret)
+    return who if who is not None and who.allows("pull") else None

@@ -6,7 +6,9 @@ takes the exact target first, then a compatible one (code for a lower ISA level 
 on a v4 host). Old CPU labels compare as the level they stand for (compiler.targets.ALIASES), and a package built
 under one (-march=native, `cachekey.pinned`) is never picked, as lookup never serves one. Among compatible
 targets the highest wins: the one every other compatible one could run on. Within a target, lookup.rank's order
-(static before dynamic, narrowest range, fastest measured, newest).
+(static before dynamic, narrowest range, fastest measured, newest). A build not yet run on its target
+(compiler.ontarget: built on another level or architecture, not countersigned) loses to every build that ran on its
+target, and is picked at all only when the host asks (allow_unverified), with the reason saying so.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from compiler import cachekey
+from compiler import cachekey, ontarget
 from compiler import shapes as specs
 from compiler.targets import Target
 from service.api.lookup import rank
@@ -29,7 +31,7 @@ class Picked:
 
 
 def _why_not(a: dict[str, Any], host: Target, torch: str | None, spec: list[dict[str, Any]] | None,
-             training: bool = False) -> list[str]:
+             allow_unverified: bool = False, training: bool = False) -> list[str]:
     f = a["factors"]
     why: list[str] = []
     step = (f.get("options") or {}).get("mode") == "training"
@@ -52,6 +54,8 @@ def _why_not(a: dict[str, Any], host: Target, torch: str | None, spec: list[dict
     if not cachekey.pinned(f):
         why.append("built before x86-64 levels, with -march=native: it may use an extension this host lacks; "
                    "only its own key reaches it (compile it again for its level)")
+    if not ontarget.servable(a, allow_unverified):
+        why.append(ontarget.why_not(a))
     return why
 
 
@@ -69,16 +73,20 @@ def _highest(targets: list[str]) -> str:
 
 
 def pick(artifacts: list[dict[str, Any]], host: Target, *, torch: str | None = None,
-         spec: list[dict[str, Any]] | None = None, training: bool = False) -> Picked:
+         spec: list[dict[str, Any]] | None = None, allow_unverified: bool = False,
+         training: bool = False) -> Picked:
     """The artifact for `host` among `artifacts` (one model's), with a reason, and every other with why it lost.
-    `training`: a train step for Client.load_training, else an inference package."""
+    `allow_unverified`: a build not yet run on its target (compiler.ontarget) may be picked, after every one that
+    ran on its target, and the reason says so. `training`: a train step for Client.load_training, else an inference
+    package."""
     fits: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
     for a in sorted(artifacts, key=lambda a: (a["factors"]["target"], -a.get("created", 0))):
-        why = _why_not(a, host, torch, spec, training)
+        why = _why_not(a, host, torch, spec, allow_unverified, training)
         (rejected.append(_entry(a, why)) if why else fits.append(a))
     if not fits:
         return Picked(None, rejected=rejected)
+    fits = _on_target_first(fits, rejected)
     exact = [a for a in fits if _target(a) == str(host)]
     if exact:
         group, match = exact, "exact"
@@ -87,9 +95,11 @@ def pick(artifacts: list[dict[str, Any]], host: Target, *, torch: str | None = N
         best = _highest(sorted({_target(a) for a in fits}))
         group, match = [a for a in fits if _target(a) == best], "compatible"
         reason = f"no build for {host}; {best} runs on it, and is the highest such target built"
-    chosen = (rank(group, Target(host.kind), spec, mode="training" if training else None)
+    chosen = (rank(group, Target(host.kind), spec, mode="training" if training else None, allow_unverified=True)
               if spec is not None else None) or max(
         group, key=lambda a: a.get("created", 0))
+    if not ontarget.ran_on_target(chosen):
+        reason += f"; taken as asked (allow_unverified), though {ontarget.why_not(chosen).split(';')[0]}"
     if len(group) > 1:
         reason += f" (of {len(group)} such builds, the best ranked for these shapes: static first, then the "\
                   "narrowest range, then the fastest checked)"
@@ -99,6 +109,18 @@ def pick(artifacts: list[dict[str, Any]], host: Target, *, torch: str | None = N
                     else f"{_target(chosen)} is a closer match")
             rejected.append(_entry(a, [f"not picked: {lost}"]))
     return Picked(chosen, match, reason, rejected)
+
+
+def _on_target_first(fits: list[dict[str, Any]], rejected: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where any fitting build ran on its target, the ones that did not lose (to `rejected`, saying why)."""
+    ran = [a for a in fits if ontarget.ran_on_target(a)]
+    if not ran or len(ran) == len(fits):
+        return fits
+    for a in fits:
+        if not ontarget.ran_on_target(a):
+            rejected.append(_entry(a, [f"not picked: {ontarget.why_not(a).split(';')[0]}, and builds that ran on "
+                                       "their target fit"]))
+    return ran
 
 
 def _entry(a: dict[str, Any], why: list[str]) -> dict[str, Any]:

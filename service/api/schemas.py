@@ -298,6 +298,13 @@ class ArtifactRecord(Record):
     # record's bytes, and deploy-time lookups need none of it.
     manifest: Any = Field(default=None, exclude=True)
     model_id: str
+    on_target: dict[str, Any] | None = Field(
+        default=None, description="Absent: its builder served the target and checked it there. Else a package built "
+        "without running it on its target (compiler/ontarget.py): state unverified (built_on: where it was built "
+        "and checked), verified (checked_on, by: the countersigning key), or failed (why).")
+    countersignatures: list[Any] | None = Field(
+        default=None, description="DSSE envelopes by workers that checked the package on its target (compiler/"
+        "signing.py, target-verification/v1); clients verify them against their trusted keys.")
     options: dict[str, Any]
     package: bool = Field(default=True, description="False for a report only (mode=training): no .pt2 to pull.")
     sha256: str | None = Field(description="The package's sha256 (its ETag); None for a report only.")
@@ -564,6 +571,12 @@ class WorkerRecord(Record):
     targets: list[str] | None = Field(default=None, description="Every target it serves, highest first: a CPU "
                                       "worker serves each x86-64 level at or below its host's (AOTC_WORKER_TARGETS "
                                       "narrows it). Absent for workers that predate levels.")
+    build_only: list[str] | None = Field(
+        default=None, description="Targets it builds without running them there (AOTC_BUILD_ONLY_TARGETS): their "
+        "packages are published 'built, not run on target' until a worker that serves them natively countersigns "
+        "them; it takes no verify job for them.")
+    built_on: str | None = Field(default=None, description="With build_only: the target of its own host, where it "
+                                 "checks what it builds.")
     toolchain: dict[str, Any]
     healthy: bool = Field(default=True, description="False: its compile children keep failing before their work "
                           "starts (a broken environment), so it claims no jobs until a probe child passes.")

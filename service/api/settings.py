@@ -103,6 +103,13 @@ class Settings(StorageSettings):
     loop: Literal["auto", "uvloop", "asyncio"] = Field(
         default="auto", description="aotc-server's event loop: uvloop (the faster), asyncio, or auto (uvloop when "
         "installed, as `aotc[server]` installs it).")
+    sendfile: bool = Field(default=True, description="Send packages and weights blobs kept on the API's disk (the "
+                           "file blob store) with sendfile(2) under httptools: about a quarter of the API's CPU per "
+                           "GB. false streams them as the other stores are (on 2 loopback cores a verified pull was "
+                           "faster streamed: bench/README.md).")
+    send_stall_s: float = Field(default=60.0, gt=0, description="A download sent with sendfile (httptools, a file "
+                                "blob store) to a client that takes no bytes for this long is cut off: its "
+                                "connection is closed, and the client may resume with a Range.")
     body_idle_timeout_s: float = Field(default=30.0, gt=0, description="A request body that sends no bytes for "
                                        "this long is answered 408 and its connection closed.")
     body_min_rate_kbps: float = Field(default=8.0, ge=0, description="The slowest a request body may arrive, in "

@@ -65,7 +65,8 @@ class Store:
         self.queues = Queues(self.r)
         self.leases = Leases(self.r)
         self.jobs = Jobs(self.r, self.queues)
-        self.artifacts = Artifacts(self.r, self.blobs, storage.max_artifact_bytes)
+        self.artifacts = Artifacts(self.r, self.blobs, storage.max_artifact_bytes,
+                                   weights_grace_s=storage.weights_grace_s)
         self.workers = Registry(self.r)
         self.caches = Caches(self.r)
         self.signing = SigningKeys(self.r)

@@ -13,7 +13,7 @@ of a later publish of the same key; blob ids to delete wait in `blobs:garbage` u
 Weights are stored once (compiler/weights.py): a weightless artifact's record names its weights blob by sha256
 (`weights`), a blob of kind `weights` shared by every artifact of that model and precision. Its bytes count once
 in AOTC_STORE_MAX_GB; the artifacts that use it are a set (`weights:users:{sha256}`), and when eviction takes the
-last of them the blob is deleted after WEIGHTS_GRACE_S. A pinned artifact keeps its weights, as it keeps itself.
+last of them the blob is deleted after AOTC_WEIGHTS_GRACE_S. A pinned artifact keeps its weights, as it keeps itself.
 """
 
 from __future__ import annotations
@@ -35,16 +35,17 @@ from service.store.memory import is_out_of_memory
 
 log = logging.getLogger("aotc.store")
 PUBLISH_GRACE_S = 6 * 3600  # the blobs of a publish that has not finished by then are garbage
-# A weights blob whose last artifact was evicted waits this long before it is deleted: a publish that found it
-# stored a moment before takes it back meanwhile (PUBLISH calls off the deletion).
-WEIGHTS_GRACE_S = 600.0
 
 
 class Artifacts:
-    def __init__(self, r: redis.Redis, blobs: BlobStore, max_bytes: int | None = None) -> None:
+    def __init__(self, r: redis.Redis, blobs: BlobStore, max_bytes: int | None = None, *,
+                 weights_grace_s: float = 600.0) -> None:
         self.r = r
         self.blobs = blobs
         self.max_bytes = max_bytes  # None: unbounded
+        # A weights blob whose last artifact was evicted waits this long (AOTC_WEIGHTS_GRACE_S) before it is
+        # deleted: a publish that found it stored a moment before takes it back meanwhile (PUBLISH calls it off).
+        self.weights_grace_s = weights_grace_s
         self._publish = r.register_script(scripts.PUBLISH)
         self._evict = r.register_script(scripts.EVICT)
         self._adopt = r.register_script(scripts.ADOPT)
@@ -127,7 +128,7 @@ class Artifacts:
             evicted = cast(list[str], self._evict(
                 keys=[keys.ARTIFACTS_PULLED, keys.ARTIFACTS_BYTES, keys.ARTIFACTS_TOTAL, keys.ARTIFACTS_PINNED,
                       keys.ARTIFACTS_INDEX, keys.BLOBS_GARBAGE],
-                args=[self.max_bytes, incoming, spare, keys.PREFIX, time.time() + WEIGHTS_GRACE_S]))
+                args=[self.max_bytes, incoming, spare, keys.PREFIX, time.time() + self.weights_grace_s]))
             if evicted:
                 log.info("evicted %d artifact(s) to stay under %d bytes: %s", len(evicted), self.max_bytes,
                          " ".join(evicted))
@@ -155,7 +156,7 @@ class Artifacts:
         return len(due)
 
     def _collect_weights(self, member: str) -> None:
-        """Delete a weights blob that has had no user for WEIGHTS_GRACE_S, unless one came back (claimed by
+        """Delete a weights blob that has had no user for AOTC_WEIGHTS_GRACE_S, unless one came back (claimed by
         ZREM first: of two collections, one deletes)."""
         digest = member[len(keys.WEIGHTS_GARBAGE):]
         if not self.r.zrem(keys.BLOBS_GARBAGE, member) or self.r.scard(keys.weights_users(digest)):
@@ -217,6 +218,30 @@ class Artifacts:
 
     def pinned(self, key: str) -> bool:
         return bool(self.r.sismember(keys.ARTIFACTS_PINNED, key))
+
+    # -- on target (compiler/ontarget.py) ------------------------------------------------------------------------
+
+    def set_on_target(self, key: str, mark: dict[str, Any],
+                      countersignature: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """Rewrite an artifact's `on_target` mark, adding `countersignature` (a DSSE envelope) to its
+        `countersignatures`, in one transaction with any other writer of the record. None when the artifact is gone
+        (evicted or deleted meanwhile: nothing to vouch for)."""
+        name = keys.artifact(key)
+
+        def update(pipe: Any) -> dict[str, Any] | None:
+            raw = pipe.get(name)
+            if not raw:
+                return None
+            record = json.loads(raw)
+            record["on_target"] = mark
+            if countersignature is not None:
+                record["countersignatures"] = [*(record.get("countersignatures") or []), countersignature]
+            pipe.multi()
+            pipe.set(name, canonical_json(record))
+            return cast(dict[str, Any], record)
+
+        return cast(dict[str, Any] | None, self.r.transaction(update, name,  # type: ignore[arg-type]
+                                                              value_from_callable=True))
 
     # -- reads --------------------------------------------------------------------------------------------------
 

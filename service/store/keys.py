@@ -132,6 +132,12 @@ def queue(target: str, priority: str) -> str:
     return f"{PREFIX}queue:{target}:{priority}"
 
 
+def verify_target(target: str) -> str:
+    """The queue name (the job's `target`) of verify jobs for `target`: read only by workers that serve it natively
+    (compiler/ontarget.py), never by one that builds it without running it there."""
+    return f"verify/{target}"
+
+
 QUEUES = f"{PREFIX}queues"
 
 

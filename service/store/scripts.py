@@ -576,3 +576,60 @@ for i = 1, #tags, 2 do
 end
 return out
 """
+
+# KEYS: a name's versions hash, its tags hash. ARGV: as RESOLVE's (kind, value), then the model record prefix, the
+# by-model artifact set prefix, the artifact record prefix, and a model id whose record the caller holds already
+# (its record is then only checked to exist, as FIND_MODEL does). The pick by tag's one round trip (GET
+# /v1/refs/{ref}/pick): RESOLVE, then FIND_MODEL's read of the version's model and its artifacts. Returns false for
+# no such version; else one string, NUL-separated: version, version record, the number of its tags, the tags, then
+# 'none' (the model is gone) or the model id, its record ('' when held), and (key, record) per artifact.
+RESOLVE_FIND = """
+local v
+if ARGV[1] == 'version' then
+  v = ARGV[2]
+elseif ARGV[1] == 'latest' then
+  local top = nil
+  for _, k in ipairs(redis.call('HKEYS', KEYS[1])) do
+    local n = tonumber(k)
+    if n and (not top or n > top) then top = n end
+  end
+  if not top then return false end
+  v = tostring(top)
+else
+  v = redis.call('HGET', KEYS[2], ARGV[2])
+  if not v then return false end
+end
+local rec = redis.call('HGET', KEYS[1], v)
+if not rec then return false end
+local tagged = {}
+local tags = redis.call('HGETALL', KEYS[2])
+for i = 1, #tags, 2 do
+  if tags[i + 1] == v then tagged[#tagged + 1] = tags[i] end
+end
+local out = {v, rec, tostring(#tagged)}
+for _, t in ipairs(tagged) do out[#out + 1] = t end
+local ok, decoded = pcall(cjson.decode, rec)
+local id = ok and type(decoded) == 'table' and decoded['model_id'] or nil
+local model
+if type(id) ~= 'string' then
+  model = nil
+elseif id == ARGV[6] then
+  if redis.call('EXISTS', ARGV[3] .. id) == 1 then model = '' end
+else
+  model = redis.call('GET', ARGV[3] .. id)
+end
+if not model then
+  out[#out + 1] = 'none'
+  return table.concat(out, '\\0')
+end
+out[#out + 1] = id
+out[#out + 1] = model
+for _, k in ipairs(redis.call('SMEMBERS', ARGV[4] .. id)) do
+  local record = redis.call('GET', ARGV[5] .. k)
+  if record then
+    out[#out + 1] = k
+    out[#out + 1] = record
+  end
+end
+return table.concat(out, '\\0')
+"""

@@ -145,6 +145,25 @@ def test_report_summary_renders_the_stage_table_and_the_notes():
     assert all(ln == ln.rstrip() for ln in lines)  # a pipe gets no padding
 
 
+def test_workers_show_the_targets_they_build_only():
+    worker = {"target": "cpu-x86_64-v4", "targets": ["cpu-x86_64-v4", "cpu-x86_64-v3", "cpu-x86_64-v2"],
+              "build_only": ["cpu-x86_64-v3"]}
+    assert render.served(worker) == "cpu-x86_64-v4 v3 (build only) v2"
+    assert render.served({**worker, "build_only": None}) == "cpu-x86_64-v4 v3 v2"
+
+
+def test_report_says_whether_the_package_ran_on_its_target():
+    built = {"state": "unverified", "built_on": "cpu-x86_64-v4"}
+    blind = {**META, "target": "cpu-x86_64-v3", "factors": {"target": "cpu-x86_64-v3"}, "on_target": built}
+    line = render.plain(render.report_summary("491be8f7" * 4, blind, REPORT)).splitlines()[1]
+    assert line.startswith("on target: built, not run on target: built and checked on cpu-x86_64-v4, not yet on "
+                           "cpu-x86_64-v3"), line
+    signed = {**blind, "on_target": {**built, "state": "verified", "checked_on": "cpu-x86_64-v3", "by": "ab" * 8}}
+    line = render.plain(render.report_summary("491be8f7" * 4, signed, REPORT)).splitlines()[1]
+    assert line == ("on target: built on cpu-x86_64-v4, checked on cpu-x86_64-v3 and countersigned by key "
+                    f"{'ab' * 8}"), line
+
+
 def test_report_says_an_artifact_is_slower_than_eager_and_why_it_has_no_graph_figure():
     from compiler import speed
 

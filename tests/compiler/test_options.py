@@ -87,3 +87,56 @@ def test_packages_are_weightless_unless_frozen_and_the_layout_is_a_key_factor():
                               CompileOptions(freezing=True).canonical())
     assert plain["weights"] == {"layout": "external", "revision": 1} and frozen["weights"]["layout"] == "embedded"
     assert cachekey.bounded(plain) and cachekey.bounded({**plain, "format": 3})  # lookup serves both kinds alike
+
+
+def test_embed_weights_builds_a_self_contained_package_under_a_key_of_its_own():
+    """`embed_weights` (what POST /v1/artifacts/{key}/self-contained asks for): the layout embedded, a key of its own,
+    and the keys of requests that do not set it unchanged (the key pinned above)."""
+    assert "embed_weights" not in CompileOptions().canonical()
+    assert key(CompileOptions(embed_weights=False)) == key(CompileOptions())
+    embedded = CompileOptions(embed_weights=True)
+    assert not embedded.weightless and CompileOptions(**embedded.canonical()) == embedded
+    assert key(embedded) != key(CompileOptions())
+    factors = cachekey.factors("ab" * 32, SPEC, "cpu-x86_64-avx2", {"torch": "2.13.0+cpu"}, embedded.canonical())
+    assert factors["weights"]["layout"] == "embedded"
+    with pytest.raises(ValidationError, match="embed_weights are for inference"):
+        CompileOptions(mode="training", embed_weights=True)
+
+
+def test_lookup_serves_weightless_self_contained_and_pre_weights_artifacts_alike():
+    """Artifacts of key format 3 (published before weights were stored once: embedded, no `weights` factor),
+    weightless ones and self-contained builds (embed_weights) of the same spec are candidates alike: with no
+    figures the newest wins, with figures from one kind of device the fastest, whatever its weights layout."""
+    spec = [{"name": "x", "dtype": "float32", "shape": [4, 16]}]
+    make = lambda o: cachekey.factors("ab" * 32, spec, "cpu-x86_64-v3", {"torch": "2.13.0+cpu"}, o)  # noqa: E731
+    weightless = make(CompileOptions().canonical())
+    embedded = make(CompileOptions(embed_weights=True).canonical())
+    pre_weights = {k: v for k, v in weightless.items() if k != "weights"} | {"format": 3}
+    kinds = {"weightless": weightless, "self-contained": embedded, "pre-weights": pre_weights}
+    assert len({cachekey.cache_key(f) for f in kinds.values()}) == 3
+    target = Target.parse("cpu-x86_64-v3")
+    for newest in kinds:
+        records = [_record(f, 2.0 if name == newest else 1.0) for name, f in kinds.items()]
+        assert rank(records, target, spec)["factors"] is kinds[newest]
+
+    def timed(factors: dict, ms: float, created: float) -> dict:
+        check = {"latency": {"compiled": {"median_ms": ms, "method": "wall"}}, "device_info": {"name": "Xeon"}}
+        return {**_record(factors, created), "check": check}
+
+    for fastest in kinds:
+        records = [timed(f, 1.0 if name == fastest else 2.0, 3.0 if name != fastest else 1.0)
+                   for name, f in kinds.items()]
+        assert rank(records, target, spec)["factors"] is kinds[fastest]
+
+
+def test_layout_optimization_is_an_allowed_setting_that_keeps_old_keys_when_unset():
+    # pinned keys above are unchanged by the new field; setting it is a new key and reaches Inductor's config
+    assert "layout_optimization" not in CompileOptions().canonical()["inductor"]
+    nchw = CompileOptions(inductor={"layout_optimization": False})
+    assert nchw.canonical()["inductor"]["layout_optimization"] is False
+    assert key(nchw) != key(CompileOptions())
+    assert nchw.inductor_configs()["layout_optimization"] is False
+    assert "layout_optimization" not in CompileOptions().inductor_configs()
+    assert CompileOptions(**nchw.canonical()) == nchw
+    with pytest.raises(ValidationError):
+        CompileOptions(inductor={"layout_optimization": "false"})

@@ -21,6 +21,7 @@ from compiler.signing import (
     PAYLOAD_TYPE,
     Signer,
     TrustedKey,
+    countersign_statement,
     key_id,
     key_record,
     load_public_key,
@@ -28,6 +29,7 @@ from compiler.signing import (
     raw_public,
     statement,
     verify,
+    verify_countersignature,
 )
 from procs import ROOT
 
@@ -224,3 +226,59 @@ def test_the_signing_modules_import_no_torch():
     code = "import sys, compiler.signing, client.verify; assert 'torch' not in sys.modules, 'torch imported'"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+# -- countersignatures (compiler/ontarget.py) ----------------------------------------------------------------------
+
+
+def _blind_manifest(builder: Signer) -> tuple[dict[str, Any], Any]:
+    """A v3 manifest its v4 builder signed as not run on target, verified."""
+    envelope = builder.sign(_statement(target="cpu-x86_64-v3", on_target={"run": False, "built_on": "cpu-x86_64-v4"}))
+    return envelope, verify(envelope, [TrustedKey.of(builder.public)])
+
+
+def test_a_manifest_signs_that_its_package_did_not_run_on_target():
+    builder = Signer.generate()
+    _, signed = _blind_manifest(builder)
+    assert signed.run_on_target is False and signed.target == "cpu-x86_64-v3"
+    assert signed.predicate["on_target"] == {"run": False, "built_on": "cpu-x86_64-v4"}
+    plain = verify(builder.sign(_statement()), [TrustedKey.of(builder.public)])
+    assert plain.run_on_target is True  # native builds, and every manifest from before the mark
+    assert signed.payload_sha256 != plain.payload_sha256 and len(signed.payload_sha256) == 64
+
+
+def test_a_countersignature_vouches_for_one_manifest_by_a_trusted_key():
+    builder, checker = Signer.generate(), Signer.generate()
+    _, signed = _blind_manifest(builder)
+    trusted = [TrustedKey.of(builder.public), TrustedKey.of(checker.public)]
+    cs = checker.sign(countersign_statement(manifest=signed, checked_on="cpu-x86_64-v3", check={"passed": True},
+                                            verifier={"id": "w2"}))
+    got = verify_countersignature(cs, trusted, signed)
+    assert got.kid == checker.kid and got.predicate["manifest_sha256"] == signed.payload_sha256
+
+    # Another manifest of the same package (e.g. with other weights or factors): this countersignature is not its.
+    other_env = builder.sign(_statement(target="cpu-x86_64-v3", factors={"format": 2},
+                                        on_target={"run": False, "built_on": "cpu-x86_64-v4"}))
+    other = verify(other_env, trusted)
+    with pytest.raises(BadSignature) as e:
+        verify_countersignature(cs, trusted, other)
+    assert e.value.reason == "mismatch" and "manifest_sha256" in e.value.message
+
+    # A check that did not pass vouches for nothing; a key not trusted neither; a changed byte is a bad signature.
+    failed = checker.sign(countersign_statement(manifest=signed, checked_on="cpu-x86_64-v3",
+                                                check={"passed": False}, verifier={"id": "w2"}))
+    assert _countersign_refused(failed, trusted, signed).reason == "mismatch"
+    assert _countersign_refused(cs, [TrustedKey.of(builder.public)], signed).reason == "unknown_key"
+    forged = _with_payload(cs, {**_payload(cs), "predicate": {**_payload(cs)["predicate"], "check": {"passed": True,
+                                                                                                     "max": 0}}})
+    assert _countersign_refused(forged, trusted, signed).reason == "bad_signature"
+    revoked = [TrustedKey.of(builder.public), TrustedKey.of(checker.public, revoked_at=1.0)]
+    assert _countersign_refused(cs, revoked, signed).reason == "revoked_key"
+    # A builder's manifest is not a countersignature, even by a trusted key.
+    assert _countersign_refused(builder.sign(_statement()), trusted, signed).reason == "malformed"
+
+
+def _countersign_refused(envelope: Any, trusted: Any, manifest: Any) -> BadSignature:
+    with pytest.raises(BadSignature) as got:
+        verify_countersignature(envelope, trusted, manifest)
+    return got.value

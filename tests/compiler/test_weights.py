@@ -158,3 +158,28 @@ def test_a_weightless_package_run_before_its_weights_are_bound_is_refused_not_a_
     lonely.write_bytes(package.read_bytes())  # no blob beside it
     with pytest.raises(RuntimeError, match="binds its weights at load and none were bound"):
         aoti_load_package(str(lonely), "cpu")(torch.randn(2, 3, 8, 8))
+
+
+def test_the_header_cap_is_a_setting_and_its_error_names_it(monkeypatch: pytest.MonkeyPatch):
+    """AOTC_WEIGHTS_MAX_HEADER_MB (default 64): a header over it is refused, naming the setting; a bad value is
+    refused naming it too (the worker's settings validate it at start-up)."""
+    blob = _file([("a", "float32", (2,), b"\0" * 8)]).getvalue()
+    claims_2mib = struct.pack("<Q", 2 * 2**20) + b" " * (2 * 2**20 + 8)
+    assert weightsfile.header_cap() == 64 * 2**20
+    with pytest.raises(weightsfile.FormatError, match="the file has"):  # under the cap, past the file's end
+        weightsfile.read_header(io.BytesIO(claims_2mib[:100]), 100)
+    monkeypatch.setenv("AOTC_WEIGHTS_MAX_HEADER_MB", "1")
+    with pytest.raises(weightsfile.FormatError, match=r"over the cap of 1048576 \(AOTC_WEIGHTS_MAX_HEADER_MB=1 MiB"):
+        weightsfile.read_header(io.BytesIO(claims_2mib), len(claims_2mib))
+    assert weightsfile.read_header(io.BytesIO(blob), len(blob)).entries["a"].shape == (2,)  # a small one still reads
+    for bad in ("0", "lots", "4096"):
+        monkeypatch.setenv("AOTC_WEIGHTS_MAX_HEADER_MB", bad)
+        with pytest.raises(ValueError, match="AOTC_WEIGHTS_MAX_HEADER_MB"):
+            weightsfile.read_header(io.BytesIO(blob), len(blob))
+    from pydantic import ValidationError
+
+    from worker.settings import WorkerSettings
+
+    monkeypatch.setenv("AOTC_WEIGHTS_MAX_HEADER_MB", "2048")
+    with pytest.raises(ValidationError, match="weights_max_header_mb"):
+        WorkerSettings()

@@ -63,3 +63,20 @@ def test_the_half_trap_is_caught_on_the_gpu(exported):
     static = [{"name": "x", "dtype": "float32", "shape": [2, 3, 8, 8]}]
     with pytest.raises(CheckFailed, match="does not read weight 'head.bias'"):
         check_artifact(str(path), package, static, "cuda:0", adversarial=False)
+
+
+def test_a_self_contained_cuda_build_runs_under_torchs_own_loader(exported):
+    """embed_weights (what `aotc pull --self-contained` asks the service for): a CUDA package with its weights
+    inside, no blob written, that torch's own aoti_load_package runs with nothing bound, and the check passes."""
+    d, path = exported
+    result = compile_model(str(path), SPEC, SPEC, CompileOptions(embed_weights=True), "cuda:0",
+                           str(d / "self-contained.pt2"))
+    assert result["weights"] is None
+    check = check_artifact(str(path), result["package"], SPEC, "cuda:0", adversarial=False)
+    assert check["passed"], check
+    from torch._inductor import aoti_load_package as torch_load
+
+    model = seeded(ConvBnHead, 0).eval().cuda()
+    x = torch.randn(3, 3, 8, 8, device="cuda")
+    with torch.inference_mode():
+        torch.testing.assert_close(torch_load(result["package"], device_index=0)(x), model(x), rtol=1e-3, atol=1e-3)

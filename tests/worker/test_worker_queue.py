@@ -13,7 +13,7 @@ from worker.settings import WorkerSettings
 def _worker(store: Store, target: str, **settings: float) -> Worker:
     info = {"target": target, "host": "test", "device": "cpu", "device_name": "test", "toolchain": {"torch": "x"}}
     w = Worker(WorkerSettings(redis_url=store.url, poll_ms=100, **settings), info)
-    w.store.queues.ensure(target)
+    w.ensure_queues()
     return w
 
 
@@ -132,14 +132,31 @@ def test_a_worker_serves_each_target_it_lists_its_own_first_within_a_priority(st
     info = {"target": own, "targets": [own, lower], "host": "test", "device": "cpu", "device_name": "test",
             "toolchain": {"torch": "x"}}
     w = Worker(WorkerSettings(redis_url=store.url, poll_ms=100), info)
-    for target in (own, lower):
-        store.queues.ensure(target)
+    w.ensure_queues()
     low_batch = _submit(store, lower, "batch")
     low = _submit(store, lower, "interactive")
     mine = _submit(store, own, "interactive")
     # Interactive before batch whatever the target; within a priority, the worker's own target first.
     assert _serve_all(w, store) == [(mine, "running"), (low, "running"), (low_batch, "running")]
-    assert w.streams == [keys.queue(t, p) for p in keys.PRIORITIES for t in (own, lower)]
+    # Then the verify jobs of the targets it serves natively (compiler/ontarget.py), after its compiles.
+    assert w.streams == [keys.queue(t, p) for p in keys.PRIORITIES
+                         for t in (own, lower, keys.verify_target(own), keys.verify_target(lower))]
+
+
+def test_a_worker_never_reads_the_verify_queue_of_a_target_it_builds_only(store):
+    own, lower = f"cpu-test-{uuid.uuid4().hex[:8]}-v4", f"cpu-test-{uuid.uuid4().hex[:8]}-v3"
+    info = {"target": own, "targets": [own, lower], "build_only": [lower], "host": "test", "device": "cpu",
+            "device_name": "test", "toolchain": {"torch": "x"}}
+    blind = Worker(WorkerSettings(redis_url=store.url, poll_ms=100), info)
+    assert keys.queue(keys.verify_target(lower), "interactive") not in blind.streams
+    assert keys.queue(keys.verify_target(own), "interactive") in blind.streams
+    assert keys.queue(lower, "interactive") in blind.streams  # it still builds it
+    job_id, _ = store.jobs.submit(f"verify:{uuid.uuid4().hex}", keys.verify_target(lower),
+                                  {"kind": "verify", "toolchain": {"torch": "x"}})
+    assert blind.next_message() is None  # the verify job waits for a worker that serves the target natively
+    native = Worker(WorkerSettings(redis_url=store.url, poll_ms=100), {**info, "build_only": []})
+    lease, got = native.next_message()
+    assert got == job_id and lease.stream == keys.queue(keys.verify_target(lower), "interactive")
 
 
 def test_the_worker_targets_setting_reads_old_labels_and_refuses_unknown_levels(monkeypatch):

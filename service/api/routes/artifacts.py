@@ -9,9 +9,11 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response, Streamin
 from pydantic import BaseModel, StringConstraints
 
 from compiler.errors import Conflict, NotFound, Unprocessable
-from compiler.options import Mode
-from service.api.auth import Admin, Pull, needs
-from service.api.deps import ArtifactDep, ArtifactMetaDep, StoreDep, own_model_id
+from compiler.options import CompileOptions, Mode, weights_layout
+from compiler.targets import Target
+from service.api.auth import Admin, Compile, Pull, needs
+from service.api.deps import ArtifactDep, ArtifactMetaDep, SettingsDep, StoreDep, own_model_id, resolve_model
+from service.api.http import Sendfile, offers_sendfile
 from service.api.lookup import lookup_answer
 from service.api.ranges import Unsatisfiable, byte_range, etag_matches
 from service.api.schemas import (
@@ -26,6 +28,7 @@ from service.api.schemas import (
     V1_ERRORS,
     ArtifactList,
     ArtifactRecord,
+    CompilationAnswer,
     ErrorBody,
     Limit,
     SignedManifest,
@@ -34,6 +37,7 @@ from service.api.schemas import (
     errors,
 )
 from service.store import Store
+from service.store.blobstore import open_local
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"], responses=V1_ERRORS, dependencies=needs("pull"))
 SOURCES_LIMIT = 512 * 2**20  # the sources archive is read whole; the worker writes text, far below this
@@ -68,6 +72,9 @@ async def lookup(
     mode: Annotated[Mode | None, Query(description="Only artifacts compiled in this mode.")] = None,
     graphs: Annotated[bool, Query(description="The caller replays CUDA graphs: rank equally specialised artifacts "
                                   "by the check's graph-replay median where all have one.")] = False,
+    allow_unverified: Annotated[bool, Query(description="Also serve a package built for the target but not yet run "
+                                            "on it (on_target.state unverified), where nothing that ran there "
+                                            "fits.")] = False,
 ) -> Response:
     """Find the artifact for (model, shapes, target) without knowing its key; 404 when none fits.
 
@@ -76,7 +83,7 @@ async def lookup(
     """
     # The async hot path (service/api/lookup.py): one Redis round trip, the answer rendered once per process.
     model_id = await own_model_id(request, who, model_id)
-    body = await lookup_answer(request.app.state.reads, model_id, target, shape, mode, graphs)
+    body = await lookup_answer(request.app.state.reads, model_id, target, shape, mode, graphs, allow_unverified)
     return Response(body, media_type="application/json")
 
 
@@ -196,15 +203,19 @@ def _serve(request: Request, store: Store, kind: str, blob: str, sha: str, size:
             f"{what} is {size} bytes; the Range {request.headers.get('range')!r} starts past its end")}},
             status_code=416, headers={"Content-Range": f"bytes */{size}", "ETag": etag})
     start, end = span or (0, size)
+    headers["Content-Length"] = str(end - start)
+    if span:
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+    status = 206 if span else 200
+    # A file on this machine goes out with sendfile where the server offers it (service/api/http.py); the rest is
+    # streamed in pieces.
+    if offers_sendfile(request.scope) and (f := open_local(store.blobs, kind, blob)) is not None:
+        return Sendfile(f, start, end - start, status, headers, "application/octet-stream")
     try:
         body = store.blobs.iter_range(kind, blob, start, end)
     except KeyError:
         raise Unprocessable(f"{what} is not stored") from None
-    headers["Content-Length"] = str(end - start)
-    if span:
-        headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-    return StreamingResponse(body, status_code=206 if span else 200, headers=headers,
-                             media_type="application/octet-stream")
+    return StreamingResponse(body, status_code=status, headers=headers, media_type="application/octet-stream")
 
 
 _WEIGHTS: dict[int | str, dict[str, Any]] = {
@@ -229,6 +240,40 @@ def weights(art: ArtifactDep, request: Request, store: StoreDep) -> Response:
                        "stored once): pull the package alone")
     return _serve(request, store, "weights", w["sha256"], w["sha256"], int(w["size"]),
                   f"{w['sha256'][:16]}.safetensors", f"the weights blob of artifact {key}")
+
+
+@router.post("/{key}/self-contained", status_code=202, response_model=CompilationAnswer,
+             response_model_exclude_unset=True, responses={
+                 200: {"model": CompilationAnswer, "description": "The self-contained build is stored: pull its key"},
+                 **errors(404, 409, 422, 429, 503, why={
+                     **_NO_ARTIFACT, 409: "A report-only artifact (mode=training): no package",
+                     503: "No live worker serves the artifact's target, and no self-contained build is stored"})})
+def self_contained(art: ArtifactDep, response: Response, store: StoreDep, settings: SettingsDep,
+                   who: Compile) -> dict[str, Any]:
+    """The artifact's self-contained build: the same model, shapes, target and options with its weights inside the
+    package (`embed_weights`), for tools that cannot bind a weights blob (torch's own `aoti_load_package`). It is an
+    artifact of its own, under its own key, signed, checked and evicted like any other.
+
+    200 with it when it is stored (an artifact that carries its weights already answers with itself); otherwise
+    202 with the job that builds it (a compile: AOTInductor cannot move weights into a package built without them,
+    docs/weights.md says why), which counts against the namespace's job quota."""
+    from service.api.routes.compilations import _compile_for
+
+    if art.get("package", True) is False:
+        raise Conflict(f"artifact {art['key']} is a report only (mode=training): it has no package")
+    factors = art["factors"]
+    if weights_layout(dict(factors.get("options") or {})) == "embedded" or not art.get("weights"):
+        response.status_code = 200  # frozen, max-autotune, or published before weights were stored once
+        return {"status": "cached", "key": art["key"], "artifact": art}
+    model = resolve_model(store, str(art["model_id"]), who.ns)
+    options = CompileOptions(**{**factors["options"], "embed_weights": True}).canonical()
+    body = _compile_for(store, settings, who, model, list(factors["spec"]), [], Target.parse(str(factors["target"])),
+                        options, "interactive")
+    if body["status"] == "cached":
+        response.status_code = 200
+    elif "job" in body:
+        response.headers["Location"] = f"/v1/jobs/{body['job']['id']}"
+    return body
 
 
 class PinState(BaseModel):

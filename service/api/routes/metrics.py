@@ -33,6 +33,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.auth import needs
+from service.api.http import SENDFILE
 from service.api.schemas import V1_ERRORS
 from service.store import TERMINAL, Store, keys, scripts
 from service.store.registry import broken, late
@@ -97,6 +98,14 @@ class Scraper:
         pulls.add_metric(["api"], int(counters.get("pulls_api", 0)))
         pulls.add_metric(["redirect"], int(counters.get("pulls_redirected", 0)))
         out.append(pulls)
+        out.append(CounterMetricFamily("aotc_weights_served_bytes", "Weights blob bytes the API streamed "
+                                       "(GET /v1/artifacts/{key}/weights).",
+                                       value=int(counters.get("weights_served_bytes", 0))))
+        weights = CounterMetricFamily("aotc_weights_pulls", "Weights blob downloads (GET /v1/artifacts/{key}/weights)"
+                                      ": streamed by the API, or redirected to the object store.", labels=["via"])
+        weights.add_metric(["api"], int(counters.get("weights_pulls_api", 0)))
+        weights.add_metric(["redirect"], int(counters.get("weights_pulls_redirected", 0)))
+        out.append(weights)
         out.append(CounterMetricFamily("aotc_compiles", "Compiles workers ran (a cache hit runs none).",
                                        value=self.store.caches.compiles()))
         out.append(CounterMetricFamily("aotc_artifact_evictions", "Artifacts evicted to keep the store under "
@@ -261,43 +270,65 @@ def metrics(request: Request) -> Response:
 
 class CountRequests:
     """ASGI middleware that counts, in Redis, what /metrics reports of the answers themselves: POST
-    /v1/compilations answered 200 (cache hit) or 202 (miss), package pulls and the bytes the API streamed. Other
-    paths pass straight through."""
+    /v1/compilations answered 200 (cache hit) or 202 (miss), package and weights blob pulls and the bytes the API
+    streamed of each. Other paths pass straight through."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if not (path == "/v1/compilations" or (path.startswith("/v1/artifacts/") and path.count("/") == 3
-                                               and path != "/v1/artifacts/lookup")):
+        if not (path == "/v1/compilations" or (path.startswith("/v1/artifacts/") and (
+                (path.count("/") == 3 and path != "/v1/artifacts/lookup")
+                or (path.count("/") == 4 and path.endswith("/weights"))))):
             await self.app(scope, receive, send)
             return
-        status, sent = 0, 0
+        status, sent, recorded = 0, 0, False
+
+        async def record() -> None:
+            # Before the answer's last bytes go: a client that reads /metrics once its pull is done sees it counted
+            # (counted after the answer, the count raced the client's next request).
+            nonlocal recorded
+            if recorded:
+                return
+            recorded = True
+            route = getattr(scope.get("route"), "path", None)
+            counts: dict[str, int] = {}
+            if route == "/v1/compilations" and scope["method"] == "POST" and status in (200, 202):
+                counts["cache_hits" if status == 200 else "cache_misses"] = 1
+            elif route == "/v1/artifacts/{key}" and scope["method"] == "GET":
+                if status in (200, 206):
+                    counts = {"pulls_api": 1, "served_bytes": sent}
+                elif status == 307:  # a presigned URL: the object store serves the bytes
+                    counts = {"pulls_redirected": 1}
+            elif route == "/v1/artifacts/{key}/weights" and scope["method"] == "GET":
+                if status in (200, 206):
+                    counts = {"weights_pulls_api": 1, "weights_served_bytes": sent}
+                elif status == 307:
+                    counts = {"weights_pulls_redirected": 1}
+            if counts:
+                try:
+                    pipe = scope["app"].state.aredis.pipeline(transaction=False)
+                    for field, n in counts.items():
+                        pipe.hincrby(keys.METRICS_COUNTERS, field, n)
+                    await pipe.execute()
+                except redis.RedisError as e:  # a lost count, not a failed request
+                    log.warning("metrics: could not count %s: %s", counts, e)
 
         async def counting(message: Message) -> None:
             nonlocal status, sent
+            last = False
             if message["type"] == "http.response.start":
                 status = int(message["status"])
             elif message["type"] == "http.response.body":
                 sent += len(message.get("body", b""))
+                last = not message.get("more_body", False)
+            elif message["type"] == SENDFILE:  # the body, sent by the kernel (service/api/http.py)
+                sent += int(message["count"])
+                last = True
+            if last:
+                await record()
             await send(message)
 
         await self.app(scope, receive, counting)
-        route = getattr(scope.get("route"), "path", None)
-        counts: dict[str, int] = {}
-        if route == "/v1/compilations" and scope["method"] == "POST" and status in (200, 202):
-            counts["cache_hits" if status == 200 else "cache_misses"] = 1
-        elif route == "/v1/artifacts/{key}" and scope["method"] == "GET":
-            if status in (200, 206):
-                counts = {"pulls_api": 1, "served_bytes": sent}
-            elif status == 307:  # a presigned URL: the object store serves the bytes
-                counts = {"pulls_redirected": 1}
-        if counts:
-            try:
-                pipe = scope["app"].state.aredis.pipeline(transaction=False)
-                for field, n in counts.items():
-                    pipe.hincrby(keys.METRICS_COUNTERS, field, n)
-                await pipe.execute()
-            except redis.RedisError as e:  # a lost count, not a failed request
-                log.warning("metrics: could not count %s: %s", counts, e)
+        await record()  # an answer that ended without its last body message

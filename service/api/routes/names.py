@@ -20,7 +20,7 @@ from compiler.errors import NotFound
 from compiler.refs import Ref
 from compiler.targets import Target
 from service.api.auth import Compile, Principal, Pull, needs
-from service.api.cache import Reads, digest, render
+from service.api.cache import Found, Reads, digest, render
 from service.api.deps import SettingsDep, StoreDep, find_model, resolve_model
 from service.api.pick import pick
 from service.api.schemas import (
@@ -60,6 +60,7 @@ VersionPath = Annotated[str, Path(pattern=r"^[1-9][0-9]{0,8}$", max_length=9, de
 RefPath = Annotated[str, Path(max_length=2 * REG_WORD_MAX + 1, pattern=REF, description="NAME, NAME:TAG or "
                               "NAME@VERSION (NAME is NAME:latest).")]
 _SETTING = "AOTC_MAX_REGISTRY_NAME_CHARS"
+MAX_REF_HINTS = 100_000  # (namespace, reference) -> model id hints kept per API process; then they start over
 
 
 def _name(settings: Settings, name: str) -> str:
@@ -196,6 +197,46 @@ async def _resolve_async(request: Request, who: Principal, ref: Ref) -> Version:
     return Version.from_raw(ref.name, v, raw, tags + ([refs.LATEST] if ref.tag == refs.LATEST else []))
 
 
+async def _resolve_and_find(request: Request, who: Principal, ref: Ref) -> tuple[list[str], Found]:
+    """`_resolve_async` and `find_model(..., with_artifacts=True)` in one round trip (RESOLVE_FIND): the version's
+    raw parts (version, record, tags) and its model with its artifacts. 404 for either missing."""
+    script = getattr(request.app.state, "resolve_find", None)
+    if script is None:
+        script = request.app.state.resolve_find = request.app.state.aredis.register_script(scripts.RESOLVE_FIND)
+    reads: Reads = request.app.state.reads
+    # The model this reference named last time, where its record is still held here: then the script only checks
+    # that it exists (a hint: a tag moved meanwhile reads the new model's record).
+    hints: dict[tuple[str, str], str] | None = getattr(request.app.state, "ref_models", None)
+    if hints is None:
+        hints = request.app.state.ref_models = {}
+    hint = hints.get((who.namespace, str(ref)), "")
+    kind, value = (("version", str(ref.version)) if ref.version is not None
+                   else ("latest", "") if ref.tag == refs.LATEST else ("tag", ref.tag or ""))
+    got = await script(keys=[keys.reg(who.namespace, ref.name, "versions"), keys.reg(who.namespace, ref.name, "tags")],
+                       args=[kind, value, keys.model(""), keys.artifacts_by_model(""), keys.artifact(""),
+                             hint if reads.models.peek(hint) is not None else ""])
+    if not got:
+        raise NotFound(f"no {ref} in namespace {who.namespace!r}; `aotc versions {ref.name}` lists its versions "
+                       "and tags")
+    parts = cast(str, got).split("\0")
+    ntags = int(parts[2])
+    raw_version = [parts[0], parts[1], *parts[3:3 + ntags]]
+    rest = parts[3 + ntags:]
+    if rest[0] == "none":
+        raise NotFound(f"the model of {ref} ({json.loads(parts[1]).get('model_id', '')[:12]}) is gone")
+    model_id, raw_model, pairs = rest[0], rest[1], rest[2:]
+    if raw_model:
+        reads.models.put(model_id, None, raw_model)
+    elif (held := reads.models.peek(model_id)) is not None:
+        raw_model = held
+    else:  # dropped from this process's memory meanwhile: read the model after all
+        return raw_version, await find_model(reads, model_id, with_artifacts=True)
+    if len(hints) >= MAX_REF_HINTS:
+        hints.clear()
+    hints[(who.namespace, str(ref))] = model_id
+    return raw_version, Found(model_id, raw_model, tuple(sorted(zip(pairs[::2], pairs[1::2]))))
+
+
 @router.get("/refs/{ref}", response_model=VersionRecord, responses=errors(404, 422))
 async def resolve_ref(request: Request, ref: RefPath, settings: SettingsDep, who: Pull) -> dict[str, Any]:
     """The version a reference names in the caller's namespace: `bert-base:prod`, `bert-base@3`, `bert-base`. Its
@@ -214,6 +255,9 @@ async def pick_artifact(
         "shapes")],
     torch: Annotated[str | None, Query(max_length=64, pattern=r"^[0-9A-Za-z.+_-]+$",
                                        description="The host's torch version: others are rejected")] = None,
+    allow_unverified: Annotated[bool, Query(description="A package built for its target but not yet run on it "
+                                            "(on_target.state unverified) may be picked, after any that ran on "
+                                            "theirs.")] = False,
     training: Annotated[bool, Query(description="Pick a train step (mode=training, for Client.load_training); "
                                     "otherwise train steps are never picked")] = False,
 ) -> Response:
@@ -222,21 +266,20 @@ async def pick_artifact(
     fits, listing each candidate and why."""
     wanted = _ref(settings, ref)
     target = Target.parse(host)
-    version = await _resolve_async(request, who, wanted)
-    try:  # the model and its artifacts in one round trip, as the lookup reads them
-        found = await find_model(request.app.state.reads, version.model_id, with_artifacts=True, trust_id=True)
-    except NotFound:
-        raise NotFound(f"the model of {wanted} ({version.model_id[:12]}) is gone") from None
-    # Rendered once per (query, version, artifacts as Redis holds them now), as the lookup's answers are: a tag moved,
-    # a version or an artifact published, deleted or rewritten picks afresh.
     reads: Reads = request.app.state.reads
-    query = ("pick", str(wanted), found.model_id, str(target), tuple(shape), torch, training)
-    fingerprint = digest(json.dumps(version.to_json(), sort_keys=True), found.fingerprint.hex())
+    raw_version, found = await _resolve_and_find(request, who, wanted)
+    # Rendered once per (query, version, artifacts as Redis holds them now), as the lookup's answers are: a tag moved,
+    # a version or an artifact published, deleted or rewritten picks afresh. The version is compared by its raw
+    # record and tags: hashing them costs less than rendering it (the pick by tag is the fleet's hot path).
+    query = ("pick", str(wanted), found.model_id, str(target), tuple(shape), torch, allow_unverified, training)
+    fingerprint = digest(*raw_version, found.fingerprint.hex())
     if (body := reads.answers.get(query, fingerprint)) is not None:
         return Response(body, media_type="application/json")
+    version = Version.from_raw(wanted.name, raw_version[0], raw_version[1],
+                               raw_version[2:] + ([refs.LATEST] if wanted.tag == refs.LATEST else []))
     spec = specs.canonical_spec(found.model["inputs"], specs.parse_shape_args(shape)) if shape else None
     picked = pick([json.loads(raw) for _, raw in found.artifacts], target, torch=torch, spec=spec,
-                  training=training)
+                  allow_unverified=allow_unverified, training=training)
     if picked.artifact is None:
         built = {key for key, _ in found.artifacts}
         pending = sorted({b["target"] for b in version.builds if b.get("job") and b.get("key") not in built})

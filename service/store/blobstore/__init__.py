@@ -34,12 +34,13 @@ __all__ = ["BlobError", "BlobStore", "StorageOptions", "local_root", "open_blob_
 
 @dataclass(frozen=True)
 class StorageOptions:
-    """What a process is told about storage (its settings' AOTC_BLOB_STORE, AOTC_CHUNK_MB, AOTC_STORE_MAX_GB and
-    AOTC_S3_*). `blob_store=None`: the store the API announced in Redis, else `redis`."""
+    """What a process is told about storage (its settings' AOTC_BLOB_STORE, AOTC_CHUNK_MB, AOTC_STORE_MAX_GB,
+    AOTC_WEIGHTS_GRACE_S and AOTC_S3_*). `blob_store=None`: the store the API announced in Redis, else `redis`."""
 
     blob_store: str | None = None
     chunk_bytes: int = 4 * 2**20
     max_artifact_bytes: int | None = None
+    weights_grace_s: float = 600.0
     s3_endpoint_url: str | None = None
     s3_public_url: str | None = None
     s3_region: str | None = None
@@ -52,6 +53,7 @@ class StorageOptions:
             blob_store=s.blob_store or None,
             chunk_bytes=s.chunk_mb * 2**20,
             max_artifact_bytes=int(s.store_max_gb * 2**30),
+            weights_grace_s=s.weights_grace_s,
             s3_endpoint_url=s.s3_endpoint_url or None,
             s3_public_url=s.s3_public_url or None,
             s3_region=s.s3_region or None,
@@ -211,3 +213,17 @@ class Announced(Reads):
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
+
+
+def open_local(blobs: BlobStore, kind: str, blob_id: str) -> BinaryIO | None:
+    """A blob's bytes as a file open on this machine's disk, where the store keeps them there (the file store), else
+    None: for an answer the kernel sends straight from the page cache (sendfile). Opened once: a delete or a
+    rewrite after this leaves the open file whole."""
+    store: Any = blobs.store if isinstance(blobs, Announced) else blobs
+    if isinstance(store, WithRedisFallback):
+        store = store._holder(kind, blob_id)
+    path = store.path(kind, blob_id) if isinstance(store, FileBlobs) else None
+    try:
+        return open(path, "rb", buffering=0) if path is not None else None
+    except FileNotFoundError:  # deleted meanwhile: the caller streams, and reports it gone
+        return None

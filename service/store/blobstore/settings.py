@@ -1,5 +1,6 @@
-"""The storage settings the API and the workers share (AOTC_BLOB_STORE, AOTC_CHUNK_MB, AOTC_STORE_MAX_GB, AOTC_S3_*,
-AOTC_DISK_LOW_WATER_MB): both settings classes derive from this one, so each setting is declared once."""
+"""The storage settings the API and the workers share (AOTC_BLOB_STORE, AOTC_CHUNK_MB, AOTC_STORE_MAX_GB,
+AOTC_WEIGHTS_GRACE_S, AOTC_S3_*, AOTC_DISK_LOW_WATER_MB): both settings classes derive from this one, so each
+setting is declared once."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ class StorageSettings(BaseSettings):
     store_max_gb: float = Field(
         default=20.0, gt=0, description="Bytes artifacts (packages and sources) may hold in the blob store; beyond it "
         "the least recently pulled ones that are not pinned are evicted.")
+    weights_grace_s: float = Field(
+        default=600.0, ge=0, le=7 * 86400, description="How long a weights blob whose last artifact was evicted waits "
+        "before it is deleted: a publish that found it stored a moment before takes it back meanwhile. Its bytes "
+        "leave AOTC_STORE_MAX_GB's count at once.")
     s3_endpoint_url: str = Field(default="", description="S3 endpoint (SeaweedFS, Garage, MinIO); empty: AWS.")
     s3_public_url: str = Field(
         default="", description="S3 endpoint in the presigned URLs clients are sent to; empty: AOTC_S3_ENDPOINT_URL.")

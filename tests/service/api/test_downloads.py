@@ -23,9 +23,11 @@ from compiler.errors import BadSignature
 from compiler.signing import Signer, key_record, statement
 from compiler.weightsfile import describe, read_header_file, write
 from procs import ROOT, Cluster, api
+from service.api.http import protocol
 from service.store import StorageOptions, Store, keys
 
 SIGNER = Signer.generate()
+STALL_S = 6  # AOTC_SEND_STALL_S: long enough that no pull of these tests stalls that long on a busy machine
 S3 = {"AWS_ACCESS_KEY_ID": "aotc-test", "AWS_SECRET_ACCESS_KEY": "aotc-test", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
@@ -62,12 +64,13 @@ class Service:
 @pytest.fixture(scope="module", params=["redis", "file", "s3"])
 def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     base = tmp_path_factory.mktemp(f"dl-{request.param}")
-    env: dict[str, str] = {}
+    env: dict[str, str] = {"AOTC_SEND_STALL_S": str(STALL_S)}
     if request.param == "redis":
         env["AOTC_BLOB_STORE"] = "redis"
     elif request.param == "s3":  # "file": the default, a folder under AOTC_DATA_DIR
         env.update(S3, AOTC_BLOB_STORE="s3://aotc-dl/t", AOTC_S3_ENDPOINT_URL=request.getfixturevalue("s3_endpoint"))
-    cluster = Cluster(base, env=env)
+    # The API as aotc-server serves it (its HTTP protocol): the file store's packages go out with sendfile.
+    cluster = Cluster(base, env=env, api_http=protocol("auto"))
     store = Store(cluster.redis.url, storage=StorageOptions(
         blob_store=env.get("AOTC_BLOB_STORE"), s3_endpoint_url=env.get("AOTC_S3_ENDPOINT_URL")))
     yield Service(cluster, store, request.param)
@@ -302,6 +305,33 @@ def test_sixteen_streams_at_once_hold_little_memory(service: Service, tmp_path: 
     assert peak[0] - base < 64 * 2**20, f"the API grew by {(peak[0] - base) / 2**20:.0f} MB"
 
 
+def test_a_client_that_stops_reading_a_sendfile_download_is_cut_off(service: Service, tmp_path: Path) -> None:
+    """The file store's packages go out with sendfile from a thread (service/api/http.py): a client that takes no
+    bytes for AOTC_SEND_STALL_S loses its connection, where a streamed answer waited for it for ever."""
+    import socket
+
+    if service.backend != "file":
+        pytest.skip("only a file on the API's disk goes out with sendfile")
+    size = 48 * 2**20  # far more than both sockets' buffers hold
+    key, _ = service.publish(tmp_path, size)
+    host, port = service.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        sock.sendall(f"GET /v1/artifacts/{key} HTTP/1.1\r\nHost: {host}\r\n"
+                     f"Authorization: {api.headers['authorization']}\r\n\r\n".encode())
+        time.sleep(STALL_S + 3)  # reads nothing meanwhile
+        got, t0 = 0, time.monotonic()
+        try:
+            while piece := sock.recv(1 << 20):
+                got += len(piece)
+        except ConnectionResetError:
+            pass
+    assert got < size, "the whole package came: the stalled client was waited for"
+    assert time.monotonic() - t0 < 30
+    r = api.get(f"{service.url}/v1/artifacts/{key}", timeout=60)  # the API serves on
+    assert r.status_code == 200 and len(r.content) == size
+
+
 def _spy_paths(monkeypatch: pytest.MonkeyPatch, sent: list[str]) -> None:
     """Record the path of every request the SDK's downloads send (client/transfer.py speaks http.client)."""
     request = http.client.HTTPConnection.request
@@ -354,6 +384,9 @@ def test_a_weights_blob_is_served_pulled_once_verified_and_refused_when_tampered
     monkeypatch.setattr(sdk, "_file_sha256", lambda p: hashed.append(p) or whole_file_sha256(p))
     with Client(service.url, cache_dir=tmp_path / "cache") as c:
         assert c.pull_weights(key) == got and hashed == []
+        # Beside a package (`aotc pull -o`): a hard link to the verified blob, not hashed a second time.
+        beside = c.pull_weights(key, tmp_path / "beside" / "x.weights.safetensors")
+        assert beside is not None and beside.stat().st_ino == got.stat().st_ino and hashed == []
     monkeypatch.setattr(sdk, "_file_sha256", whole_file_sha256)
 
     # The stored bytes swapped for others: the client refuses them, keeping nothing.

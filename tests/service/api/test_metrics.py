@@ -113,3 +113,31 @@ def test_a_worker_that_misses_heartbeats_counts_unhealthy(api_url, store):
     samples = scrape(api_url)
     assert value(samples, "aotc_workers_unhealthy", target=TARGET) >= 1
     store.workers.remove("metrics-late-worker")
+
+
+def test_weights_downloads_are_counted_like_package_downloads(api_url, store, tmp_path: Path):
+    """GET /v1/artifacts/{key}/weights moves aotc_weights_served_bytes and aotc_weights_pulls, apart from the
+    packages' counters (a ranged pull counts the bytes it got)."""
+    import hashlib
+
+    model_id = "6c" * 32
+    store.models.put({"id": model_id, "name": "metrics-weights", "size": 10, "created": time.time(), "inputs": []})
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"w" * 3000)
+    package = tmp_path / "p.pt2"
+    package.write_bytes(b"p" * 700)
+    key = "6c" * 16
+    store.artifacts.put({"key": key, "factors": {"model": model_id}, "model_id": model_id, "target": TARGET,
+                         "spec": [], "options": {}, "weights": {"sha256": hashlib.sha256(weights.read_bytes())
+                                                                .hexdigest(), "size": 3000, "constants": 1}},
+                        package, weights=weights)
+    before = scrape(api_url)
+    got = api.get(f"{api_url}/v1/artifacts/{key}/weights", follow_redirects=True)
+    assert got.status_code == 200 and len(got.content) == 3000
+    part = api.get(f"{api_url}/v1/artifacts/{key}/weights", headers={"range": "bytes=1000-"}, follow_redirects=True)
+    assert part.status_code == 206 and len(part.content) == 2000
+    after = scrape(api_url)
+    assert value(after, "aotc_weights_served_bytes_total") == value(before, "aotc_weights_served_bytes_total") + 5000
+    assert value(after, "aotc_weights_pulls_total", via="api") == value(before, "aotc_weights_pulls_total",
+                                                                         via="api") + 2
+    assert value(after, "aotc_served_bytes_total") == value(before, "aotc_served_bytes_total")  # no package bytes

@@ -224,8 +224,6 @@ def publish_weightless(store: Store, tmp_path: Path, key: str, weights: Path, si
 
 def test_weights_are_stored_once_counted_once_and_go_with_their_last_artifact(store: Store, tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from service.store import artifacts as artifacts_mod
-
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(b"w" * 3 * KB)
     a = publish_weightless(store, tmp_path, "a", weights)
@@ -243,7 +241,7 @@ def test_weights_are_stored_once_counted_once_and_go_with_their_last_artifact(st
     assert store.artifacts.get("a") is None and store.artifacts.get("b") is not None
     assert store.blobs.exists("weights", digest) and store.r.smembers(keys.weights_users(digest)) == {"b"}
 
-    monkeypatch.setattr(artifacts_mod, "WEIGHTS_GRACE_S", 0.0)
+    monkeypatch.setattr(store.artifacts, "weights_grace_s", 0.0)  # AOTC_WEIGHTS_GRACE_S=0
     store.artifacts.unpin("b")
     publish(store, tmp_path, "d", size=6 * KB, model="n" * 64)  # b goes, and with it the last user of the weights
     assert store.artifacts.get("b") is None and store.artifacts.get("c") is not None
@@ -251,3 +249,22 @@ def test_weights_are_stored_once_counted_once_and_go_with_their_last_artifact(st
     store.artifacts.collect_garbage()
     assert not store.blobs.exists("weights", digest)
     assert store.artifacts.total_bytes() == 10 * KB  # c and d: the weights left the books with their last user
+
+
+def test_the_weights_grace_is_a_setting(server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """AOTC_WEIGHTS_GRACE_S reaches the store from the API's and the workers' settings (was a constant)."""
+    from pydantic import ValidationError
+
+    from service.store.blobstore.settings import StorageSettings
+
+    monkeypatch.setenv("AOTC_WEIGHTS_GRACE_S", "5")
+    options = StorageOptions.from_settings(StorageSettings())
+    assert options.weights_grace_s == 5.0
+    s = Store(server.url, storage=options)
+    try:
+        assert s.artifacts.weights_grace_s == 5.0  # what EVICT schedules a last user's weights blob's deletion by
+    finally:
+        s.close()
+    monkeypatch.setenv("AOTC_WEIGHTS_GRACE_S", "-1")
+    with pytest.raises(ValidationError, match="weights_grace_s"):
+        StorageSettings()

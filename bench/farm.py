@@ -1,0 +1,209 @@
+"""A compile farm on one device: N serving-batch jobs of the benchmark's models through W workers, from fresh
+workers (empty headers dir) to the last job's end; then the workers' figures against a quiet measurement.
+
+    # the GPU run (issue 24): 40 jobs of the zoo's models, 8 workers on one GPU
+    python bench/farm.py --device cuda:0 --jobs 40 --workers 8 --out bench/results/farm-h100.json
+    # a tiny run on a CPU (what the test of this script runs)
+    python bench/farm.py --device cpu --models inplace_reduce,convnet --jobs 4 --workers 2 \
+        --out bench/results/farm-cpu.json
+
+Job i compiles model i mod M of `--models` (default: the zoo's, in its order) at its serving batch, with weights of
+seed i div M, so that no two jobs share an artifact. Every model is exported first; then W workers start with an
+empty headers dir (they build theirs as they do in production: AOTC_HEADERS_WARMUP as set, background by default),
+and as soon as they have registered all N jobs are submitted at once. Reported:
+
+- `wall_s`: from the submit to the last job's end; `slowest_compile_s`: the longest compile child of any job;
+  `compile_sum_s`: all jobs' compile children together, and `compile_sum_s / W`: the compiling alone would take
+  on W workers, spread evenly; the goal: wall <= 1.5 x (slowest compile + compile_sum / W), i.e. the checks, the
+  timing passes, lock waits and everything else add at most half again to the compiling itself;
+- lock waits: each job's wait for the device lock (its timing pass's, `check_wait`), the sum and the largest;
+- the figures: with the workers stopped (a quiet device), each artifact is pulled and timed in a fresh process
+  beside the exported program run eagerly: triton's `do_bench` (median) on a GPU, a median of timed calls on a
+  CPU; the worker's recorded eager, plain and graph figures over the quiet ones, and how many are within 10 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.farmkit import Service, export, median, table, timeline  # noqa: E402
+
+QUIET = """
+import json, statistics, sys, time
+import torch
+from client import Client
+model_path, key, url, device = sys.argv[1:5]
+eager = torch.export.load(model_path).module()
+inputs = tuple(t.to(device) for t in torch.load(model_path + ".inputs.pt"))
+
+def bench(fn):
+    if device.startswith("cuda"):
+        from triton.testing import do_bench
+        return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+    for _ in range(3):
+        fn()
+    times = []
+    deadline = time.perf_counter() + 2.0
+    while len(times) < 10 or (time.perf_counter() < deadline and len(times) < 200):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+out = {}
+with torch.inference_mode():
+    out["eager_ms"] = bench(lambda: eager(*inputs))
+    with Client(url, timeout=300) as c:
+        plain = c.load(key, device=device)
+        out["compiled_ms"] = bench(lambda: plain(*inputs))
+        if device.startswith("cuda"):
+            graphs = c.load(key, device=device, cuda_graphs=True)
+            out["graph_ms"] = bench(lambda: graphs(*inputs))
+print(json.dumps(out))
+"""
+FIGURES = ("eager_ms", "compiled_ms", "graph_ms")
+
+
+def quiet(model: Path, key: str, url: str, device: str) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, "-c", QUIET, str(model), key, url, device], env=env, capture_output=True,
+                          text=True, timeout=900)
+    if done.returncode != 0:
+        return {"error": done.stderr[-1500:]}
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--models", default=None, help="comma-separated (default: the zoo's models, in order)")
+    ap.add_argument("--jobs", type=int, default=40)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--env", action="append", default=[], help="AOTC_X=value for the workers (repeatable)")
+    ap.add_argument("--no-quiet", action="store_true", help="skip the quiet measurement of the figures")
+    ap.add_argument("--quiet-max", type=int, default=None, help="time at most this many artifacts quietly (in job "
+                    "order, one per model first): the quiet pass costs 20-30 s per artifact on a GPU")
+    ap.add_argument("--work", type=Path, default=None, help="keep the service's data here (default: a temp dir)")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    if a.models:
+        names = a.models.split(",")
+    else:
+        from bench.zoo import MODELS
+
+        names = list(MODELS)
+    extra = {"AOTC_COMPILE_TIMEOUT_S": "3600", **dict(e.split("=", 1) for e in a.env)}
+    jobs = [(names[i % len(names)], i // len(names)) for i in range(a.jobs)]
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": a.device, "cpus": os.cpu_count(),
+                              "workers": a.workers, "jobs": a.jobs, "env": extra}
+    with tempfile.TemporaryDirectory(prefix="aotc-farm-") as tmp_s:
+        tmp = a.work or Path(tmp_s)
+        tmp.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        paths = [export(name, tmp / f"{name}-{seed}.pt2", a.device, seed) for name, seed in jobs]
+        result["export_s"] = round(time.perf_counter() - t0, 1)
+        print(f"exported {len(paths)} programs in {result['export_s']} s", flush=True)
+        import torch
+
+        result["torch"] = torch.__version__
+        if a.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        svc = Service(tmp / "data", a.device, 0, {**extra, "AOTC_HEADERS_DIR": str(tmp / "headers")})
+        try:
+            from client import Client
+
+            with Client(svc.url, timeout=600) as c:
+                uploaded = []
+                for path in paths:
+                    rec = c.upload(path)
+                    uploaded.append((rec["id"], {i["name"]: i["shape"] for i in rec["inputs"]}))
+                started = time.time()
+                for _ in range(a.workers):
+                    svc.add_worker()
+                svc.wait_registered(a.workers)
+                result["register_s"] = round(time.time() - started, 2)
+                t_submit = time.time()
+                target = "cuda" if a.device.startswith("cuda") else "cpu"
+                ids = [c.submit(mid, shapes, target, priority="batch")["job"]["id"] for mid, shapes in uploaded]
+                for jid in ids:
+                    try:
+                        c.wait(jid, timeout=7200)
+                    except Exception as e:  # a failed job is a result too
+                        print(f"job {jid}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            store = svc.store()
+            lines = [timeline(store, jid) for jid in ids]
+            end = max(float(line["job"]["finished"]) for line in lines)
+            headers = svc.logged("precompiled headers: built")
+            rows = []
+            for (name, seed), path, jid, line in zip(jobs, paths, ids, lines):
+                job = line["job"]
+                t = job.get("timings") or {}
+                rows.append({"model": name, "seed": seed, "job": jid, "state": job["state"],
+                             "queued_s": round(float(job.get("started") or end) - t_submit, 1),
+                             "job_s": line["run_s"], "compile_s": t.get("compile_total"), "check_s": t.get("check"),
+                             "timing_s": t.get("timing"), "lock_wait_s": t.get("check_wait"),
+                             "key": job.get("artifact"), "path": str(path), "spans": line["spans"],
+                             "check": {k: (job.get("check") or {}).get(k) for k in FIGURES}})
+            ok = [r for r in rows if r["state"] == "succeeded"]
+            compiles = [r["compile_s"] for r in ok if r["compile_s"] is not None]
+            waits = [r["lock_wait_s"] or 0.0 for r in ok]
+            summary = {
+                "wall_s": round(end - t_submit, 1), "succeeded": len(ok), "failed": len(rows) - len(ok),
+                "slowest_compile_s": max(compiles, default=None), "compile_sum_s": round(sum(compiles), 1),
+                "compile_sum_per_worker_s": round(sum(compiles) / a.workers, 1),
+                "median_compile_s": median(compiles),
+                "lock_wait_sum_s": round(sum(waits), 1), "lock_wait_max_s": max(waits, default=None),
+                "timing_sum_s": round(sum(r["timing_s"] or 0.0 for r in ok), 1),
+                "check_sum_s": round(sum(r["check_s"] or 0.0 for r in ok), 1),
+                "headers_built": headers[:a.workers],
+            }
+            if compiles:
+                bound = 1.5 * (max(compiles) + sum(compiles) / a.workers)
+                summary["goal_s"] = round(bound, 1)
+                summary["goal_met"] = summary["wall_s"] <= bound
+                summary["wall_over_goal_base"] = round(summary["wall_s"] / (bound / 1.5), 2)
+            result["summary"] = summary
+            print(table(rows, ["model", "seed", "state", "queued_s", "job_s", "compile_s", "check_s", "timing_s",
+                               "lock_wait_s"]))
+            print(json.dumps(summary, indent=1))
+
+            if not a.no_quiet:
+                svc.stop_workers()  # a quiet device: nothing compiles or checks while the artifacts are timed
+                within = {k: 0 for k in FIGURES}
+                counted = {k: 0 for k in FIGURES}
+                chosen = sorted(ok, key=lambda r: (r["seed"], rows.index(r)))[:a.quiet_max]
+                for r in chosen:
+                    q = quiet(Path(r["path"]), r["key"], svc.url, a.device)
+                    r["quiet"] = q
+                    for k in FIGURES:
+                        mine, theirs = r["check"].get(k), q.get(k)
+                        if isinstance(mine, (int, float)) and isinstance(theirs, (int, float)) and theirs > 0:
+                            r[f"{k}_ratio"] = round(mine / theirs, 3)
+                            counted[k] += 1
+                            within[k] += abs(mine / theirs - 1) <= 0.10
+                    print(f"{r['model']} seed {r['seed']}: worker {r['check']} quiet {q}", flush=True)
+                result["figures"] = {k: {"within_10pct": within[k], "rows": counted[k]} for k in FIGURES}
+                print(table(chosen, ["model", "seed", *(f"{k}_ratio" for k in FIGURES)]))
+                print(json.dumps(result["figures"]))
+            result["rows"] = rows
+        finally:
+            svc.stop()
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

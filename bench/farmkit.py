@@ -1,0 +1,198 @@
+"""Pieces that bench/compile_overhead.py and bench/farm.py share: a service of N workers on one device with its
+own data dir, the models they compile (small CPU ones, or the zoo's on a GPU), and a finished job's timeline read
+from its own stage events.
+
+Torch is imported only where a model is built or exported, so the service side stays torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# Small CPU models (bench/report_overhead.py's), at a fixed batch: a plain compile takes 7-10 s on 2 cores.
+SMALL = ("inplace_reduce", "convnet", "transformer")
+
+
+def build(name: str, device: str, seed: int = 0) -> tuple[Any, tuple[Any, ...]]:
+    """The model (weights drawn from `seed`) and its inputs: the zoo's at its serving batch, or a small CPU
+    model's at a small batch."""
+    import torch
+
+    if name in SMALL:
+        from bench.report_overhead import MODELS
+
+        cls, shape = MODELS[name]
+        torch.manual_seed(seed)
+        return cls().eval().to(device), (torch.randn(*shape, device=device),)
+    from bench.zoo import build as zoo_build
+
+    return zoo_build(name, seed=seed, device=device)
+
+
+def export(name: str, path: Path, device: str, seed: int = 0) -> Path:
+    """Export `name` at a static shape: the same program goes to the plain compile and to aotc. `seed` draws new
+    weights (a new model to aotc). Its inputs go beside it (PATH.inputs.pt, written here, read by this bench)."""
+    import torch
+
+    model, inputs = build(name, device, seed)
+    with torch.no_grad():
+        torch.export.save(torch.export.export(model, inputs), str(path))
+    torch.save(tuple(t.cpu() for t in inputs), str(path) + ".inputs.pt")
+    del model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return path
+
+
+def service_env(data_dir: Path, device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("AOTC_REDIS_URL", "AOTC_ADMIN_KEY", "AOTC_API_KEY")}
+    env.update({"AOTC_DATA_DIR": str(data_dir), "AOTC_WORK_DIR": str(data_dir / "work"), "AOTC_DEVICE": device,
+                "AOTC_COMPILE_TIMEOUT_S": "1800", "AOTC_CHILD_LD_PRELOAD": os.environ.get("LD_PRELOAD", ""),
+                # this tree first, then the caller's path (wheels installed with --target, as on a GPU host)
+                "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])})
+    env.update(extra or {})
+    return env
+
+
+class Service:
+    """An embedded Redis, one API process and `workers` worker processes on `device`, in `data_dir`."""
+
+    def __init__(self, data_dir: Path, device: str, workers: int, extra_env: dict[str, str] | None = None) -> None:
+        from service.store.embedded import EmbeddedRedis, free_port
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir = data_dir
+        self.redis = EmbeddedRedis(data_dir / "redis", port=free_port()).start()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**service_env(data_dir, device, extra_env), "AOTC_REDIS_URL": self.redis.url}
+        self.log_path = data_dir / "serve.log"
+        self.log = open(self.log_path, "ab")
+        self.api = subprocess.Popen([sys.executable, "-m", "uvicorn", "service.api.app:create_app", "--factory",
+                                     "--port", str(self.port), "--log-level", "warning"],
+                                    env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.started: list[float] = []
+        self._wait_api()
+        for _ in range(workers):
+            self.add_worker()
+
+    def _wait_api(self, timeout_s: float = 120) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.api.poll() is not None:
+                raise RuntimeError(f"the API exited: {self.log_path.read_text()[-3000:]}")
+            time.sleep(0.2)
+        raise RuntimeError(f"the API did not answer in {timeout_s} s")
+
+    def add_worker(self) -> float:
+        """Start one more worker; returns when it was started (time.time())."""
+        t = time.time()
+        self.workers.append(subprocess.Popen([sys.executable, "-m", "worker"], env=self.env, stdout=self.log,
+                                             stderr=subprocess.STDOUT, cwd=ROOT))
+        self.started.append(t)
+        return t
+
+    def store(self) -> Any:
+        from service.store import Store
+
+        return Store(self.redis.url)
+
+    def wait_registered(self, n: int, timeout_s: float = 600) -> None:
+        """Until `n` workers are in the registry (a worker registers before it builds its headers)."""
+        deadline = time.monotonic() + timeout_s
+        store = self.store()
+        while time.monotonic() < deadline:
+            if len(store.workers.live()) >= n:
+                return
+            if any(p.poll() is not None for p in [self.api, *self.workers]):
+                raise RuntimeError(f"the service exited: {self.log_path.read_text()[-3000:]}")
+            time.sleep(0.3)
+        raise RuntimeError(f"{n} workers did not register in {timeout_s} s")
+
+    def wait_headers(self, n: int = 1, timeout_s: float = 1800) -> None:
+        """Until `n` workers have their precompiled headers (found on disk or built)."""
+        import re
+
+        found = re.compile(r"precompiled headers: (built )?\d+ files")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if len([line for line in self.logged("precompiled headers") if found.search(line)]) >= n:
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"{n} workers did not have their headers in {timeout_s} s")
+
+    def logged(self, what: str) -> list[str]:
+        return [line for line in self.log_path.read_text(errors="replace").splitlines() if what in line]
+
+    def stop_workers(self) -> None:
+        """The workers only (the API and Redis serve pulls on): a quiet device for measuring."""
+        for p in self.workers:
+            p.terminate()
+        for p in self.workers:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    def stop(self) -> None:
+        for p in [*self.workers, self.api]:
+            p.terminate()
+        for p in [*self.workers, self.api]:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.redis.stop()
+        self.log.close()
+
+
+def ts(value: Any) -> float:
+    return float(value)
+
+
+def timeline(store: Any, job_id: str) -> dict[str, Any]:
+    """A finished job's record and the seconds between its stage events (the worker records each stage as it
+    enters it: fetch is from the claim to the compile child's first stage, and includes the child's start)."""
+    job = store.jobs.get(job_id) or {}
+    events = [(ev.get("stage") or ev.get("state") or "", float(ev["ts"])) for _, ev in store.jobs.events(job_id)
+              if "ts" in ev]
+    spans: dict[str, float] = {}
+    start = ts(job["started"]) if job.get("started") else None
+    marks = [("claim", start)] if start is not None else []
+    marks += [(stage, t) for stage, t in events if start is None or t >= start]
+    marks.append(("end", ts(job["finished"])))
+    for (stage, t0), (_, t1) in zip(marks, marks[1:]):
+        spans[stage] = round(spans.get(stage, 0.0) + t1 - t0, 3)
+    return {"job": job, "spans": spans, "wall_s": round(ts(job["finished"]) - ts(job["created"]), 3),
+            "run_s": round(ts(job["finished"]) - start, 3) if start is not None else None}
+
+
+def median(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def table(rows: list[dict[str, Any]], header: list[str]) -> str:
+    cells = [[str(r.get(h, "")) for h in header] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
