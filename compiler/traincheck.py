@@ -161,7 +161,7 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
                     p.sub_(lr * p.grad)
                 bound_params[name].sub_(lr * got[grad_roles[name]])
         for fqn in mutated:
-            e, b = _buffer(eager, fqn), live.get(fqn)
+            e, b = weights_mod.module_tensor(eager, fqn), live.get(fqn)
             if e is None or b is None:
                 raise fail(step, f"buffer {fqn!r} is mutated by the program but the module has no such buffer")
             c = _cmp(f"buffer:{fqn}", e, b, floor)
@@ -285,13 +285,3 @@ def _second_opinion(checks: list[dict[str, Any]], eager: torch.nn.Module, args: 
             out_checks.append({**c, "why": f"{c['why']}; against float64 the package is off by {e_pkg:.3g}, eager "
                                            f"by {e_eager:.3g} (allowed: {bound:.3g})"})
     return out_checks
-
-
-def _buffer(module: torch.nn.Module, fqn: str) -> torch.Tensor | None:
-    prefix, _, attr = fqn.rpartition(".")
-    try:
-        t = getattr(module.get_submodule(prefix) if prefix else module, attr)
-    except AttributeError:
-        return None
-    return t if isinstance(t, torch.Tensor) else None
-

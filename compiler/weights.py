@@ -137,7 +137,8 @@ def check_bound(package_fqns: list[str], blob: Mapping[str, torch.Tensor]) -> No
                           "(derived constants: freezing or constant folding)", stage="check")
 
 
-def _eager_tensor(module: torch.nn.Module, fqn: str) -> torch.Tensor | None:
+def module_tensor(module: torch.nn.Module, fqn: str) -> torch.Tensor | None:
+    """The parameter or buffer `fqn` of `module`, or None."""
     prefix, _, attr = fqn.rpartition(".")
     try:
         t = getattr(module.get_submodule(prefix) if prefix else module, attr)
@@ -163,14 +164,14 @@ def follows(eager: torch.nn.Module, blob: Mapping[str, torch.Tensor], precision:
     output). When they disagree, halve the set of perturbed weights until one weight (or a few) is left to name.
     CheckFailed names it; otherwise a summary."""
     names = [n for n, t in blob.items() if t.is_floating_point() and t.numel()
-             and (e := _eager_tensor(eager, n)) is not None and e.is_floating_point()]
-    saved_eager = {n: _eager_tensor(eager, n).detach().clone() for n in names}  # type: ignore[union-attr]
+             and (e := module_tensor(eager, n)) is not None and e.is_floating_point()]
+    saved_eager = {n: module_tensor(eager, n).detach().clone() for n in names}  # type: ignore[union-attr]
     saved_blob = {n: blob[n].detach().clone() for n in names}
 
     def trial(subset: list[str]) -> dict[str, Any]:
         gen = torch.Generator().manual_seed(1234)
         for n in subset:
-            e = _eager_tensor(eager, n)
+            e = module_tensor(eager, n)
             assert e is not None
             _perturb(e, gen)
             blob[n].detach().copy_(e.detach().to(blob[n].dtype))  # the same values, cast as the blob was
@@ -178,7 +179,7 @@ def follows(eager: torch.nn.Module, blob: Mapping[str, torch.Tensor], precision:
             return compare(*run())
         finally:
             for n in subset:
-                _eager_tensor(eager, n).detach().copy_(saved_eager[n])  # type: ignore[union-attr]
+                module_tensor(eager, n).detach().copy_(saved_eager[n])  # type: ignore[union-attr]
                 blob[n].detach().copy_(saved_blob[n])
 
     with torch.inference_mode():

@@ -549,9 +549,8 @@ if redis.call('HLEN', KEYS[2]) == 0 then redis.call('ZREM', KEYS[1], ARGV[1]) en
 return removed
 """
 
-# KEYS: versions, tags. ARGV: 'tag' | 'version' | 'latest', the tag or version.
-# One round trip from a reference to its version: returns {version, record, its tags...} or false.
-RESOLVE = """
+# The reference's version and its record, as `v` and `rec` (or false for none): RESOLVE's and RESOLVE_FIND's start.
+_RESOLVE_VERSION = """
 local v
 if ARGV[1] == 'version' then
   v = ARGV[2]
@@ -569,6 +568,11 @@ else
 end
 local rec = redis.call('HGET', KEYS[1], v)
 if not rec then return false end
+"""
+
+# KEYS: versions, tags. ARGV: 'tag' | 'version' | 'latest', the tag or version.
+# One round trip from a reference to its version: returns {version, record, its tags...} or false.
+RESOLVE = _RESOLVE_VERSION + """
 local out = {v, rec}
 local tags = redis.call('HGETALL', KEYS[2])
 for i = 1, #tags, 2 do
@@ -583,24 +587,7 @@ return out
 # /v1/refs/{ref}/pick): RESOLVE, then FIND_MODEL's read of the version's model and its artifacts. Returns false for
 # no such version; else one string, NUL-separated: version, version record, the number of its tags, the tags, then
 # 'none' (the model is gone) or the model id, its record ('' when held), and (key, record) per artifact.
-RESOLVE_FIND = """
-local v
-if ARGV[1] == 'version' then
-  v = ARGV[2]
-elseif ARGV[1] == 'latest' then
-  local top = nil
-  for _, k in ipairs(redis.call('HKEYS', KEYS[1])) do
-    local n = tonumber(k)
-    if n and (not top or n > top) then top = n end
-  end
-  if not top then return false end
-  v = tostring(top)
-else
-  v = redis.call('HGET', KEYS[2], ARGV[2])
-  if not v then return false end
-end
-local rec = redis.call('HGET', KEYS[1], v)
-if not rec then return false end
+RESOLVE_FIND = _RESOLVE_VERSION + """
 local tagged = {}
 local tags = redis.call('HGETALL', KEYS[2])
 for i = 1, #tags, 2 do
