@@ -45,8 +45,9 @@ def hidden_size(model: Any) -> int:
 
 
 def no_dropout(model: torch.nn.Module) -> None:
-    """Dropout (and stochastic depth) at p=0: a step that draws random numbers cannot be checked against eager
-    (compiler.compat.joint.RandomStep). Modules' Dropout p, and float attributes named for dropout that models pass
+    """Dropout (and stochastic depth) at p=0, so that step times compare the same arithmetic (a train-step package
+    draws with ATen's kernels on torch's generator, options.TRAINING_INDUCTOR_CONFIGS, where torch.compile fuses the
+    mask into its Triton kernels). Modules' Dropout p, and float attributes named for dropout that models pass
     to attention kernels (HF's `dropout_prob`, `attention_dropout`)."""
     for m in model.modules():
         if isinstance(m, torch.nn.modules.dropout._DropoutNd):

@@ -27,7 +27,13 @@ import json
 from typing import Any
 
 from compiler.errors import AotcError
-from compiler.options import BOUNDS_REVISION, FORCED_INDUCTOR_CONFIGS, WEIGHTS_REVISION, weights_layout
+from compiler.options import (
+    BOUNDS_REVISION,
+    FORCED_INDUCTOR_CONFIGS,
+    TRAINING_INDUCTOR_CONFIGS,
+    WEIGHTS_REVISION,
+    weights_layout,
+)
 from compiler.targets import IsaPin, Target
 
 # bump when what a key covers changes (2: options gained precision, freezing, inductor, prims_view; 3: bounds;
@@ -64,6 +70,8 @@ def factors(
         "bounds": bounds_factor(),
         "weights": {"layout": weights_layout(options), "revision": WEIGHTS_REVISION},
     }
+    if options.get("mode") == "training":  # how train steps are built (inference keys are unchanged)
+        out["training"] = {"inductor": dict(TRAINING_INDUCTOR_CONFIGS)}
     pin = _pin(target)
     if pin is not None:
         out["isa"] = pin.factor()

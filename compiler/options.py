@@ -100,10 +100,15 @@ def weights_layout(options: dict[str, Any]) -> str:
 ADDED_AFTER_FORMAT_2 = ("allow_nonfinite", "embed_weights", "loss_output")
 INDUCTOR_ADDED_AFTER_FORMAT_2 = ("layout_optimization",)
 
-# Set in every mode=training compile (compiler/training.py). Inductor's joint-graph pass `constant_fold_uniform_value`
-# folds a buffer of uniform value into a literal even with always_keep_tensor_constants: BatchNorm's 0-d
-# `num_batches_tracked` became `= 1` on every step (seen on torch 2.13), frozen while eager counts on.
-TRAINING_INDUCTOR_CONFIGS: dict[str, Any] = {"joint_graph_constant_folding": False}
+# Set in every mode=training compile (compiler/training.py), and a factor of its key (compiler.cachekey).
+# - joint_graph_constant_folding off: Inductor's joint-graph pass `constant_fold_uniform_value` folds a buffer of
+#   uniform value into a literal even with always_keep_tensor_constants: BatchNorm's 0-d `num_batches_tracked`
+#   became `= 1` on every step (seen on torch 2.13), frozen while eager counts on.
+# - fallback_random on: the step's random ops (the joint graph keeps dropout as aten.native_dropout) call ATen's own
+#   kernels on torch's generator instead of Inductor's Philox seeds, so a step draws what eager draws after the same
+#   torch.manual_seed: dropout masks, and so losses and gradients, match eager's exactly (seen on torch 2.13), the
+#   check can compare a step that drops, and a caller's seed governs the package as it governs eager.
+TRAINING_INDUCTOR_CONFIGS: dict[str, Any] = {"joint_graph_constant_folding": False, "fallback_random": True}
 # Most outputs an upload may have, so that `loss_output` is bounded before the program is read.
 MAX_LOSS_OUTPUT = 4095
 

@@ -92,6 +92,7 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     joint = joint_mod.joint_program(ep, loss_output)
     roles, mutated = joint_mod.roles(joint)
     del joint
+    drawn = joint_mod.random_ops(ep)  # seeded alike on both sides below
     eager = ep.module().to(device)
     bound_model = copy.deepcopy(eager)  # the "caller's" module: the package reads and updates these tensors
     live = live_tensors(bound_model)
@@ -132,11 +133,15 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         flat_in = inputs_mod.random_inputs(spec, shapes, device, ranges, seed + step)
         args, kwargs = inputs_mod.call_args(ep, flat_in)
         eager.zero_grad(set_to_none=True)
+        # The same seed before each side: a step that drops draws the same masks in both (the package's random ops
+        # are ATen's, on torch's generator: options.TRAINING_INDUCTOR_CONFIGS fallback_random).
+        torch.manual_seed(seed * 1009 + step)
         with autocast(device, precision):
             expected = eager(*args, **kwargs)
         flat_expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
         loss = flat_expected[loss_output]
         loss.backward()
+        torch.manual_seed(seed * 1009 + step)
         got = package.run_flat(package.flat_inputs(args, kwargs))
         if len(got) != len(roles):
             raise fail(step, f"the package returned {len(got)} outputs; its manifest has {len(roles)} roles")
@@ -149,7 +154,7 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
             checks.append(_cmp(f"grad:{name}", want / scales[name], got[grad_roles[name]] / scales[name], floor))
         if any(not c["ok"] for c in checks):
             checks = _second_opinion(checks, eager, args, kwargs, loss_output, flat_expected, got, roles, scales,
-                                     floor)
+                                     floor, seed * 1009 + step)
         bad = next((c for c in checks if not c["ok"]), None)
         if bad is not None:
             hint = (" (step 1 agreed: a parameter the package does not read from the bound tensors, frozen at "
@@ -207,6 +212,7 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         "weights": {"bound": "user_managed", "constants": len(fqns), "package_fqns": sorted(fqns),
                     "bytes": side.stat().st_size},
         "training": {**training.manifest(roles, mutated, loss_output), "steps": log, "optimizer": f"SGD lr={lr}",
+                     "random_ops": drawn,
                      "autocast": str(AUTOCAST[precision]).removeprefix("torch.") if precision in AUTOCAST else None,
                      "tolerance": {str(k).removeprefix("torch."): v for k, v in TOLERANCE.items()}},
     }
@@ -229,7 +235,8 @@ FP64_MULTIPLIER = 3.0
 
 def _second_opinion(checks: list[dict[str, Any]], eager: torch.nn.Module, args: tuple[Any, ...],
                     kwargs: dict[str, Any], loss_output: int, expected: list[torch.Tensor], got: list[torch.Tensor],
-                    roles: list[joint_mod.Role], scales: dict[str, float], floor: float) -> list[dict[str, Any]]:
+                    roles: list[joint_mod.Role], scales: dict[str, float], floor: float,
+                    step_seed: int) -> list[dict[str, Any]]:
     """The failed comparisons judged again against a float64 run of the same step: a value that is zero up to
     rounding (the gradient of a bias right before BatchNorm: a sum that cancels) differs between any two float32
     runs by the size of the terms cancelled, so the package passes where its error from float64 is at most
@@ -246,6 +253,7 @@ def _second_opinion(checks: list[dict[str, Any]], eager: torch.nn.Module, args: 
                     ref.graph.erase_node(n)
             ref.recompile()
         ref.zero_grad(set_to_none=True)
+        torch.manual_seed(step_seed)  # the step's own draws (dropout), as both sides had them
         out = ref(*[double(a) for a in args], **{k: double(v) for k, v in kwargs.items()})
         flat = list(out) if isinstance(out, (tuple, list)) else [out]
         flat[loss_output].backward()

@@ -29,18 +29,14 @@ class LossOutputError(CompileError):
     another output that needs a gradient."""
 
 
-class RandomStep(CompileError):
-    """The training step draws random numbers (dropout, stochastic depth): the package's generator is not eager's, so
-    no step of it could be compared with eager's."""
-
-
 # Substrings of the ATen ops that draw random numbers: dropout (aten.dropout, native_dropout, feature_dropout...),
 # rand/randn/randint/randperm(_like), bernoulli, normal, uniform, exponential, multinomial, poisson.
 RANDOM_OP_WORDS = ("dropout", "rand", "bernoulli", "normal", "uniform", "exponential", "multinomial", "poisson")
 
 
 def random_ops(ep: torch.export.ExportedProgram) -> list[str]:
-    """Each node of the program that draws random numbers, as 'op (module path)'."""
+    """Each node of the program that draws random numbers, as 'op (module path)': what a train step's check seeds
+    (compiler.traincheck), and what its report names."""
     found = []
     for n in ep.graph.nodes:
         if n.op != "call_function":
@@ -105,12 +101,6 @@ def joint_program(ep: torch.export.ExportedProgram, loss_output: int) -> torch.e
         what = f"{loss.dtype} of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise LossOutputError(f"output {loss_output} (options.loss_output) is the loss and must be a floating scalar; "
                               f"it is {what}", stage="autograd")
-    drawn = random_ops(ep)
-    if drawn:
-        raise RandomStep(f"the training step draws random numbers in {len(drawn)} place(s): {', '.join(drawn[:4])}"
-                         f"{' ...' if len(drawn) > 4 else ''}. The package's random stream is not eager's, so the "
-                         "check cannot compare its steps: export with dropout (and stochastic depth) at p=0",
-                         stage="autograd")
     try:
         return _export_forward_backward(ep, joint_loss_index=loss_output)
     except RuntimeError as e:

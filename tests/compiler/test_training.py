@@ -11,7 +11,7 @@ import torch
 from compiler import cachekey
 from compiler import weights as weights_mod
 from compiler.compat.aoti import aoti_compile_and_package, weightless_configs
-from compiler.compat.joint import LossOutputError, RandomStep, joint_program, roles
+from compiler.compat.joint import LossOutputError, joint_program, random_ops, roles
 from compiler.errors import CheckFailed
 from compiler.options import TRAINING_INDUCTOR_CONFIGS, CompileOptions
 from compiler.shapes import training_refusal
@@ -69,12 +69,37 @@ class Dropped(torch.nn.Module):
         return torch.nn.functional.mse_loss(self.drop(self.l(x)), y)
 
 
-def test_a_step_that_draws_random_numbers_is_refused_naming_where():
-    """Dropout in training draws from a generator the package does not share with eager: no step could be checked."""
-    ep = torch.export.export(Dropped(0.1).train(), ARGS)
-    with pytest.raises(RandomStep, match=r"draws random numbers in 1 place\(s\): aten.dropout.default \(drop\)"):
-        joint_program(ep, 0)
-    assert roles(joint_program(torch.export.export(Dropped(0.0).train(), ARGS), 0))[0][0].role == "loss"
+class DroppedMLP(torch.nn.Module):
+    """(loss, logits detached) with dropout at p=0.3 between two layers: a step that draws random numbers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+        self.drop = torch.nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.l2(self.drop(torch.relu(self.l1(x))))
+        return torch.nn.functional.mse_loss(out, y), out.detach()
+
+
+@pytest.mark.slow
+def test_a_step_with_dropout_is_checked_against_eager_and_one_built_on_inductors_generator_fails(tmp_path):
+    """Dropout draws from torch's generator in eager. Built as aotc builds train steps (fallback_random), the package
+    draws the same masks after the same seed: the check compares its steps and passes. Built on Inductor's own
+    Philox seeds (torch's default), the masks differ and the check fails: the check really compares the draws."""
+    assert [d.split(" ")[0] for d in random_ops(torch.export.export(Dropped(0.1).train(), ARGS))] == [
+        "aten.dropout.default"]
+    assert random_ops(torch.export.export(Dropped(0.0).train(), ARGS)) == []
+    path = export_train(seeded(DroppedMLP, 3), ARGS, tmp_path / "dropped.pt2")
+    mlp = {"dir": tmp_path, "path": path}
+    configs = {**(weightless_configs() or {}), **TRAINING_INDUCTOR_CONFIGS}
+    assert configs["fallback_random"] is True
+    checked = check_training(str(path), _broken_build(mlp, "seeded.pt2", configs), SPEC, "cpu", adversarial=False)
+    assert checked["passed"] and [d.split(" ")[0] for d in checked["training"]["random_ops"]] == ["aten.dropout.default"]
+    assert all(s["max_grad_rel_err"] < 1e-4 for s in checked["training"]["steps"]), checked["training"]["steps"]
+    own = _broken_build(mlp, "philox.pt2", {**configs, "fallback_random": False})
+    with pytest.raises(CheckFailed, match=r"step 1 of 3: .* disagrees with eager"):
+        check_training(str(path), own, SPEC, "cpu", adversarial=False)
 
 
 def test_training_options_key_and_shapes():
@@ -91,6 +116,10 @@ def test_training_options_key_and_shapes():
 
     assert len({key(CompileOptions()), key(training), key(CompileOptions(mode="training", loss_output=1))}) == 3
     assert "loss_output" not in CompileOptions().canonical()  # inference keys are unchanged
+    built = cachekey.factors("ab" * 32, SPEC, "cpu-x86_64-v3", {"torch": "2.13"}, training.canonical())
+    assert built["training"]["inductor"] == {"joint_graph_constant_folding": False, "fallback_random": True}
+    assert "training" not in cachekey.factors("ab" * 32, SPEC, "cpu-x86_64-v3", {"torch": "2.13"},
+                                              CompileOptions().canonical())
     assert training_refusal(SPEC) is None
     dyn = [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 8}, 8]}]
     assert training_refusal(dyn) == ("mode=training takes static shapes: input 'x' dim 0 is a range 1..8; give one "
