@@ -6,6 +6,11 @@
 //      package's weights blob (--weights) is verified the same way, each constant checked against the manifest,
 //      and bound with load_constants(..., user_managed=true);
 //   3. run: on tensors read from a file, writing the outputs to a file.
+//   With --train-steps N, a train-step package (mode=training): its output roles come from the signed check
+//   (predicate.check.training); the weights blob is the starting parameters and buffers, bound user-managed, so the
+//   package reads them live and updates the buffers in place; each step runs the package and applies plain SGD
+//   (p -= lr * grad:p) to the bound parameters. The outputs file gets the N losses, then every bound tensor after
+//   the last step, in the manifest's constant order.
 //
 // Tensor files are torch's own serialisation format (a zip holding a pickle and the raw tensor bytes), read and
 // written here with torch::jit::pickle_load / pickle_save:
@@ -44,6 +49,7 @@ constexpr int kExitError = 1, kExitUsage = 2, kExitRefused = 3;
 constexpr const char* kUsage = R"(usage: aotc_run --package PKG.pt2 --inputs IN.pt --outputs OUT.pt
                 --artifact-key KEY --manifest MANIFEST.json --trusted-key KEY.b64 [--trusted-key ...]
                 [--weights W.safetensors] [--signing-keys KEYS.json] [--device cpu|cuda|cuda:N] [--repeat N]
+                [--train-steps N [--lr LR]]
        aotc_run --package PKG.pt2 --inputs IN.pt --outputs OUT.pt --insecure-skip-verify [...]
 
 Verifies PKG.pt2 against its signed manifest (GET /v1/artifacts/KEY/manifest) and pinned public keys (raw
@@ -53,6 +59,8 @@ service's revocations), then loads it with AOTIModelPackageLoader and runs it on
 A weightless package (its manifest names a weights blob) needs --weights: the blob (GET /v1/artifacts/KEY/weights,
 or NAME.weights.safetensors beside what aotc pull wrote), verified against the manifest and bound at load.
 --device cuda needs a program built against a CUDA torch wheel and a CUDA package.
+--train-steps N runs a train-step package (mode=training) N times on IN.pt's batch, SGD at --lr (default 0.05) on
+the weights blob's parameters between steps; OUT.pt gets (losses[N], every bound tensor after the last step).
 Exit status: 0 ran, 1 error, 2 usage, 3 refused (nothing loaded).
 )";
 
@@ -61,6 +69,8 @@ struct Args {
   std::vector<std::string> trusted_keys;
   bool skip_verify = false;
   int repeat = 0;
+  int train_steps = 0;
+  double lr = 0.05;
 };
 
 struct UsageError : std::runtime_error {
@@ -97,6 +107,19 @@ Args parse_args(int argc, char** argv) {
         a.repeat = -1;
       }
       if (a.repeat < 0) throw UsageError("--repeat takes a count >= 0");
+    } else if (flag == "--train-steps") {
+      try {
+        a.train_steps = std::stoi(value);
+      } catch (const std::exception&) {
+        a.train_steps = -1;
+      }
+      if (a.train_steps < 1 || a.train_steps > 100000) throw UsageError("--train-steps takes a count 1..100000");
+    } else if (flag == "--lr") {
+      try {
+        a.lr = std::stod(value);
+      } catch (const std::exception&) {
+        throw UsageError("--lr takes a number");
+      }
     } else {
       throw UsageError("unknown argument " + flag);
     }
@@ -107,6 +130,9 @@ Args parse_args(int argc, char** argv) {
     throw UsageError("--artifact-key, --manifest and --trusted-key are required (or --insecure-skip-verify)");
   if (a.skip_verify && (!a.manifest.empty() || !a.trusted_keys.empty() || !a.signing_keys.empty()))
     throw UsageError("--insecure-skip-verify with --manifest, --trusted-key or --signing-keys: pick one");
+  if (a.train_steps > 0 && (a.skip_verify || a.weights.empty()))
+    throw UsageError("--train-steps needs the signed manifest (the output roles are in it) and --weights (the "
+                     "starting parameters)");
   return a;
 }
 
@@ -198,6 +224,45 @@ struct PrivateDir {
   }
 };
 
+// --train-steps: the package's step, then SGD on the bound parameters, N times. The roles are the signed check's;
+// the package writes the mutated buffers (BatchNorm's statistics) into the bound tensors itself.
+template <typename Sync>
+int train(const Args& args, torch::inductor::AOTIModelPackageLoader& loader,
+          std::unordered_map<std::string, at::Tensor>& weights, const aotc::Expected& want,
+          const std::vector<at::Tensor>& inputs, Sync sync) {
+  std::size_t loss_index = want.train_roles.size();
+  std::vector<std::pair<at::Tensor, std::size_t>> params;  // (bound parameter, index of its gradient)
+  for (const auto& [role, index] : want.train_roles) {
+    if (role == "loss") loss_index = index;
+    if (role.rfind("grad:", 0) != 0) continue;
+    auto it = weights.find(role.substr(5));
+    if (it == weights.end()) throw aotc::Refused("signed role " + role + " names no constant of the weights blob");
+    params.emplace_back(it->second, index);
+  }
+  if (loss_index == want.train_roles.size()) throw aotc::Refused("the signed roles name no loss");
+  std::vector<double> losses;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int step = 0; step < args.train_steps; ++step) {
+    std::vector<at::Tensor> outputs = loader.run(inputs);
+    if (outputs.size() != want.train_roles.size())
+      throw std::runtime_error("the package returned " + std::to_string(outputs.size()) + " outputs; its signed "
+                               "roles are " + std::to_string(want.train_roles.size()));
+    for (auto& [p, index] : params) p.sub_(outputs[index].to(p.scalar_type()), args.lr);
+    losses.push_back(outputs[loss_index].to(c10::kCPU).item<double>());
+    std::printf("step %d: loss %.6f\n", step + 1, losses.back());
+  }
+  sync();
+  std::printf("%d train steps (SGD lr=%g on %zu parameters) in %.1f ms\n", args.train_steps, args.lr, params.size(),
+              ms_since(t0));
+  std::vector<at::Tensor> out{at::tensor(losses, at::kDouble)};
+  // Copies: the bound tensors are views of one storage (the blob read whole), which the pickler would write once,
+  // as the first view's dtype.
+  for (const auto& c : want.constants) out.push_back(weights.at(c.fqn).clone());
+  write_tensors(args.outputs, out);
+  std::printf("wrote %zu losses and %zu tensors to %s\n", losses.size(), want.constants.size(), args.outputs.c_str());
+  return 0;
+}
+
 int run(const Args& args) {
   const c10::Device device = pick_device(args.device);
   PrivateDir dir;
@@ -262,6 +327,13 @@ int run(const Args& args) {
   auto sync = [&] {
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
   };
+  if (!want.train_roles.empty() && args.train_steps == 0)
+    throw std::runtime_error("the package is a train step (mode=training): run it with --train-steps N");
+  if (args.train_steps > 0) {
+    if (want.train_roles.empty())
+      throw std::runtime_error("--train-steps: the manifest's check has no training roles: not a train-step package");
+    return train(args, loader, weights, want, inputs, sync);
+  }
   t0 = std::chrono::steady_clock::now();
   std::vector<at::Tensor> outputs = loader.run(inputs);
   sync();

@@ -157,6 +157,25 @@ void read_weights(const json::Value& w, Expected& out) {
   }
 }
 
+// The signed check's training record, predicate.check.training: {"outputs": [{"role", "index"}, ...], ...}.
+void read_train_roles(const json::Value& check, Expected& out) {
+  using T = json::Value::Type;
+  const json::Value* tr = check.find("training");
+  if (tr == nullptr || tr->type == T::Null) return;
+  for (const auto& r : member(*tr, "outputs", T::Array, "predicate check training").items) {
+    if (!r.is_object()) throw Refused("a signed output role is not an object");
+    std::string role = member(r, "role", T::String, "signed output role").text;
+    std::uint64_t index = 0;
+    try {
+      index = json::as_uint64(member(r, "index", T::Number, "signed output role " + role), "index of " + role);
+    } catch (const json::Error& e) {
+      throw Refused(e.what());
+    }
+    out.train_roles.emplace_back(std::move(role), static_cast<std::size_t>(index));
+  }
+  if (out.train_roles.empty()) throw Refused("predicate check training lists no output roles");
+}
+
 }  // namespace
 
 
@@ -262,8 +281,9 @@ Expected verify_manifest(const std::string& envelope_json, const std::vector<Tru
   } catch (const json::Error& e) {
     throw Refused(e.what());
   }
-  Expected out{artifact_key, sha, size, signer, "", 0, {}};
+  Expected out{artifact_key, sha, size, signer, "", 0, {}, {}};
   if (const json::Value* w = pred.find("weights")) read_weights(*w, out);
+  if (const json::Value* c = pred.find("check"); c != nullptr && c->is_object()) read_train_roles(*c, out);
   return out;
 }
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace aotc {
@@ -53,6 +54,10 @@ struct Expected {
   std::string weights_sha256;
   std::uint64_t weights_size = 0;
   std::vector<Constant> constants;
+  // A train-step package (mode=training): its flat outputs' roles as the signed check recorded them
+  // (predicate.check.training.outputs): "loss", "output:i", "grad:<fqn>", each with its index. Empty: not a
+  // train step.
+  std::vector<std::pair<std::string, std::size_t>> train_roles;
 };
 
 // A file holding one base64 public key (surrounding whitespace allowed).

@@ -5,13 +5,10 @@ refused before anything is loaded."""
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +20,8 @@ from client import Client
 from client.sdk import Artifact
 from compiler.signing import Signer, key_id
 from compiler.weightsfile import sidecar
+from cppbuild import CXX, build_aotc_run, save_verification
 from modelzoo import MLP, export, seeded
-from procs import ROOT, api
-
-CXX = os.environ.get("CXX", "g++")
-EXAMPLE = ROOT / "examples" / "cpp"
-# One build per torch version, kept across runs: the first takes about 30 s on 2 cores, later ones are make's no-op.
-BUILD = ROOT / ".aotc" / "cpp-build" / f"torch-{torch.__version__}"
 
 pytestmark = [
     pytest.mark.slow,
@@ -40,13 +32,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def aotc_run() -> Path:
-    BUILD.mkdir(parents=True, exist_ok=True)
-    with open(BUILD / ".lock", "w") as lock:  # two sessions building one directory would clobber each other
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        made = subprocess.run(["make", "-C", str(EXAMPLE), f"BUILD={BUILD}", f"PYTHON={sys.executable}", f"CXX={CXX}"],
-                              capture_output=True, text=True, timeout=600)
-    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
-    return BUILD / "aotc_run"
+    return build_aotc_run()
 
 
 @dataclass
@@ -74,17 +60,8 @@ def pulled(api_url: str, worker: dict, tmp_path_factory: pytest.TempPathFactory)
         package = c.pull(art, tmp / "mlp-cpu.pt2")
         weights = c.pull_weights(art, sidecar(package))
         assert weights is not None  # built weightless: the weights come as their own blob
-    r = api.get(f"{api_url}/v1/artifacts/{art.key}/manifest")
-    assert r.status_code == 200, r.text
-    (tmp / "manifest.json").write_bytes(r.content)
-    kid = r.json()["signatures"][0]["keyid"]
-    keys = api.get(f"{api_url}/v1/signing-keys")
-    assert keys.status_code == 200, keys.text
-    (tmp / "signing-keys.json").write_bytes(keys.content)
-    (record,) = [k for k in keys.json()["keys"] if k["kid"] == kid]
-    (tmp / "worker.b64").write_text(record["public_key"] + "\n")
-    return Pulled(art.key, package, tmp / "manifest.json", tmp / "signing-keys.json", tmp / "worker.b64", kid, model,
-                  weights)
+    manifest, signing_keys, trusted_key, kid = save_verification(api_url, art.key, tmp)
+    return Pulled(art.key, package, manifest, signing_keys, trusted_key, kid, model, weights)
 
 
 def run_cpp(exe: Path, p: Pulled, tmp: Path, x: torch.Tensor,

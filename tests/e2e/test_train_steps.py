@@ -3,12 +3,18 @@ package, the SDK pulls it verified and binds it to a live module; 3 SGD steps ma
 
 from __future__ import annotations
 
+import base64
 import copy
+import json
+import shutil
+import subprocess
 
 import pytest
 import torch
 
 from client.sdk import ClientError
+from compiler.weightsfile import sidecar
+from cppbuild import CXX, build_aotc_run, save_verification
 from modelzoo import TrainMLP, export_train, seeded
 from procs import api, wait_job
 
@@ -50,13 +56,21 @@ def test_loss_output_needs_training_mode(api_url, uploaded):
     assert "loss_output" in r.text and "mode=training" in r.text
 
 
-def test_train_step_package_signed_and_steps_match_eager(api_url, worker, client, uploaded):
+@pytest.fixture(scope="module")
+def trained(api_url, worker, uploaded) -> str:  # type: ignore[no-untyped-def]
+    """The uploaded step compiled for training by the session's worker: its artifact key."""
     r = api.post(f"{api_url}/v1/compilations", json={
         "model_id": uploaded["id"], "shapes": {"x": list(X), "y": list(Y)}, "options": {"mode": "training"}})
-    assert r.status_code == 202, r.text
+    assert r.status_code in (200, 202), r.text
+    if r.status_code == 200:
+        return str(r.json()["key"])
     job = wait_job(api_url, r.json()["job"]["id"], timeout=600)
     assert job["state"] == "succeeded", job.get("error")
-    key = job["artifact"]
+    return str(job["artifact"])
+
+
+def test_train_step_package_signed_and_steps_match_eager(api_url, client, uploaded, trained):
+    key = trained
     meta = api.get(f"{api_url}/v1/artifacts/{key}/meta").json()
     assert meta["package"] is True and meta["options"]["mode"] == "training"
     train = meta["check"]["training"]
@@ -123,3 +137,45 @@ def test_train_step_package_signed_and_steps_match_eager(api_url, worker, client
     # A module of another shape is refused, naming the tensor.
     with pytest.raises(ValueError, match="'l1.weight' is float32 \\[16, 9\\]"):
         client.load_training(key, TrainMLP(d_in=9))
+
+
+@pytest.mark.skipif(shutil.which(CXX) is None or shutil.which("make") is None,
+                    reason=f"no C++ compiler ({CXX}) or make: the C++ example cannot be built")
+def test_the_cpp_example_runs_train_steps_as_python_does(api_url, client, trained, tmp_path):
+    """examples/cpp's aotc_run with --train-steps: verified as any package, roles from the signed check, the weights
+    blob bound user-managed as the starting state, SGD between steps. Its losses and final parameters and buffers
+    are eager's after the same steps."""
+    exe = build_aotc_run()
+    package = client.pull(trained, tmp_path / "train.pt2")
+    blob = client.pull_weights(trained, sidecar(package))
+    assert blob is not None
+    manifest, signing_keys, trusted_key, kid = save_verification(api_url, trained, tmp_path)
+    x, y = torch.randn(*X, generator=torch.Generator().manual_seed(11)), torch.randn(*Y)
+    torch.save([x, y], tmp_path / "in.pt")
+    argv = [str(exe), "--package", str(package), "--weights", str(blob), "--artifact-key", trained,
+            "--manifest", str(manifest), "--trusted-key", str(trusted_key), "--signing-keys", str(signing_keys),
+            "--inputs", str(tmp_path / "in.pt"), "--outputs", str(tmp_path / "out.pt")]
+    plain = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 1 and "is a train step (mode=training): run it with --train-steps N" in plain.stderr
+    done = subprocess.run(argv + ["--train-steps", "3", "--lr", "0.1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"signed by key {kid}" in done.stdout and "3 train steps (SGD lr=0.1 on 7 parameters)" in done.stdout
+
+    model = seeded(TrainMLP, 3).train()  # what was uploaded: the blob's starting state
+    losses = []
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        loss, _ = model(x, y)
+        loss.backward()
+        losses.append(float(loss.detach()))
+        with torch.no_grad():
+            for p in model.parameters():
+                p.sub_(0.1 * p.grad)
+    out = torch.load(tmp_path / "out.pt", weights_only=True)
+    torch.testing.assert_close(out[0], torch.tensor(losses, dtype=torch.float64), rtol=1e-4, atol=1e-6)
+    statement = json.loads(base64.b64decode(json.loads(manifest.read_text())["payload"]))
+    fqns = [c["fqn"] for c in statement["predicate"]["weights"]["constants"]]
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    assert len(out) == 1 + len(fqns) and {"bn.running_mean", "l1.weight"} <= set(fqns)
+    for fqn, got in zip(fqns, out[1:], strict=True):
+        torch.testing.assert_close(got, state[fqn].detach(), rtol=1e-4, atol=1e-5, msg=f"{fqn} after 3 steps")
