@@ -71,6 +71,16 @@ def eager_step(model: Any, args: tuple[Any, ...], device: str, amp: str) -> Any:
 # -- the fresh processes -------------------------------------------------------------------------------------------
 
 
+def _built(name: str, batch: int, device: str, out: dict[str, Any]) -> tuple[Any, Any]:
+    """The model and its batch, the time it took in out["build_s"] (apart from the time to first step)."""
+    t1 = time.perf_counter()
+    from bench.trainmodels import build
+
+    built = build(name, batch, device)
+    out["build_s"] = time.perf_counter() - t1
+    return built
+
+
 def child_aotc(url: str, key: str, name: str, batch: int, device: str, cache: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     import torch
@@ -78,11 +88,7 @@ def child_aotc(url: str, key: str, name: str, batch: int, device: str, cache: st
     from client import Client
 
     out: dict[str, Any] = {"import_s": time.perf_counter() - t0}
-    t1 = time.perf_counter()
-    from bench.trainmodels import build
-
-    model, args = build(name, batch, device)
-    out["build_s"] = time.perf_counter() - t1
+    model, args = _built(name, batch, device, out)
     t2 = time.perf_counter()
     with Client(url, cache_dir=cache, timeout=600) as c:
         step = c.load_training(key, model, device)
@@ -102,11 +108,7 @@ def child_compile(name: str, batch: int, device: str, amp: str, mode: str) -> di
     import torch
 
     out: dict[str, Any] = {"import_s": time.perf_counter() - t0}
-    t1 = time.perf_counter()
-    from bench.trainmodels import build
-
-    model, args = build(name, batch, device)
-    out["build_s"] = time.perf_counter() - t1
+    model, args = _built(name, batch, device, out)
     t2 = time.perf_counter()
     compiled = torch.compile(model, mode=None if mode == "default" else mode)
     with autocast(device, amp):

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from compiler import inputs as inputs_mod
+from compiler.errors import CheckFailed
 
 MAX_CASES = 48
 MAX_PROBES = 2 * MAX_CASES + 1  # a probe per case at worst, twice for a case whose eager ends the context
@@ -182,6 +183,16 @@ def verdict(poison: inputs_mod.Poison, numel: int, result: dict[str, Any]) -> st
         eager = f"eager raises {result['eager']}" if result.get("eager") else "eager returns"
         return f"{what}: {eager}, the package touched memory it does not own ({result.get('package')})"
     return f"{what}: {outcome}: {result.get('why') or result.get('eager') or ''}".rstrip(": ")
+
+
+def refuse_failures(found: dict[str, Any], what: str, where: str = "") -> None:
+    """Raise CheckFailed for `check_adversarial`'s answer if it found failures: the first in the message (`what`
+    names the package, `where` the shapes), every one in the excerpt."""
+    if found["failures"]:
+        more = len(found["failures"]) - 1
+        raise CheckFailed(f"{what} fails the adversarial check{where}: {found['failures'][0]}"
+                          + (f"; and {more} more case(s), in the excerpt" if more else ""),
+                          stage="check", excerpt="\n".join(found["failures"]))
 
 
 def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str,

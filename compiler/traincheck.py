@@ -26,7 +26,7 @@ import torch
 from compiler import inputs as inputs_mod
 from compiler import training
 from compiler import weights as weights_mod
-from compiler.adversarial import check_adversarial
+from compiler.adversarial import check_adversarial, refuse_failures
 from compiler.check import TOLERANCE, compare, device_info, measure
 from compiler.compat import joint as joint_mod
 from compiler.compat.aoti import LoadedPackage
@@ -221,11 +221,7 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         del package, eager, bound_model, live
         found = check_adversarial(model_path, package_path, spec, device, ep, base, shapes, ranges, floor)
         summary["adversarial"] = {"point": "static", **found}
-        if found["failures"]:
-            more = len(found["failures"]) - 1
-            raise CheckFailed(f"train-step package fails the adversarial check: {found['failures'][0]}"
-                              + (f"; and {more} more case(s), in the excerpt" if more else ""),
-                              stage="check", excerpt="\n".join(found["failures"]))
+        refuse_failures(found, "train-step package")
     return summary
 
 

@@ -217,6 +217,18 @@ return 1
 
 # -- reads and counters outside the state machine ----------------------------------------------------------------
 
+# Appends (key, record) to `out` for each artifact of model `id` that still has a record (ARGV[4]: the by-model set
+# prefix, ARGV[5]: the artifact record prefix): FIND_MODEL's and RESOLVE_FIND's end.
+_APPEND_ARTIFACTS = """
+for _, k in ipairs(redis.call('SMEMBERS', ARGV[4] .. id)) do
+  local record = redis.call('GET', ARGV[5] .. k)
+  if record then
+    out[#out + 1] = k
+    out[#out + 1] = record
+  end
+end
+"""
+
 # KEYS: none: they depend on the id the script resolves (one Redis, as SUBMIT builds a job's key).
 # ARGV: model id or a prefix of it (hex), the `models:ids` key, and the key prefixes of a model record, of a
 #       model's artifact set and of an artifact record; the model id the caller already holds ('' if none), and
@@ -243,14 +255,7 @@ else
 end
 local out = {'ok', id, model}
 if ARGV[7] == '1' then
-  for _, k in ipairs(redis.call('SMEMBERS', ARGV[4] .. id)) do
-    local record = redis.call('GET', ARGV[5] .. k)
-    if record then
-      out[#out + 1] = k
-      out[#out + 1] = record
-    end
-  end
-end
+""" + _APPEND_ARTIFACTS + """end
 return table.concat(out, '\\0')
 """
 
@@ -611,12 +616,5 @@ if not model then
 end
 out[#out + 1] = id
 out[#out + 1] = model
-for _, k in ipairs(redis.call('SMEMBERS', ARGV[4] .. id)) do
-  local record = redis.call('GET', ARGV[5] .. k)
-  if record then
-    out[#out + 1] = k
-    out[#out + 1] = record
-  end
-end
-return table.concat(out, '\\0')
+""" + _APPEND_ARTIFACTS + """return table.concat(out, '\\0')
 """
