@@ -10,7 +10,7 @@ import torch
 
 from compiler import cachekey
 from compiler import weights as weights_mod
-from compiler.compat.aoti import aoti_compile_and_package, weightless_configs
+from compiler.compat.aoti import TRAIN_METADATA, aoti_compile_and_package, weightless_configs
 from compiler.compat.joint import LossOutputError, joint_program, random_ops, roles
 from compiler.errors import CheckFailed
 from compiler.options import TRAINING_INDUCTOR_CONFIGS, CompileOptions
@@ -213,3 +213,35 @@ def test_precision_bf16_is_autocast_checked_in_bf16_and_weights_stay_fp32(mlp):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             amp = ep.module()(x, y)[0]
     assert abs(float(loss) - float(fp32)) > 1e-5 and abs(float(loss) - float(amp)) < 5e-2 * max(abs(float(amp)), 1)
+
+
+class TrainLookup(torch.nn.Module):
+    """A train step that reads a table at token ids (its input): (loss, outputs detached)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(10, 8))
+        self.l = torch.nn.Linear(8, 4)
+
+    def forward(self, ids: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.l(self.table[ids])
+        return torch.nn.functional.mse_loss(out, y), out.detach()
+
+
+@pytest.mark.slow
+def test_a_train_step_that_reads_out_of_bounds_at_hostile_ids_fails_the_adversarial_check(tmp_path):
+    """The training check feeds ids at and beyond the table's bounds, as a later caller could: built with the index
+    asserts every compile forces, the package raises where eager raises and passes; built without them, it reads
+    past the table and fails, naming the case."""
+    ids = torch.arange(6) % 10
+    path = export_train(seeded(TrainLookup, 1), (ids, torch.randn(6, 4)), tmp_path / "lookup.pt2")
+    mlp = {"dir": tmp_path, "path": path}
+    spec = [{"name": "ids", "dtype": "int64", "shape": [6]}, {"name": "y", "dtype": "float32", "shape": [6, 4]}]
+    configs = {**(weightless_configs() or {}), **TRAINING_INDUCTOR_CONFIGS}
+    # marked a train step as compiler.stages marks one: the probes run it flat
+    configs["aot_inductor.metadata"] = {**configs.get("aot_inductor.metadata", {}), TRAIN_METADATA: "0"}
+    checked = check_training(str(path), _broken_build(mlp, "bounded.pt2", configs), spec, "cpu")
+    assert checked["adversarial"]["cases"] > 0 and not checked["adversarial"]["failures"], checked["adversarial"]
+    unbounded = {**configs, "assert_indirect_indexing": False, "debug_index_asserts": False}
+    with pytest.raises(CheckFailed, match=r"train-step package fails the adversarial check: "):
+        check_training(str(path), _broken_build(mlp, "unbounded.pt2", unbounded), spec, "cpu")
