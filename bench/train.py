@@ -1,24 +1,28 @@
 """Training ahead of time (issue 23): which models make a train-step package, and what one buys, in one run.
 
 For each model: wrap it with a loss (vision: cross-entropy on random labels; text: cross-entropy of a linear head
-over the mean hidden state), send it through a service of its own (one worker) as mode=training, and record whether
-a checked, signed train-step package came back, or the exact reason it did not. For each that did:
+over the mean hidden state) and queue it, all at once, as mode=training on a service of its own (`--workers`
+compile workers). Record whether a checked, signed train-step package came back, or the exact reason it did not.
+Once every job has ended, the workers stop (a quiet device) and each package is timed, each part in a fresh process:
 
   step_ms    one training step (forward + backward, gradients set; no optimizer step, the same for all), median:
-             eager, the aotc package (Client.load_training, bound to a live copy of the module) and torch.compile
-             (default; `--max-autotune` adds mode="max-autotune"); on CUDA by CUDA events (compiler.check.measure)
+             eager and the aotc package (Client.load_training, bound to a live copy of the module) in one process;
+             torch.compile (default; `--max-autotune` adds mode="max-autotune") in its cold process, after its first
+             step. On CUDA by CUDA events (compiler.check.measure)
   ttfs_s     time to first step in a FRESH process: import, pull (verified), load, bind, first step (aotc) against
              import, torch.compile and the first step with an empty Inductor cache (cold). Building the module is
              timed apart (`build_s`), outside both
   grad_err   the training check's worst relative error over 3 SGD steps (package vs eager, same autocast), and the
              package's gradients against fp32 eager's (no autocast) at one batch
 
+`--coverage` names more models that are only packaged and checked (after the timings, the workers back on). The JSON
+is rewritten after each model, and a rerun with `--append` skips the models it has finished (a GPU call cut off).
+
     python bench/train.py --out bench/results/train-cpu.json                  # CPU: tiny models, a few minutes
-    # GPU (torch 2.11), in chunks of two models (each command under 10 minutes), one service data dir kept between
-    # them (its precompiled headers and caches), the rows appended to one JSON:
+    # GPU (torch 2.11):
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 python bench/train.py --device cuda --amp bf16 --batch 32 \\
-        --zoo resnet50,mobilenet_v3_large --base /tmp/aotc-train-gpu --append --out bench/results/train-h100.json
-    # ... then efficientnet_b0,convnext_tiny / timm_vit_small_patch16_224,hf_distilbert / hf_bert_base,hf_gpt2
+        --workers 4 --zoo resnet50,mobilenet_v3_large,efficientnet_b0,convnext_tiny,timm_vit_small_patch16_224,\\
+        hf_distilbert,hf_bert_base,hf_gpt2 --base /tmp/aotc-train-gpu --append --out bench/results/train-h100.json
 
 Prints a table, writes JSON.
 """
@@ -82,6 +86,7 @@ def _built(name: str, batch: int, device: str, out: dict[str, Any]) -> tuple[Any
 
 
 def child_aotc(url: str, key: str, name: str, batch: int, device: str, cache: str) -> dict[str, Any]:
+    """Time to first step of the package: import, pull (verified), load, bind, first step."""
     t0 = time.perf_counter()
     import torch
 
@@ -104,8 +109,12 @@ def child_aotc(url: str, key: str, name: str, batch: int, device: str, cache: st
 
 
 def child_compile(name: str, batch: int, device: str, amp: str, mode: str) -> dict[str, Any]:
+    """Time to first step of torch.compile with an empty Inductor cache (the caller empties it): import, compile and
+    the first step; then, in the same process, its step time (so each model is compiled once per mode)."""
     t0 = time.perf_counter()
     import torch
+
+    from compiler.check import measure
 
     out: dict[str, Any] = {"import_s": time.perf_counter() - t0}
     model, args = _built(name, batch, device, out)
@@ -119,15 +128,15 @@ def child_compile(name: str, batch: int, device: str, amp: str, mode: str) -> di
         torch.cuda.synchronize()
     out["first_step_s"] = time.perf_counter() - t2
     out["ttfs_s"] = out["import_s"] + out["first_step_s"]
+    timed = measure(eager_step(compiled, args, device, amp), device)
+    out["step_ms"] = round(timed["median_ms"], 3)
+    out["step_spread_ms"] = [round(timed["p25_ms"], 3), round(timed["p75_ms"], 3)]
     return out
 
 
-def child_time(url: str, key: str, name: str, batch: int, device: str, amp: str, max_autotune: bool,
-               cache: str) -> dict[str, Any]:
-    """Step times, in this order: eager, torch.compile (default; max-autotune on request), then the aotc package (its
-    OpenMP runtime last), and the package's gradients against fp32 eager's at one batch."""
-    import torch
-
+def child_time(url: str, key: str, name: str, batch: int, device: str, amp: str, cache: str) -> dict[str, Any]:
+    """Step times, eager first, then the aotc package (its OpenMP runtime last, on a CPU), and the package's gradients
+    against fp32 eager's at one batch. torch.compile's step is timed in its own cold process (child_compile)."""
     from bench.trainmodels import build
     from client import Client
     from compiler.check import measure
@@ -136,13 +145,6 @@ def child_time(url: str, key: str, name: str, batch: int, device: str, amp: str,
     model, args = build(name, batch, device)
     out: dict[str, Any] = {}
     times: dict[str, Any] = {"eager": measure(eager_step(model, args, device, amp), device)}
-    for mode in ["default", *(["max-autotune"] if max_autotune else [])]:
-        try:
-            torch._dynamo.reset()
-            compiled = torch.compile(copy.deepcopy(model), mode=None if mode == "default" else mode)
-            times[f"compile_{mode}"] = measure(eager_step(compiled, args, device, amp), device)
-        except Exception as e:  # noqa: BLE001 - recorded
-            out[f"compile_{mode}_error"] = reason(e)
     bound = copy.deepcopy(model)
     with Client(url, cache_dir=cache, timeout=600) as c:
         step = c.load_training(key, bound, device)
@@ -191,18 +193,37 @@ def reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
 
 
-def run_model(c: Any, url: str, name: str, a: argparse.Namespace, base: Path) -> dict[str, Any]:
+def submit_model(c: Any, name: str, a: argparse.Namespace) -> dict[str, Any]:
+    """Build, export, upload and queue one model as mode=training; the row, with the job to wait for (or the key of
+    a package already cached) under "_job" / "key"."""
     from bench.trainmodels import build
 
     row: dict[str, Any] = {"model": name}
     model, args = build(name, a.batch, a.device)
     row["batch"] = int(args[0].shape[0])
     row["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 2)
+    record = c.upload(model, list(args))
+    shapes = {i["name"]: list(x.shape) for i, x in zip(record["inputs"], args, strict=True)}
+    answer = c.submit(record["id"], shapes, "cpu" if a.device == "cpu" else "cuda", mode="training",
+                      precision="keep" if a.amp == "none" else a.amp)
+    row["_submitted"] = time.perf_counter()
+    if answer["status"] == "cached":
+        row["key"] = answer["key"]
+    else:
+        row["_job"] = answer["job"]["id"]
+    return row
+
+
+def wait_model(c: Any, row: dict[str, Any]) -> dict[str, Any]:
+    """Until the model's job ends: a package (its key and check) or the exact reason there is none."""
     try:
-        t0 = time.perf_counter()
-        art = c.compile(model, args, target="cpu" if a.device == "cpu" else "cuda", timeout=3600, mode="training",
-                        precision="keep" if a.amp == "none" else a.amp)
-        row["compile_s"] = round(time.perf_counter() - t0, 1)
+        if "_job" in row:
+            art = c.wait(row["_job"], timeout=3600)
+            row["key"] = art.key
+            row["compile_s"] = round(time.perf_counter() - row["_submitted"], 1)
+            meta = art.meta
+        else:
+            meta = c.artifact(row["key"]).meta
     except Exception as e:  # a job that failed: its stage and message, as the service recorded them
         job = getattr(e, "job", None)
         err = (job or {}).get("error") or {}
@@ -210,34 +231,45 @@ def run_model(c: Any, url: str, name: str, a: argparse.Namespace, base: Path) ->
         row["reason"] = (f"{err.get('stage')}: {err.get('type')}: {str(err.get('message'))[:400]}" if err
                          else reason(e))
         return row
-    assert not isinstance(art, tuple)
     row["package"] = True
-    row["key"] = art.key
-    check = art.meta.get("check") or {}
+    check = (meta or {}).get("check") or {}
     row["check_max_rel_err"] = check.get("max_rel_err")
     row["check_steps"] = len((check.get("training") or {}).get("steps") or [])
+    return row
 
+
+def time_model(url: str, row: dict[str, Any], a: argparse.Namespace, base: Path) -> dict[str, Any]:
+    """On a quiet device (no compile running), each in a fresh process: eager and the package's step, the package's
+    time to first step, and torch.compile's cold time to first step and then its step."""
+    name = row["model"]
     # In a process of its own: a CPU package brings its own OpenMP runtime, whose threads spin beside torch's and
-    # slow whatever runs after it (compiler/check.py measures eager first for that reason); the next model's eager
-    # would be timed beside this one's package.
-    timed = _fresh(["time", url, art.key, name, str(row["batch"]), a.device, a.amp,
-                    "1" if a.max_autotune else "0", str(base / f"cache-time-{name}")])
+    # slow whatever runs after it (compiler/check.py measures eager first for that reason).
+    timed = _fresh(["time", url, row["key"], name, str(row["batch"]), a.device, a.amp,
+                    str(base / f"cache-time-{name}")])
     if "error" in timed:
         row["time_error"] = timed["error"]
         return row
     row.update({k: v for k, v in timed.items() if k != "wall_s"})
+    if a.ttfs:
+        row["ttfs_aotc"] = _fresh(["aotc", url, row["key"], name, str(row["batch"]), a.device,
+                                   str(base / f"cache-{name}-{time.time_ns()}")])
+    modes = ["default", *(["max-autotune"] if a.max_autotune else [])] if a.compile else []
+    for mode in modes:
+        inductor_cache = tempfile.mkdtemp(prefix="inductor-cold-", dir=base)
+        got = _fresh(["compile", name, str(row["batch"]), a.device, a.amp, mode],
+                     env={"TORCHINDUCTOR_CACHE_DIR": inductor_cache,
+                          "TRITON_CACHE_DIR": os.path.join(inductor_cache, "triton")})
+        shutil.rmtree(inductor_cache, ignore_errors=True)
+        if "error" in got:
+            row[f"compile_{mode}_error"] = got["error"]
+            continue
+        row["step_ms"][f"compile_{mode}"] = got.pop("step_ms")
+        row["step_spread_ms"][f"compile_{mode}"] = got.pop("step_spread_ms")
+        row[f"ttfs_compile{'' if mode == 'default' else '_' + mode}"] = got
     e_ms = row["step_ms"]["eager"]
     row["speedup_vs_eager"] = round(e_ms / row["step_ms"]["aotc"], 3)
     if "compile_default" in row["step_ms"]:
         row["speedup_vs_compile"] = round(row["step_ms"]["compile_default"] / row["step_ms"]["aotc"], 3)
-    if a.ttfs:
-        cache = base / f"cache-{name}"
-        row["ttfs_aotc"] = _fresh(["aotc", url, art.key, name, str(row["batch"]), a.device, str(cache)])
-        inductor_cache = tempfile.mkdtemp(prefix="inductor-cold-", dir=base)
-        row["ttfs_compile"] = _fresh(["compile", name, str(row["batch"]), a.device, a.amp, "default"],
-                                     env={"TORCHINDUCTOR_CACHE_DIR": inductor_cache,
-                                          "TRITON_CACHE_DIR": os.path.join(inductor_cache, "triton")})
-        shutil.rmtree(inductor_cache, ignore_errors=True)
     return row
 
 
@@ -249,6 +281,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         if not r.get("package"):
             lines.append(f"{r['model']:<28}{'no':>4}  {r.get('reason', '')[:150]}")
             continue
+        if r.get("coverage_only"):
+            lines.append(f"{r['model']:<28}{'yes':>4}  (coverage: packaged and checked, not timed)")
+            continue
         if "step_ms" not in r:
             lines.append(f"{r['model']:<28}{'yes':>4}  not timed: {str(r.get('time_error'))[-150:]}")
             continue
@@ -259,8 +294,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                      f"{s.get('compile_default', float('nan')):>9.3f}{r['speedup_vs_eager']:>8.2f}"
                      f"{r.get('speedup_vs_compile', float('nan')):>7.2f}"
                      f"{ta if ta is not None else float('nan'):>10.2f}{tc if tc is not None else float('nan'):>10.2f}"
-                     f"{r['check_max_rel_err']:>10.1e}")
-    made = [r for r in rows if r.get("package") and "step_ms" in r]
+                     f"{r.get('check_max_rel_err') or float('nan'):>10.1e}")
+    made = [r for r in rows if r.get("package") and "speedup_vs_eager" in r]
     if made:
         gm = statistics.geometric_mean([r["speedup_vs_eager"] for r in made])
         lines.append(f"{sum(1 for r in rows if r.get('package'))}/{len(rows)} models make a train-step package; "
@@ -275,8 +310,8 @@ def main() -> None:
             url, key, name, batch, device, cache = rest
             out = child_aotc(url, key, name, int(batch), device, cache)
         elif kind == "time":
-            url, key, name, batch, device, amp, tune, cache = rest
-            out = child_time(url, key, name, int(batch), device, amp, tune == "1", cache)
+            url, key, name, batch, device, amp, cache = rest
+            out = child_time(url, key, name, int(batch), device, amp, cache)
         else:
             name, batch, device, amp, mode = rest
             out = child_compile(name, int(batch), device, amp, mode)
@@ -295,51 +330,90 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--append", action="store_true",
                    help="add this run's rows to --out's (a GPU run in chunks of a few models, each under 10 min)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="compile workers (all models are queued at once; timing waits for a quiet device)")
+    p.add_argument("--coverage", default="",
+                   help="comma-separated: more models to make packages of after the timed ones (coverage, untimed)")
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile (cold and step)")
     a = p.parse_args()
     if a.device == "cuda":
         a.device = "cuda:0"
     import torch
 
-    from bench.ttfi import start_service
+    from bench.farmkit import Service
     from client import Client
 
     base = Path(a.base) if a.base else Path(tempfile.mkdtemp(prefix="aotc-train-"))
     base.mkdir(parents=True, exist_ok=True)
-    procs: list[Any] = []
-    redis_srv = None
-    if a.url:
-        url = a.url
-    else:
-        url, procs, redis_srv = start_service(base, "cuda" if a.device.startswith("cuda") else "cpu")
-    rows = []
+    old = json.loads(Path(a.out).read_text())["rows"] if a.append and a.out and Path(a.out).exists() else []
+    # A rerun (a GPU call cut off) resumes: a model with a finished row is not run again.
+    done = {r["model"] for r in old if (not r.get("package")) or "speedup_vs_eager" in r or r.get("coverage_only")}
+    timed_names = [n for n in a.zoo.split(",") if n and n not in done]
+    cover_names = [n for n in a.coverage.split(",") if n and n not in done and n not in timed_names]
+    rows: list[dict[str, Any]] = [r for r in old if r["model"] in done]
+    device = "cuda" if a.device.startswith("cuda") else "cpu"
+
+    def write() -> None:
+        result = {"device": a.device, "amp": a.amp, "torch": torch.__version__, "host": platform.node(),
+                  "cpu_count": os.cpu_count(), "workers": a.workers, "rows": rows,
+                  "gpu": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else None}
+        if a.out:
+            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.out).write_text(json.dumps(result, indent=1, default=str))
+
+    def submit_all(c: Any, names: list[str]) -> list[dict[str, Any]]:
+        out = []
+        for name in names:
+            try:
+                out.append(submit_model(c, name, a))
+            except Exception as e:  # noqa: BLE001 - a bench row (export or upload refused), not a crash
+                out.append({"model": name, "package": False, "reason": f"upload: {reason(e)}"})
+            print(f"queued {name}", file=sys.stderr, flush=True)
+        return out
+
+    def wait_all(c: Any, pending: list[dict[str, Any]]) -> None:
+        for row in pending:
+            if "package" not in row:
+                wait_model(c, row)
+            print(json.dumps({k: v for k, v in row.items() if not k.startswith("_")}, default=str)[:600],
+                  file=sys.stderr, flush=True)
+
+    svc = Service(base / "svc", device, a.workers)
     try:
-        with Client(url, cache_dir=base / "client-cache", timeout=600) as c:
-            for name in a.zoo.split(","):
+        with Client(svc.url, cache_dir=base / "client-cache", timeout=600) as c:
+            pending = submit_all(c, timed_names)
+            wait_all(c, pending)
+            svc.stop_workers()  # a quiet device: no compile beside the timings
+            for row in pending:
                 t0 = time.perf_counter()
-                try:
-                    row = run_model(c, url, name, a, base)
-                except Exception as e:  # noqa: BLE001 - a bench row, not a crash
-                    row = {"model": name, "package": False, "reason": f"bench: {reason(e)}"}
-                row["wall_s"] = round(time.perf_counter() - t0, 1)
+                if row.get("package"):
+                    try:
+                        time_model(svc.url, row, a, base)
+                    except Exception as e:  # noqa: BLE001 - a bench row, not a crash
+                        row["time_error"] = f"bench: {reason(e)}"
+                row["time_wall_s"] = round(time.perf_counter() - t0, 1)
+                for k in [k for k in row if k.startswith("_")]:
+                    del row[k]
                 rows.append(row)
-                print(json.dumps(row, default=str)[:600], file=sys.stderr, flush=True)
+                write()
+            if cover_names:
+                svc.workers.clear()  # stopped above
+                for _ in range(a.workers):
+                    svc.add_worker()
+                svc.wait_registered(a.workers)
+                covered = submit_all(c, cover_names)
+                for row in covered:
+                    wait_all(c, [row])
+                    row["coverage_only"] = True
+                    for k in [k for k in row if k.startswith("_")]:
+                        del row[k]
+                    rows.append(row)
+                    write()
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=30)
-        if redis_srv is not None:
-            redis_srv.stop()
-    if a.append and a.out and Path(a.out).exists():
-        done = {r["model"] for r in rows}
-        rows = [r for r in json.loads(Path(a.out).read_text())["rows"] if r["model"] not in done] + rows
+        svc.stop()
+    write()
     print(table(rows))
-    result = {"device": a.device, "amp": a.amp, "torch": torch.__version__, "host": platform.node(),
-              "cpu_count": os.cpu_count(), "rows": rows,
-              "gpu": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else None}
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=1, default=str))
         print(f"wrote {a.out}")
     if not a.base:
         shutil.rmtree(base, ignore_errors=True)
