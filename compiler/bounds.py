@@ -17,6 +17,10 @@ the package see only the checked forms; the artifact check compares the package 
                                                       decomposition indexes one buffer for all planes, so its
                                                       asserts bound an index by the batch, not by its plane, and
                                                       -1 lands in the previous plane where eager raises
+    embedding(w, ids, ...)                            embedding(w, ids.masked_fill(ids < 0, w.size(0)), ...), on a
+                                                      torch whose lowering wraps a negative id to a row where eager
+                                                      raises (compiler.compat.EMBEDDING_WRAPS_NEGATIVE_IDS): the
+                                                      forced index assert then fires on it
     as_strided(x, size, stride, offset)               on a copy of x, after torch._check of offset >= 0, strides >= 0
     (and as_strided_, as_strided_copy,                and offset + sum((size-1)*stride) < numel: Inductor lowers
      as_strided_scatter)                              as_strided to a view of the buffer with no check at all, and a
@@ -43,6 +47,7 @@ from typing import Any
 import torch
 
 from compiler.archive.ops import UNBOUNDED
+from compiler.compat import EMBEDDING_WRAPS_NEGATIVE_IDS
 from compiler.errors import BadModel
 
 aten = torch.ops.aten
@@ -75,6 +80,14 @@ def checked_max_unpool(x: torch.Tensor, indices: torch.Tensor, output_size: Sequ
     plane = reduce(operator.mul, output_size, 1)
     out = flat.new_zeros((*flat.shape[:-1], plane)).scatter(-1, indices.flatten(-d), flat)
     return out.view(*flat.shape[:-1], *output_size)
+
+
+def checked_embedding(weight: torch.Tensor, indices: torch.Tensor, padding_idx: int = -1,
+                      scale_grad_by_freq: bool = False, sparse: bool = False) -> torch.Tensor:
+    """A negative id becomes one past the last row: out of range, where eager raises IndexError and the package's
+    index assert fires. Every id eager accepts is unchanged."""
+    safe = indices.masked_fill(indices < 0, weight.size(0))
+    return aten.embedding.default(weight, safe, padding_idx, scale_grad_by_freq, sparse)
 
 
 def _check_extent(x: torch.Tensor, size: Sequence[Any], stride: Sequence[Any], offset: Any) -> None:
@@ -132,10 +145,12 @@ class Rule:
     becomes: str  # what the report says it became
 
 
-def _rules() -> dict[str, Rule]:
+def _rules(embedding: bool) -> dict[str, Rule]:
     index_put_impl = _safe_index_put_impl(aten._index_put_impl.default)
     index_put_impl_ = _safe_index_put_impl(aten._index_put_impl_.default)
-    return {
+    extra = {"aten.embedding.default": Rule(checked_embedding, "aten.embedding.default of the ids, negative ones "
+                                            "moved out of range")} if embedding else {}
+    return {**extra,
         "aten._unsafe_index.Tensor": Rule(aten.index.Tensor, "aten.index.Tensor"),
         "aten._unsafe_index.Tensor_hacked_twin": Rule(aten.index.Tensor_hacked_twin, "aten.index.Tensor_hacked_twin"),
         "aten._unsafe_index_put.default": Rule(aten.index_put.default, "aten.index_put.default"),
@@ -179,10 +194,12 @@ def op_key(target: Any) -> str | None:
     return None
 
 
-def bound_program(ep: torch.export.ExportedProgram) -> BoundsReport:
+def bound_program(ep: torch.export.ExportedProgram,
+                  embedding: bool = EMBEDDING_WRAPS_NEGATIVE_IDS) -> BoundsReport:
     """Rewrite every op of `ep` that skips a bounds check (in every graph: higher-order ops' subgraphs too) to its
-    checked form, in place; raise BadModel for one that has none."""
-    rules = _rules()
+    checked form, in place; raise BadModel for one that has none. `embedding`: rewrite aten.embedding too (by
+    default where this torch's lowering wraps negative ids)."""
+    rules = _rules(embedding)
     report = BoundsReport()
     for gm in ep.graph_module.modules():
         if not isinstance(gm, torch.fx.GraphModule):

@@ -67,6 +67,23 @@ def cast_edges(module: torch.fx.GraphModule, dtype: torch.dtype) -> torch.fx.Gra
     return module
 
 
+def drop_metadata_asserts(module: torch.nn.Module) -> torch.nn.Module:
+    """`module` (an exported program's module) without its `aten._assert_tensor_metadata` nodes, in place. Export
+    puts one before each `.to()`/`.float()` the model calls, asserting the dtype its input had at export; under a
+    precision (autocast, or the edge casts) that input's dtype is the new one, and the assert would refuse a program
+    that runs. The casts themselves (`aten.to`) stay: what `.float()` asks for still happens."""
+    for gm in module.modules():
+        if not isinstance(gm, torch.fx.GraphModule):
+            continue
+        found = [n for n in gm.graph.nodes
+                 if n.op == "call_function" and n.target is torch.ops.aten._assert_tensor_metadata.default]
+        for n in found:
+            gm.graph.erase_node(n)
+        if found:
+            gm.recompile()
+    return module
+
+
 class Autocast(torch.nn.Module):
     """`inner` run under torch.autocast, with inner's own parameters and buffers under their own FQNs (it shares
     inner's dicts rather than holding inner as a child, which would prefix every name). mode=training's precision
@@ -101,6 +118,8 @@ def specialize(
 ) -> torch.export.ExportedProgram:
     """`autocast`: a precision other than "keep" means torch.autocast to it (mode=training), not casts."""
     module: torch.nn.Module = ep.module()
+    if precision != "keep":
+        drop_metadata_asserts(module)
     if precision != "keep" and autocast:
         module = autocast_module(module, "cuda" if device.startswith("cuda") else "cpu", PRECISIONS[precision])
     elif precision != "keep":

@@ -32,6 +32,7 @@ from compiler.compat import joint as joint_mod
 from compiler.compat.aoti import LoadedPackage
 from compiler.errors import CheckFailed
 from compiler.loading import load_program
+from compiler.specialize import drop_metadata_asserts
 
 STEPS = 3
 LR = 0.05  # large enough that a frozen parameter shows in the next step's loss, small enough to stay finite
@@ -91,9 +92,12 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     ep = load_program(model_path)
     joint = joint_mod.joint_program(ep, loss_output)
     roles, mutated = joint_mod.roles(joint)
+    no_grad = joint_mod.untrained(joint)
     del joint
     drawn = joint_mod.random_ops(ep)  # seeded alike on both sides below
     eager = ep.module().to(device)
+    if precision in AUTOCAST:  # the dtype asserts export put before each .to()/.float() would refuse autocast's dtypes
+        drop_metadata_asserts(eager)
     bound_model = copy.deepcopy(eager)  # the "caller's" module: the package reads and updates these tensors
     live = live_tensors(bound_model)
 
@@ -116,7 +120,7 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     params = dict(eager.named_parameters())
     bound_params = dict(bound_model.named_parameters())
     grad_roles = {r.role.removeprefix("grad:"): r.index for r in roles if r.role.startswith("grad:")}
-    missing = sorted(set(params) - set(grad_roles))
+    missing = sorted(set(params) - set(grad_roles) - set(no_grad))
     if missing:
         raise CheckFailed(f"the package returns no gradient for parameter(s) {missing[:5]}", stage="check")
     user_roles = [r for r in roles if r.role.startswith("output:")]
@@ -148,7 +152,12 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         others = [t for i, t in enumerate(flat_expected) if i != loss_output]
         checks = [_cmp("loss", loss, got[0], floor)]
         checks += [_cmp(r.role, e, got[r.index], floor) for r, e in zip(user_roles, others, strict=True)]
-        wants = {name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p in params.items()}
+        given = sorted(name for name in no_grad if params[name].grad is not None)
+        if given:
+            raise fail(step, f"eager's backward gives parameter(s) {given[:5]} a gradient, which the package does "
+                             "not return (its manifest says the loss does not depend on them)")
+        wants = {name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p in params.items()
+                 if name in grad_roles}
         scales = grad_scales(wants)
         for name, want in wants.items():
             checks.append(_cmp(f"grad:{name}", want / scales[name], got[grad_roles[name]] / scales[name], floor))
@@ -164,7 +173,8 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
             for name, p in params.items():
                 if p.grad is not None:
                     p.sub_(lr * p.grad)
-                bound_params[name].sub_(lr * got[grad_roles[name]])
+                if name in grad_roles:
+                    bound_params[name].sub_(lr * got[grad_roles[name]])
         for fqn in mutated:
             e, b = weights_mod.module_tensor(eager, fqn), live.get(fqn)
             if e is None or b is None:
@@ -211,7 +221,8 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         "allow_nonfinite": False, "nonfinite": [],
         "weights": {"bound": "user_managed", "constants": len(fqns), "package_fqns": sorted(fqns),
                     "bytes": side.stat().st_size},
-        "training": {**training.manifest(roles, mutated, loss_output), "steps": log, "optimizer": f"SGD lr={lr}",
+        "training": {**training.manifest(roles, mutated, loss_output, no_grad), "steps": log,
+                     "optimizer": f"SGD lr={lr}",
                      "random_ops": drawn,
                      "autocast": str(AUTOCAST[precision]).removeprefix("torch.") if precision in AUTOCAST else None,
                      "tolerance": {str(k).removeprefix("torch."): v for k, v in TOLERANCE.items()}},
@@ -242,12 +253,7 @@ def _second_opinion(checks: list[dict[str, Any]], eager: torch.nn.Module, args: 
         return x.detach().double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
     try:
-        ref = copy.deepcopy(eager).double()
-        if isinstance(ref, torch.fx.GraphModule):  # the exported module asserts its inputs' float32 dtype
-            for n in list(ref.graph.nodes):
-                if n.op == "call_function" and "assert_tensor_metadata" in str(n.target):
-                    ref.graph.erase_node(n)
-            ref.recompile()
+        ref = drop_metadata_asserts(copy.deepcopy(eager).double())  # they assert float32 inputs
         ref.zero_grad(set_to_none=True)
         torch.manual_seed(step_seed)  # the step's own draws (dropout), as both sides had them
         out = ref(*[double(a) for a in args], **{k: double(v) for k, v in kwargs.items()})

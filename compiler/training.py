@@ -29,21 +29,25 @@ class JointBuild:
     captured: Captured  # the joint program, in the shape compiler.stages.inductor takes
     roles: list[joint_mod.Role]
     mutated: list[str]
+    no_grad: list[str]
 
     def manifest(self, loss_output: int) -> dict[str, Any]:
-        return manifest(self.roles, self.mutated, loss_output)
+        return manifest(self.roles, self.mutated, loss_output, self.no_grad)
 
 
-def manifest(roles: list[joint_mod.Role], mutated: list[str], loss_output: int) -> dict[str, Any]:
-    """What a client needs to run a package as a step: the role of each flat output and the buffers it updates."""
-    return {"loss_output": loss_output, "outputs": [r.to_json() for r in roles], "mutated_buffers": list(mutated)}
+def manifest(roles: list[joint_mod.Role], mutated: list[str], loss_output: int,
+             no_grad: list[str] | None = None) -> dict[str, Any]:
+    """What a client needs to run a package as a step: the role of each flat output, the buffers it updates, and the
+    parameters the loss does not depend on (no gradient, as eager leaves their `.grad` None)."""
+    return {"loss_output": loss_output, "outputs": [r.to_json() for r in roles], "mutated_buffers": list(mutated),
+            "no_grad": list(no_grad or [])}
 
 
 def joint(captured: Captured, loss_output: int) -> JointBuild:
     """The joint program of the captured (bounded, specialised) program, with its roles."""
     program = joint_mod.joint_program(captured.program, loss_output)
     roles, mutated = joint_mod.roles(program)
-    return JointBuild(replace(captured, program=program), roles, mutated)
+    return JointBuild(replace(captured, program=program), roles, mutated, joint_mod.untrained(program))
 
 
 def snapshot(program: torch.export.ExportedProgram) -> dict[str, torch.Tensor]:

@@ -20,10 +20,26 @@ from __future__ import annotations
 import importlib
 import types
 
+import torch
 import torch.utils._pytree as _pytree
 
 # torch's pytree utilities are private by name but stable across 2.11-2.13; every other module takes them from here.
 pytree = _pytree
+
+
+def torch_version() -> tuple[int, int]:
+    """(major, minor) of the running torch."""
+    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    return major, minor
+
+
+# Inductor's `aten.embedding` lowering wrapped a negative id as Python indexing does (`weight[-1]`, the last row)
+# where eager raises IndexError, until pytorch/pytorch#184107 (merged 2026-05-23: `indirect_indexing(...,
+# wrap_neg=False)`; torch 2.13 has it, 2.11 has not). A wrapped id stays inside the table, so it reads no foreign
+# memory, but the package returns where eager refuses. On a torch before it, compiler.bounds moves negative ids out of
+# range, where the index assert every compile forces fires (seen on an H100, torch 2.11: DistilBERT's train step
+# returned at id -1 and failed the adversarial check).
+EMBEDDING_WRAPS_NEGATIVE_IDS = torch_version() < (2, 13)
 
 
 def optional_module(name: str) -> types.ModuleType | None:

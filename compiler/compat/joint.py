@@ -9,11 +9,13 @@ a gradient.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from compiler.compat import torch_version
 from compiler.errors import CompileError
 
 # The oldest torch whose joint export aotc has run (2.11 on the GPU workers); older ones may lack or differ.
@@ -54,14 +56,9 @@ def random_ops(ep: torch.export.ExportedProgram) -> list[str]:
     return found
 
 
-def _version() -> tuple[int, int]:
-    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    return major, minor
-
-
 def available() -> str | None:
     """None where this torch can build a joint program, else why not."""
-    if _version() < OLDEST_CHECKED:
+    if torch_version() < OLDEST_CHECKED:
         return (f"torch {torch.__version__} is older than {'.'.join(map(str, OLDEST_CHECKED))}, the oldest whose "
                 "joint export aotc has checked")
     try:
@@ -83,9 +80,78 @@ class Role:
         return {"role": self.role, "index": self.index}
 
 
+def _submodule(gm: torch.fx.GraphModule, n: torch.fx.Node) -> tuple[int, torch.fx.GraphModule] | None:
+    """(position in n.args, the graph) of the subgraph a higher-order op `n` calls (wrap_with_autocast,
+    wrap_with_set_grad_enabled, ...), else None."""
+    if n.op != "call_function":
+        return None
+    for i, a in enumerate(n.args):
+        if isinstance(a, torch.fx.Node) and a.op == "get_attr":
+            sub = getattr(gm, str(a.target), None)
+            if isinstance(sub, torch.fx.GraphModule):
+                return i, sub
+    return None
+
+
+def _sources(gm: torch.fx.GraphModule, starts: list[torch.fx.Node]) -> set[str]:
+    """Names of `gm`'s placeholders that the values `starts` depend on through ops a gradient flows through: not
+    through `detach`, a value that is not floating, or a region traced under no_grad. A higher-order op's subgraph
+    (export wraps an autocast region in one) is followed output by output, so a pooler computed inside the region
+    and returned from it only to be detached is not counted."""
+    no_grad_region = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+    seen: set[tuple[str, int | None]] = set()
+    found: set[str] = set()
+    stack: list[tuple[torch.fx.Node, int | None]] = [(n, None) for n in starts]
+    while stack:
+        n, k = stack.pop()
+        if (n.name, k) in seen:
+            continue
+        seen.add((n.name, k))
+        if n.op == "placeholder":
+            found.add(n.name)
+            continue
+        if n.op != "call_function" or n.target is torch.ops.aten.detach.default:
+            continue
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) and not (val.is_floating_point() or val.is_complex()):
+            continue
+        first = n.args[0] if n.args else None
+        if n.target is operator.getitem and isinstance(first, torch.fx.Node) and _submodule(gm, first) is not None:
+            stack.append((first, int(n.args[1])))  # type: ignore[arg-type]
+            continue
+        called = _submodule(gm, n)
+        if called is None:
+            stack += [(a, None) for a in n.all_input_nodes]
+            continue
+        if n.target is no_grad_region and n.args[0] is False:
+            continue
+        at, sub = called
+        operands = n.args[at + 1:]
+        out = sub.graph.output_node().args[0]
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        picked = outs if k is None else outs[k:k + 1]
+        inner = _sources(sub, [o for o in picked if isinstance(o, torch.fx.Node)])
+        placeholders = [p.name for p in sub.graph.nodes if p.op == "placeholder"]
+        stack += [(o, None) for o, name in zip(operands, placeholders, strict=False)
+                  if name in inner and isinstance(o, torch.fx.Node)]
+    return found
+
+
+def no_gradient(ep: torch.export.ExportedProgram, loss_output: int) -> list[str]:
+    """FQNs of the parameters the loss does not depend on, whose `.grad` eager's `loss.backward()` leaves None: a
+    pooler whose output nothing uses (BERT's, under a head of the user's own), a head that feeds only a detached
+    output (`_sources`)."""
+    user = [s for s in ep.graph_signature.output_specs if s.kind == torch.export.graph_signature.OutputKind.USER_OUTPUT]
+    start = next((n for n in ep.graph.nodes if n.name == getattr(user[loss_output].arg, "name", "")), None)
+    reached = _sources(ep.graph_module, [start] if start is not None else [])
+    return [fqn for name, fqn in ep.graph_signature.inputs_to_parameters.items() if name not in reached]
+
+
 def joint_program(ep: torch.export.ExportedProgram, loss_output: int) -> torch.export.ExportedProgram:
     """The joint program of `ep` with output `loss_output` as the loss. Raises JointUnavailable or LossOutputError
-    (a user's mistake, with what to change)."""
+    (a user's mistake, with what to change). A parameter the loss does not depend on (`no_gradient`) gets no
+    gradient output, as eager gives it no `.grad`: AOTAutograd asserts that every input requiring grad receives one,
+    so its placeholder's traced value is marked as not requiring grad for the trace (and marked back after)."""
     why = available()
     if why is not None:
         raise JointUnavailable(why, stage="autograd")
@@ -101,7 +167,13 @@ def joint_program(ep: torch.export.ExportedProgram, loss_output: int) -> torch.e
         what = f"{loss.dtype} of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise LossOutputError(f"output {loss_output} (options.loss_output) is the loss and must be a floating scalar; "
                               f"it is {what}", stage="autograd")
+    untrained = set(no_gradient(ep, loss_output))
+    names = {name for name, fqn in ep.graph_signature.inputs_to_parameters.items() if fqn in untrained}
+    marked = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder" and n.name in names
+              and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].requires_grad]
     try:
+        for v in marked:
+            v.requires_grad_(False)
         return _export_forward_backward(ep, joint_loss_index=loss_output)
     except RuntimeError as e:
         if "requires gradients" in str(e):
@@ -109,6 +181,16 @@ def joint_program(ep: torch.export.ExportedProgram, loss_output: int) -> torch.e
                                   "the other outputs detached (out.detach()), or name the loss output in "
                                   f"options.loss_output. torch: {str(e)[:600]}", stage="autograd") from e
         raise
+    finally:
+        for v in marked:
+            v.requires_grad_(True)
+
+
+def untrained(joint: torch.export.ExportedProgram) -> list[str]:
+    """The joint program's parameters with no gradient output (`no_gradient`'s), in input order."""
+    kinds = torch.export.graph_signature.OutputKind
+    grads = {s.target for s in joint.graph_signature.output_specs if s.kind == kinds.GRADIENT_TO_PARAMETER}
+    return [p for p in joint.graph_signature.parameters if p not in grads]
 
 
 def roles(joint: torch.export.ExportedProgram) -> tuple[list[Role], list[str]]:

@@ -245,3 +245,69 @@ def test_a_train_step_that_reads_out_of_bounds_at_hostile_ids_fails_the_adversar
     unbounded = {**configs, "assert_indirect_indexing": False, "debug_index_asserts": False}
     with pytest.raises(CheckFailed, match=r"train-step package fails the adversarial check: "):
         check_training(str(path), _broken_build(mlp, "unbounded.pt2", unbounded), spec, "cpu")
+
+
+class Pooled(torch.nn.Module):
+    """What a BERT under a user's own head looks like: a pooler computed and unused by the loss, a side head feeding
+    only a detached output, and logits made float32 (`.float()`, export asserts their export-time dtype) before the
+    loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(8, 16)
+        self.pool = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 4)
+        self.side = torch.nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = torch.relu(self.body(x))
+        pooled = torch.tanh(self.pool(h))
+        logits = self.head(h).float()
+        return torch.nn.functional.mse_loss(logits, y), self.side(h).detach(), pooled.detach()
+
+
+NO_GRAD = ["pool.weight", "pool.bias", "side.weight", "side.bias"]
+
+
+@pytest.fixture(scope="module")
+def pooled(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Pooled built as aotc builds it: mode=training, precision=bf16 (autocast), on the CPU."""
+    from compiler.pipeline import compile_model
+
+    d = tmp_path_factory.mktemp("pooled")
+    path = export_train(seeded(Pooled, 3), ARGS, d / "pooled.pt2")
+    got = compile_model(str(path), SPEC, SPEC, CompileOptions(mode="training", precision="bf16"), "cpu",
+                        str(d / "artifact.pt2"))
+    return {"dir": d, "path": path, "built": got}
+
+
+@pytest.mark.slow
+def test_parameters_the_loss_does_not_use_get_no_gradient_as_in_eager_and_float_casts_survive_autocast(pooled):
+    """AOTAutograd asserts that every parameter receives a gradient, which refused BERT (its pooler) on an H100;
+    export's dtype assert before `.float()` refused every zoo model under bf16 autocast. Both build now: the manifest
+    names the parameters with no gradient, and the check proves eager's backward leaves their .grad None."""
+    import json
+
+    step = json.loads(Path(pooled["built"]["report"]).read_text())["stages"]["autograd"]["train_step"]
+    assert step["no_grad"] == NO_GRAD
+    assert [r["role"] for r in step["outputs"]] == ["loss", "output:0", "output:1", "grad:body.weight",
+                                                    "grad:body.bias", "grad:head.weight", "grad:head.bias"]
+    summary = check_training(str(pooled["path"]), pooled["built"]["package"], SPEC, "cpu", precision="bf16")
+    assert summary["passed"] and summary["training"]["no_grad"] == NO_GRAD
+    assert len(summary["training"]["steps"]) == 3
+
+
+@pytest.mark.slow
+def test_a_parameter_said_to_get_no_gradient_that_eager_gives_one_fails_the_check(pooled, monkeypatch):
+    """The manifest's no_grad comes from a walk of the graph (compiler.compat.joint.no_gradient); were the walk
+    wrong, the package would leave a trained parameter's .grad unset. The check catches it against eager's backward,
+    naming the parameter (the package here built, and checked, with such a walk)."""
+    from compiler.compat import joint
+
+    walk = joint.no_gradient
+    monkeypatch.setattr(joint, "no_gradient", lambda ep, i: [*walk(ep, i), "head.bias"])
+    configs = {**(weightless_configs() or {}), **TRAINING_INDUCTOR_CONFIGS}
+    configs["aot_inductor.metadata"] = {**configs.get("aot_inductor.metadata", {}), TRAIN_METADATA: "0"}
+    wrong = _broken_build(pooled, "wrong-walk.pt2", configs)
+    with pytest.raises(CheckFailed, match=r"eager's backward gives parameter\(s\) \['head.bias'\] a gradient"):
+        check_training(str(pooled["path"]), wrong, SPEC, "cpu", adversarial=False)
