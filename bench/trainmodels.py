@@ -50,8 +50,8 @@ def no_dropout(model: torch.nn.Module) -> None:
     mask into its Triton kernels). Modules' Dropout p, and float attributes named for dropout that models pass
     to attention kernels (HF's `dropout_prob`, `attention_dropout`)."""
     for m in model.modules():
-        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
-            m.p = 0.0
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) or type(m).__name__ == "StochasticDepth":
+            m.p = 0.0  # torchvision's StochasticDepth (EfficientNet, ConvNeXt) draws with bernoulli_ at p
         for attr, value in list(vars(m).items()):
             if "drop" in attr and isinstance(value, float):
                 setattr(m, attr, 0.0)

@@ -8,7 +8,8 @@ and scatter_add on a CPU with more than one thread, `cpp.fallback_scatter_reduce
 `_generate_index_put_fallback` (index_put with a boolean index, in deterministic mode, or where atomics fall short).
 Their error code is dropped, so where eager raises IndexError the package returns the input half-scattered.
 
-`checked_fallbacks()` wraps those two methods for the duration of one compile: each line they write that calls a
+The same holds for `InplaceBernoulliFallback.codegen` (an IR node's line, `x.bernoulli_(p)` in a train step).
+`checked_fallbacks()` wraps those methods for the duration of one compile: each line they write that calls a
 shim becomes `AOTI_TORCH_ERROR_CODE_CHECK(...)`. Nothing else changes, and the methods are restored on exit.
 Where this torch lacks a method the patch skips it; compiler.scan refuses any shim call that still drops its code.
 """
@@ -35,18 +36,37 @@ def error_checked(line: Any) -> Any:
     return line
 
 
+@contextlib.contextmanager
+def _checking(wrapper: Any) -> Iterator[None]:
+    """While inside, every line `wrapper` writes that is one bare shim call checks its error code."""
+    own = wrapper.__dict__.get("writeline", _MISSING)  # torch sets it on the instance at times: keep that one
+    writeline = wrapper.writeline
+    wrapper.writeline = lambda line, *a, **k: writeline(error_checked(line), *a, **k)
+    try:
+        yield
+    finally:
+        if own is _MISSING:
+            del wrapper.writeline
+        else:
+            wrapper.writeline = own
+
+
 def _wrapped(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A wrapper codegen method whose own lines are checked."""
     def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        own = self.__dict__.get("writeline", _MISSING)  # torch sets it on the instance at times: keep that one
-        writeline = self.writeline
-        self.writeline = lambda line, *a, **k: writeline(error_checked(line), *a, **k)
-        try:
+        with _checking(self):
             return method(self, *args, **kwargs)
-        finally:
-            if own is _MISSING:
-                del self.writeline
-            else:
-                self.writeline = own
+
+    checked.__name__ = getattr(method, "__name__", "checked")
+    checked.__aotc_checked__ = True  # type: ignore[attr-defined]
+    return checked
+
+
+def _wrapped_node(method: Callable[..., Any]) -> Callable[..., Any]:
+    """An IR node's `codegen(self, wrapper)` whose lines into `wrapper` are checked."""
+    def checked(self: Any, wrapper: Any, *args: Any, **kwargs: Any) -> Any:
+        with _checking(wrapper):
+            return method(self, wrapper, *args, **kwargs)
 
     checked.__name__ = getattr(method, "__name__", "checked")
     checked.__aotc_checked__ = True  # type: ignore[attr-defined]
@@ -67,19 +87,31 @@ def wrapper_classes() -> list[type]:
     return out
 
 
+def node_classes() -> list[type]:
+    """IR nodes whose C++ wrapper line is a bare shim call: `InplaceBernoulliFallback` (`x.bernoulli_(p)`, as
+    torchvision's StochasticDepth draws its mask; a train step keeps it as an ATen call, fallback_random), whose
+    `aoti_torch_cuda_bernoulli__float(...)` drops its code in torch 2.11 and 2.13 alike."""
+    try:
+        from torch._inductor import ir
+    except ImportError:
+        return []
+    return [cls for cls in (getattr(ir, "InplaceBernoulliFallback", None),) if isinstance(cls, type)]
+
+
 @contextlib.contextmanager
 def checked_fallbacks() -> Iterator[list[str]]:
-    """Within this context, the C++ wrapper checks the error code of every scatter and index_put fallback. Yields
-    the methods it patched ("Class.method"), for the report."""
+    """Within this context, the C++ wrapper checks the error code of every scatter, index_put and bernoulli_
+    fallback. Yields the methods it patched ("Class.method"), for the report."""
     patched: list[tuple[type, str, Any]] = []
     try:
-        for cls in wrapper_classes():
-            for name in PATCHED_METHODS:
-                original = cls.__dict__.get(name)
-                if original is None or getattr(original, "__aotc_checked__", False):
-                    continue
-                setattr(cls, name, _wrapped(original))
-                patched.append((cls, name, original))
+        targets = [(cls, name, _wrapped) for cls in wrapper_classes() for name in PATCHED_METHODS]
+        targets += [(cls, "codegen", _wrapped_node) for cls in node_classes()]
+        for cls, name, wrap in targets:
+            original = cls.__dict__.get(name)
+            if original is None or getattr(original, "__aotc_checked__", False):
+                continue
+            setattr(cls, name, wrap(original))
+            patched.append((cls, name, original))
         yield [f"{cls.__name__}.{name}" for cls, name, _ in patched]
     finally:
         for cls, name, original in reversed(patched):

@@ -23,8 +23,9 @@ def key(options: CompileOptions) -> str:
 def test_keys_of_requests_that_do_not_set_allow_nonfinite_do_not_depend_on_it():
     assert "allow_nonfinite" not in CompileOptions().canonical()
     assert key(CompileOptions(allow_nonfinite=False)) == key(CompileOptions())
-    # Pinned at key format 4 (weights), so that a change to what a key covers is a decision, not an accident.
-    assert key(CompileOptions()) == "17d8d2b8ba7f528f1bf56affaf948c0f"
+    # Pinned at key format 4 (weights) and BOUNDS_REVISION 2 (embedding ids), so that a change to what a key covers
+    # is a decision, not an accident.
+    assert key(CompileOptions()) == "dcb5b65b38b854550f0e3e2cddc3df82"
     tuned = CompileOptions(mode="max-autotune", precision="bf16", freezing=True, inductor={"max_fusion_size": 32})
     assert key(tuned) == "04d76c6584cd4c55e8bac05d0d515966"
 
