@@ -17,10 +17,11 @@ the package see only the checked forms; the artifact check compares the package 
                                                       decomposition indexes one buffer for all planes, so its
                                                       asserts bound an index by the batch, not by its plane, and
                                                       -1 lands in the previous plane where eager raises
-    embedding(w, ids, ...)                            embedding(w, ids.masked_fill(ids < 0, w.size(0)), ...), on a
-                                                      torch whose lowering wraps a negative id to a row where eager
-                                                      raises (compiler.compat.EMBEDDING_WRAPS_NEGATIVE_IDS): the
-                                                      forced index assert then fires on it
+    embedding(w, ids, ...)                            embedding(w, ids.masked_fill(ids < 0, w.size(0)), ...), and
+    cross_entropy_loss / nll_loss(x, target, ...)     the same with a class target < 0 other than ignore_index moved
+                                                      to the class count, on a torch whose Inductor wraps a negative
+                                                      id where eager raises (compiler.compat.
+                                                      INDUCTOR_WRAPS_NEGATIVE_IDS): the forced index assert fires
     as_strided(x, size, stride, offset)               on a copy of x, after torch._check of offset >= 0, strides >= 0
     (and as_strided_, as_strided_copy,                and offset + sum((size-1)*stride) < numel: Inductor lowers
      as_strided_scatter)                              as_strided to a view of the buffer with no check at all, and a
@@ -47,7 +48,7 @@ from typing import Any
 import torch
 
 from compiler.archive.ops import UNBOUNDED
-from compiler.compat import EMBEDDING_WRAPS_NEGATIVE_IDS
+from compiler.compat import INDUCTOR_WRAPS_NEGATIVE_IDS
 from compiler.errors import BadModel
 
 aten = torch.ops.aten
@@ -88,6 +89,21 @@ def checked_embedding(weight: torch.Tensor, indices: torch.Tensor, padding_idx: 
     index assert fires. Every id eager accepts is unchanged."""
     safe = indices.masked_fill(indices < 0, weight.size(0))
     return aten.embedding.default(weight, safe, padding_idx, scale_grad_by_freq, sparse)
+
+
+def _checked_class_target(op: Any) -> Callable[..., Any]:
+    """`op(input, target, weight, reduction, ignore_index, ...)` with an integer class target below 0 (other than
+    ignore_index) moved to the class count: out of range, where eager raises IndexError and the package's index
+    assert fires. A probability target (floating) is left as it is."""
+    def checked(x: torch.Tensor, target: torch.Tensor, *rest: Any) -> torch.Tensor:
+        if target.is_floating_point():
+            return op(x, target, *rest)  # type: ignore[no-any-return]
+        ignore = rest[2] if len(rest) > 2 else -100
+        classes = x.size(1) if x.dim() > 1 else x.size(0)
+        return op(x, target.masked_fill((target < 0) & (target != ignore), classes), *rest)  # type: ignore[no-any-return]
+
+    checked.__name__ = checked.__qualname__ = f"checked_{str(op).split('.')[1]}"
+    return checked
 
 
 def _check_extent(x: torch.Tensor, size: Sequence[Any], stride: Sequence[Any], offset: Any) -> None:
@@ -145,11 +161,17 @@ class Rule:
     becomes: str  # what the report says it became
 
 
-def _rules(embedding: bool) -> dict[str, Rule]:
+def _rules(negative_ids: bool) -> dict[str, Rule]:
     index_put_impl = _safe_index_put_impl(aten._index_put_impl.default)
     index_put_impl_ = _safe_index_put_impl(aten._index_put_impl_.default)
-    extra = {"aten.embedding.default": Rule(checked_embedding, "aten.embedding.default of the ids, negative ones "
-                                            "moved out of range")} if embedding else {}
+    extra: dict[str, Rule] = {}
+    if negative_ids:
+        extra["aten.embedding.default"] = Rule(checked_embedding, "aten.embedding.default of the ids, negative ones "
+                                               "moved out of range")
+        for op in (aten.cross_entropy_loss.default, aten.nll_loss.default, aten.nll_loss2d.default,
+                   aten.nll_loss_nd.default):
+            extra[str(op)] = Rule(_checked_class_target(op), f"{op} of the target, negative classes moved out "
+                                  "of range")
     return {**extra,
         "aten._unsafe_index.Tensor": Rule(aten.index.Tensor, "aten.index.Tensor"),
         "aten._unsafe_index.Tensor_hacked_twin": Rule(aten.index.Tensor_hacked_twin, "aten.index.Tensor_hacked_twin"),
@@ -195,11 +217,11 @@ def op_key(target: Any) -> str | None:
 
 
 def bound_program(ep: torch.export.ExportedProgram,
-                  embedding: bool = EMBEDDING_WRAPS_NEGATIVE_IDS) -> BoundsReport:
+                  negative_ids: bool = INDUCTOR_WRAPS_NEGATIVE_IDS) -> BoundsReport:
     """Rewrite every op of `ep` that skips a bounds check (in every graph: higher-order ops' subgraphs too) to its
-    checked form, in place; raise BadModel for one that has none. `embedding`: rewrite aten.embedding too (by
-    default where this torch's lowering wraps negative ids)."""
-    rules = _rules(embedding)
+    checked form, in place; raise BadModel for one that has none. `negative_ids`: also move negative ids out of
+    range before embedding and class-target losses (by default where this torch's Inductor wraps them)."""
+    rules = _rules(negative_ids)
     report = BoundsReport()
     for gm in ep.graph_module.modules():
         if not isinstance(gm, torch.fx.GraphModule):

@@ -33,13 +33,14 @@ def torch_version() -> tuple[int, int]:
     return major, minor
 
 
-# Inductor's `aten.embedding` lowering wrapped a negative id as Python indexing does (`weight[-1]`, the last row)
-# where eager raises IndexError, until pytorch/pytorch#184107 (merged 2026-05-23: `indirect_indexing(...,
-# wrap_neg=False)`; torch 2.13 has it, 2.11 has not). A wrapped id stays inside the table, so it reads no foreign
-# memory, but the package returns where eager refuses. On a torch before it, compiler.bounds moves negative ids out of
-# range, where the index assert every compile forces fires (seen on an H100, torch 2.11: DistilBERT's train step
-# returned at id -1 and failed the adversarial check).
-EMBEDDING_WRAPS_NEGATIVE_IDS = torch_version() < (2, 13)
+# Inductor wrapped a negative id as Python indexing does (`weight[-1]`, the last row) where eager raises IndexError:
+# in `aten.embedding`'s lowering, and in the gather of nll_loss's decomposition (a class target of -1), until
+# pytorch/pytorch#184107 (merged 2026-05-23: `indirect_indexing(..., wrap_neg=False)`; torch 2.13 has it, 2.11 has
+# not). A wrapped id stays inside the table, so it reads no foreign memory, but the package returns where eager
+# refuses. On a torch before it, compiler.bounds moves negative ids out of range, where the index assert every compile
+# forces fires. Seen on an H100, torch 2.11: DistilBERT's train step returned at id -1, and every classifier's at
+# label -1, and each failed the adversarial check.
+INDUCTOR_WRAPS_NEGATIVE_IDS = torch_version() < (2, 13)
 
 
 def optional_module(name: str) -> types.ModuleType | None:

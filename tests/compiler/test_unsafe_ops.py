@@ -141,7 +141,7 @@ def test_programs_without_unsafe_ops_are_left_alone():
     ep = exported(lambda x, i: torch.nn.functional.embedding(i, x) + torch.nn.functional.interpolate(
         x[None, None], scale_factor=2)[0, 0, :4, :4].sum(), torch.randn(16, 4), torch.zeros(4, dtype=torch.long))
     before = ep.graph_module.code
-    assert bound_program(ep, embedding=False).facts() == {"rewritten": 0, "ops": {}, "nodes": []}
+    assert bound_program(ep, negative_ids=False).facts() == {"rewritten": 0, "ops": {}, "nodes": []}
     assert ep.graph_module.code == before
 
 
@@ -167,13 +167,13 @@ def test_a_decomposed_upsample_keeps_working_through_the_rewrite():
 
 def test_where_the_lowering_wraps_negative_ids_embedding_moves_them_out_of_range():
     """torch 2.11's Inductor reads row 9 of a 10-row table for id -1, where eager raises IndexError (DistilBERT's
-    package returned there on an H100 and failed the adversarial check; compiler.compat.EMBEDDING_WRAPS_NEGATIVE_IDS).
+    package returned there on an H100 and failed the adversarial check; compiler.compat.INDUCTOR_WRAPS_NEGATIVE_IDS).
     The rewrite moves a negative id one past the table, where the forced index assert fires: every id eager takes
     reads the same row, every id eager refuses is still refused, and the re-export holds the move."""
     w, ids = torch.randn(10, 4), torch.tensor([0, 9, 3])
     ep = exported(lambda w, i: torch.nn.functional.embedding(i, w), w, ids)
     original = ep.module()
-    report = bound_program(ep, embedding=True)
+    report = bound_program(ep, negative_ids=True)
     assert report.facts()["ops"] == {"aten.embedding.default": 1}
     bounded = ep.module()
     for i in ([0, 9, 3], [-1, 0, 0], [-10, 1, 2], [10, 0, 0], [-11, 0, 0], [2**62, 0, 0]):
@@ -182,3 +182,21 @@ def test_where_the_lowering_wraps_negative_ids_embedding_moves_them_out_of_range
     moved = next(n for n in again.graph.nodes if n.target is aten.masked_fill.Scalar)
     lookup = next(n for n in again.graph.nodes if n.target is aten.embedding.default)
     assert lookup.args[1] is moved and moved.args[2] == 10
+
+
+def test_where_inductor_wraps_negative_ids_a_class_target_below_zero_is_moved_out_of_range():
+    """The same for a loss's class target (torch 2.11: every classifier's train step returned at label -1, the
+    gather of nll_loss's decomposition wrapping it to the last class): eager's answer is kept for every target,
+    ignore_index included, and a probability target is left alone."""
+    x, target = torch.randn(4, 3), torch.tensor([0, 2, 1, -100])
+    ep = exported(lambda x, t: torch.nn.functional.cross_entropy(x, t), x, target)
+    original = ep.module()
+    assert bound_program(ep, negative_ids=True).facts()["ops"] == {"aten.cross_entropy_loss.default": 1}
+    bounded = ep.module()
+    for t in ([0, 2, 1, -100], [0, -1, 1, 2], [3, 0, 0, 0], [-3, 0, 0, 0], [-101, 0, 0, 0]):
+        assert same(outcome(bounded, x, torch.tensor(t)), outcome(original, x, torch.tensor(t))), t
+    soft = exported(lambda x, t: torch.nn.functional.cross_entropy(x, t), x, torch.softmax(torch.randn(4, 3), 1))
+    probs = torch.softmax(torch.randn(4, 3), 1)
+    before = soft.module()(x, probs)
+    bound_program(soft, negative_ids=True)
+    assert torch.equal(soft.module()(x, probs), before)
