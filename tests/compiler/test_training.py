@@ -311,3 +311,35 @@ def test_a_parameter_said_to_get_no_gradient_that_eager_gives_one_fails_the_chec
     wrong = _broken_build(pooled, "wrong-walk.pt2", configs)
     with pytest.raises(CheckFailed, match=r"eager's backward gives parameter\(s\) \['head.bias'\] a gradient"):
         check_training(str(pooled["path"]), wrong, SPEC, "cpu", adversarial=False)
+
+
+class DepthDropped(torch.nn.Module):
+    """torchvision's StochasticDepth, row mode: a per-sample keep mask drawn with `bernoulli_`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.l1(x)
+        keep = torch.empty([x.shape[0], 1], dtype=x.dtype, device=x.device).bernoulli_(0.8).div_(0.8)
+        out = self.l2(x + h * keep)
+        return torch.nn.functional.mse_loss(out, y), out.detach()
+
+
+@pytest.mark.slow
+def test_a_step_that_draws_with_bernoulli_builds_with_its_error_code_checked(tmp_path):
+    """A train step keeps `bernoulli_` as an ATen call (fallback_random), whose C++ wrapper line dropped the shim's
+    error code, and compiler.scan refused every such package (an EfficientNet's on an H100). The line is checked now
+    (compiler.compat.shims), the package builds, and the check compares its seeded draws with eager's."""
+    from compiler.pipeline import compile_model
+
+    path = export_train(seeded(DepthDropped, 2), ARGS, tmp_path / "depth.pt2")
+    got = compile_model(str(path), SPEC, SPEC, CompileOptions(mode="training"), "cpu", str(tmp_path / "a.pt2"))
+    import json
+
+    hooks = json.loads(Path(got["report"]).read_text())["hooks"]
+    assert "InplaceBernoulliFallback.codegen" in hooks["checked_fallbacks"]
+    checked = check_training(str(path), got["package"], SPEC, "cpu", adversarial=False)
+    assert checked["passed"] and [d.split(" ")[0] for d in checked["training"]["random_ops"]] == [
+        "aten.bernoulli_.float"]
