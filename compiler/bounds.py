@@ -97,10 +97,10 @@ def _checked_class_target(op: Any) -> Callable[..., Any]:
     assert fires. A probability target (floating) is left as it is."""
     def checked(x: torch.Tensor, target: torch.Tensor, *rest: Any) -> torch.Tensor:
         if target.is_floating_point():
-            return op(x, target, *rest)  # type: ignore[no-any-return]
+            return op(x, target, *rest)
         ignore = rest[2] if len(rest) > 2 else -100
         classes = x.size(1) if x.dim() > 1 else x.size(0)
-        return op(x, target.masked_fill((target < 0) & (target != ignore), classes), *rest)  # type: ignore[no-any-return]
+        return op(x, target.masked_fill((target < 0) & (target != ignore), classes), *rest)
 
     checked.__name__ = checked.__qualname__ = f"checked_{str(op).split('.')[1]}"
     return checked
