@@ -95,12 +95,12 @@ def _checked_class_target(op: Any) -> Callable[..., Any]:
     """`op(input, target, weight, reduction, ignore_index, ...)` with an integer class target below 0 (other than
     ignore_index) moved to the class count: out of range, where eager raises IndexError and the package's index
     assert fires. A probability target (floating) is left as it is."""
-    def checked(x: torch.Tensor, target: torch.Tensor, *rest: Any) -> torch.Tensor:
+    def checked(x: torch.Tensor, target: torch.Tensor, *rest: Any, **kwargs: Any) -> torch.Tensor:
         if target.is_floating_point():
-            return op(x, target, *rest)
-        ignore = rest[2] if len(rest) > 2 else -100
+            return op(x, target, *rest, **kwargs)
+        ignore = rest[2] if len(rest) > 2 else kwargs.get("ignore_index", -100)
         classes = x.size(1) if x.dim() > 1 else x.size(0)
-        return op(x, target.masked_fill((target < 0) & (target != ignore), classes), *rest)
+        return op(x, target.masked_fill((target < 0) & (target != ignore), classes), *rest, **kwargs)
 
     checked.__name__ = checked.__qualname__ = f"checked_{str(op).split('.')[1]}"
     return checked
