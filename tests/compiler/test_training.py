@@ -343,3 +343,21 @@ def test_a_step_that_draws_with_bernoulli_builds_with_its_error_code_checked(tmp
     checked = check_training(str(path), got["package"], SPEC, "cpu", adversarial=False)
     assert checked["passed"] and [d.split(" ")[0] for d in checked["training"]["random_ops"]] == [
         "aten.bernoulli_.float"]
+
+
+@pytest.mark.slow
+def test_a_frozen_layer_gets_no_gradient_and_the_rest_train(tmp_path):
+    """Fine-tuning: the upload's first layer has requires_grad=False. Its parameters get no gradient output (the
+    manifest's no_grad), the others do, and the check passes; before, it failed ("the package returns no gradient
+    for parameter(s) ['l1.bias', 'l1.weight']")."""
+    from compiler.pipeline import compile_model
+
+    model = seeded(TrainMLP, 5)
+    for p in model.l1.parameters():
+        p.requires_grad_(False)
+    path = export_train(model, ARGS, tmp_path / "frozen.pt2")
+    got = compile_model(str(path), SPEC, SPEC, CompileOptions(mode="training"), "cpu", str(tmp_path / "a.pt2"))
+    checked = check_training(str(path), got["package"], SPEC, "cpu", adversarial=False)
+    assert checked["passed"] and checked["training"]["no_grad"] == ["l1.weight", "l1.bias"]
+    assert {r["role"] for r in checked["training"]["outputs"]} == {
+        "loss", "output:0", "grad:scale", "grad:bn.weight", "grad:bn.bias", "grad:l2.weight", "grad:l2.bias"}
