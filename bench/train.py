@@ -214,6 +214,11 @@ def submit_model(c: Any, name: str, a: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
+def public(row: dict[str, Any]) -> dict[str, Any]:
+    """The row without the driver's own keys (`_job`, `_submitted`): what the JSON keeps."""
+    return {k: v for k, v in row.items() if not k.startswith("_")}
+
+
 def wait_model(c: Any, row: dict[str, Any]) -> dict[str, Any]:
     """Until the model's job ends: a package (its key and check) or the exact reason there is none."""
     try:
@@ -375,7 +380,7 @@ def main() -> None:
         for row in pending:
             if "package" not in row:
                 wait_model(c, row)
-            print(json.dumps({k: v for k, v in row.items() if not k.startswith("_")}, default=str)[:600],
+            print(json.dumps(public(row), default=str)[:600],
                   file=sys.stderr, flush=True)
 
     svc = Service(base / "svc", device, a.workers)
@@ -392,9 +397,7 @@ def main() -> None:
                     except Exception as e:  # noqa: BLE001 - a bench row, not a crash
                         row["time_error"] = f"bench: {reason(e)}"
                 row["time_wall_s"] = round(time.perf_counter() - t0, 1)
-                for k in [k for k in row if k.startswith("_")]:
-                    del row[k]
-                rows.append(row)
+                rows.append(public(row))
                 write()
             if cover_names:
                 svc.workers.clear()  # stopped above
@@ -405,9 +408,7 @@ def main() -> None:
                 for row in covered:
                     wait_all(c, [row])
                     row["coverage_only"] = True
-                    for k in [k for k in row if k.startswith("_")]:
-                        del row[k]
-                    rows.append(row)
+                    rows.append(public(row))
                     write()
     finally:
         svc.stop()

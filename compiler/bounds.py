@@ -216,12 +216,11 @@ def op_key(target: Any) -> str | None:
     return None
 
 
-def bound_program(ep: torch.export.ExportedProgram,
-                  negative_ids: bool = INDUCTOR_WRAPS_NEGATIVE_IDS) -> BoundsReport:
+def bound_program(ep: torch.export.ExportedProgram, negative_ids: bool | None = None) -> BoundsReport:
     """Rewrite every op of `ep` that skips a bounds check (in every graph: higher-order ops' subgraphs too) to its
     checked form, in place; raise BadModel for one that has none. `negative_ids`: also move negative ids out of
-    range before embedding and class-target losses (by default where this torch's Inductor wraps them)."""
-    rules = _rules(negative_ids)
+    range before embedding and class-target losses (None: where this torch's Inductor wraps them)."""
+    rules = _rules(INDUCTOR_WRAPS_NEGATIVE_IDS if negative_ids is None else negative_ids)
     report = BoundsReport()
     for gm in ep.graph_module.modules():
         if not isinstance(gm, torch.fx.GraphModule):

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from compiler.compat import pytree
+from compiler.compat import pytree, torch_version
 
 
 def aoti_compile_and_package(ep: torch.export.ExportedProgram, package_path: str, inductor_configs: dict) -> str:
@@ -201,8 +201,7 @@ def native_graph_support() -> str | None:
     torch.compile's Python wrapper, not on a package. So aotc captures the single-threaded run itself. Up to the
     version checked, this answers without importing Inductor (seconds in a fresh process: the loader's cold start);
     a later torch is looked at."""
-    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-    if (major, minor) <= CHECKED_NO_NATIVE_GRAPHS:
+    if torch_version() <= CHECKED_NO_NATIVE_GRAPHS:
         return None
     from torch._inductor import config
 

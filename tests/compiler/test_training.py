@@ -361,3 +361,38 @@ def test_a_frozen_layer_gets_no_gradient_and_the_rest_train(tmp_path):
     assert checked["passed"] and checked["training"]["no_grad"] == ["l1.weight", "l1.bias"]
     assert {r["role"] for r in checked["training"]["outputs"]} == {
         "loss", "output:0", "grad:scale", "grad:bn.weight", "grad:bn.bias", "grad:l2.weight", "grad:l2.bias"}
+
+
+class EmbedClassify(torch.nn.Module):
+    """Token ids through an embedding, a linear head, cross-entropy against labels: both inputs are indices."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.e = torch.nn.Embedding(10, 8)
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.head(self.e(ids).mean(dim=1))
+        return torch.nn.functional.cross_entropy(logits, labels), logits.detach()
+
+
+@pytest.mark.slow
+def test_with_negative_ids_moved_out_of_range_hostile_ids_and_labels_are_refused(tmp_path, monkeypatch):
+    """The rewrite torch 2.11 gets (compiler.compat.INDUCTOR_WRAPS_NEGATIVE_IDS), forced on this torch: the upload's
+    embedding and cross-entropy are compiled in their rewritten forms, and the adversarial probes' ids and labels at
+    -1 and beyond the table are refused where eager refuses (on the H100 the package had returned at both)."""
+    from compiler.pipeline import compile_model
+
+    monkeypatch.setattr("compiler.bounds.INDUCTOR_WRAPS_NEGATIVE_IDS", True)
+    ids, labels = torch.randint(0, 10, (6, 3)), torch.randint(0, 5, (6,))
+    path = export_train(seeded(EmbedClassify, 4), (ids, labels), tmp_path / "embed.pt2")
+    spec = [{"name": "ids", "dtype": "int64", "shape": [6, 3]}, {"name": "labels", "dtype": "int64", "shape": [6]}]
+    got = compile_model(str(path), spec, spec, CompileOptions(mode="training"), "cpu", str(tmp_path / "a.pt2"))
+    import json
+
+    rewritten = json.loads(Path(got["report"]).read_text())["stages"]["capture"]["bounds"]["ops"]
+    assert rewritten == {"aten.embedding.default": 1, "aten.cross_entropy_loss.default": 1}
+    checked = check_training(str(path), got["package"], spec, "cpu")
+    adversarial = checked["adversarial"]
+    assert not adversarial["failures"] and adversarial["outcomes"].get("refused", 0) > 0, adversarial["outcomes"]
+    assert {-1}.issubset(adversarial["inputs"]["ids"]) and {-1}.issubset(adversarial["inputs"]["labels"])
