@@ -240,6 +240,11 @@ def wait_model(c: Any, row: dict[str, Any]) -> dict[str, Any]:
     check = (meta or {}).get("check") or {}
     row["check_max_rel_err"] = check.get("max_rel_err")
     row["check_steps"] = len((check.get("training") or {}).get("steps") or [])
+    row["check_seconds"] = check.get("seconds")  # by part: load, steps, timing, adversarial
+    adv = check.get("adversarial") or {}
+    row["adversarial"] = {k: adv.get(k) for k in ("probes", "probe_seconds", "outcomes")}
+    if "_job" in row:
+        row["job_timings"] = c.job(row["_job"]).get("timings")
     return row
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import time
 from typing import Any
 
 import torch
@@ -96,6 +97,8 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     that dtype's tolerance (the loss and gradients are float32, computed through bf16 matmuls)."""
     floor = TOLERANCE[AUTOCAST[precision]] if precision in AUTOCAST else 0.0
     buffer_floor = floor * BUFFER_AUTOCAST_FACTOR
+    t0 = time.perf_counter()
+    parts: dict[str, float] = {}  # where the check's time went, by part (the summary's `seconds`)
     ep = load_program(model_path)
     joint = joint_mod.joint_program(ep, loss_output)
     roles, mutated = joint_mod.roles(joint)
@@ -141,6 +144,7 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         return CheckFailed(f"training check, step {step + 1} of {steps}: {why}", stage="check",
                            excerpt=str(detail or log)[:4000])
 
+    parts["load"] = time.perf_counter() - t0
     for step in range(steps):
         flat_in = inputs_mod.random_inputs(spec, shapes, device, ranges, seed + step)
         args, kwargs = inputs_mod.call_args(ep, flat_in)
@@ -207,6 +211,7 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
                                             default=0.0),
                     "buffers": len(mutated)})
 
+    parts["steps"] = time.perf_counter() - t0 - parts["load"]
     # One step each, timed: eager's forward and backward (grads set to none first, as an optimizer loop would),
     # and one boxed run of the package. Both go on updating their own buffers; nothing is compared after this.
     flat_in = inputs_mod.random_inputs(spec, shapes, device, ranges, seed)
@@ -222,6 +227,7 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     eager_t = measure(eager_step, device)
     compiled_t = measure(functools.partial(package.run_flat, flat_args), device)
     e_ms, c_ms = eager_t["median_ms"], compiled_t["median_ms"]
+    parts["timing"] = time.perf_counter() - t0 - parts["load"] - parts["steps"]
     point = {"point": "static", "shapes": {i["name"]: s for i, s in zip(spec, shapes)}, "ok": True, **worst,
              "eager_ms": round(e_ms, 4), "compiled_ms": round(c_ms, 4),
              "speedup": round(e_ms / c_ms, 3) if c_ms > 0 else None,
@@ -246,7 +252,9 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         del package, eager, bound_model, live
         found = check_adversarial(model_path, package_path, spec, device, ep, base, shapes, ranges, floor)
         summary["adversarial"] = {"point": "static", **found}
+        parts["adversarial"] = time.perf_counter() - t0 - sum(parts.values())
         refuse_failures(found, "train-step package")
+    summary["seconds"] = {k: round(v, 2) for k, v in parts.items()}
     return summary
 
 
