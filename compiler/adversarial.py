@@ -26,9 +26,11 @@ left loads the package alone, not the program. Each probe is given `PROBE_TIMEOU
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -50,6 +52,9 @@ PROBE_TIMEOUT_S = 240.0
 # cases left (the least dangerous values: they run in order) are recorded as not run, so the check stays well inside
 # the worker's AOTC_CHECK_TIMEOUT_S (600 s by default).
 BUDGET_S = 180.0
+# Probes are forked from a zygote that has imported torch (Zygote); False: each probe imports torch itself.
+ZYGOTE = True
+ZYGOTE_START_S = 120.0  # the zygote's import of torch, and each fork, must answer within this
 RESTART = 3  # a probe's exit status: the CUDA context is gone, go on in a new probe
 UNKNOWN = "?"  # a case whose eager outcome the probe finds out on the device
 # How a package that touched memory it does not own ends, as opposed to refusing: a fault signal on a CPU (an assert
@@ -77,6 +82,82 @@ def eager_verdicts(ep: torch.export.ExportedProgram, module: Any, flats: list[li
     return out
 
 
+class _Partial(torch.fx.Interpreter):
+    """Runs the program's graph, counting the nodes it ran (`ran`); with `keep`, records those nodes' values."""
+
+    def __init__(self, module: torch.fx.GraphModule, keep: set[torch.fx.Node] | None = None) -> None:
+        super().__init__(module)
+        self.extra_traceback = False  # an op's own exception, as the module's forward raises it
+        self.keep = keep or set()
+        self.kept: dict[torch.fx.Node, Any] = {}
+        self.ran = 0
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        value = super().run_node(n)
+        self.ran += 1
+        if n in self.keep:
+            self.kept[n] = value
+        return value
+
+
+SKIPPED = object()  # a node a poisoned run does not run: nothing downstream of the poisoned input reads it
+
+
+def partial_verdicts(ep: torch.export.ExportedProgram, module: Any, base: list[torch.Tensor],
+                     flats: list[list[torch.Tensor]],
+                     poisoned_inputs: list[int]) -> tuple[list[str | None], int] | None:
+    """`eager_verdicts` for cases that each poison one input (`poisoned_inputs[k]`, an index into the flat inputs)
+    of an in-range `base` that eager returns on. Only the nodes downstream of the poisoned input run again: every
+    other node's value is the base run's, and only those that a downstream node reads are kept (a classifier's
+    labels run the loss again, not the network). An exception can only come from a node that runs again, as the
+    base run returned. Returns the verdicts and how many nodes ran in all (the base run's included); where the
+    module is not one graph whose placeholders are the flat inputs, every case runs whole (nodes: -1). None where
+    eager raises at `base` itself."""
+    graph = getattr(module, "graph", None)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"] if isinstance(module, torch.fx.GraphModule) \
+        and graph is not None else []
+    if graph is None or len(placeholders) != len(base) or any(len(f) != len(base) for f in flats):
+        if eager_verdicts(ep, module, [base])[0] is not None:
+            return None
+        return eager_verdicts(ep, module, flats), -1
+    downstream: dict[int, set[torch.fx.Node]] = {}
+    for k in set(poisoned_inputs):
+        seen: set[torch.fx.Node] = set()
+        todo = [placeholders[k]]
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo.extend(n.users)
+        downstream[k] = seen
+    frontier = {k: {i for n in nodes for i in n.all_input_nodes if i not in nodes and i.op != "placeholder"}
+                for k, nodes in downstream.items()}
+    keep = set().union(*frontier.values())
+    recorder = _Partial(module, keep)
+    args, kwargs = inputs_mod.call_args(ep, base)
+    try:
+        with torch.inference_mode():
+            recorder.run(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - eager refuses the in-range inputs: no case can be decided from them
+        return None
+    ran = recorder.ran
+    out: list[str | None] = []
+    for flat, k in zip(flats, poisoned_inputs, strict=True):
+        env: dict[torch.fx.Node, Any] = {n: SKIPPED for n in graph.nodes
+                                         if n.op != "placeholder" and n not in downstream[k]}
+        env.update({n: recorder.kept[n] for n in frontier[k]})
+        runner = _Partial(module)
+        args, kwargs = inputs_mod.call_args(ep, flat)
+        try:
+            with torch.inference_mode():
+                runner.run(*args, initial_env=env, **kwargs)
+            out.append(None)
+        except Exception as e:  # noqa: BLE001 - any exception is eager refusing the input
+            out.append(_raised(e))
+        ran += runner.ran
+    return out, ran
+
+
 def cpu_copy(model_path: str) -> tuple[torch.export.ExportedProgram, Any]:
     """The uploaded program, loaded again and moved to the CPU: weights, constants and device arguments alike."""
     from torch.export.passes import move_to_device_pass
@@ -85,6 +166,72 @@ def cpu_copy(model_path: str) -> tuple[torch.export.ExportedProgram, Any]:
 
     ep = move_to_device_pass(load_program(model_path), "cpu")
     return ep, ep.module()
+
+
+class Zygote:
+    """A process that has imported torch and the probe's modules, and nothing more (no CUDA context, no thread pool
+    started), which forks each probe: a probe then starts in milliseconds instead of importing torch again (4.6 s
+    on a GPU host, more under load), and the check on CUDA starts one per refused case. `python -m
+    compiler.adversarial --zygote` reads one JSON request a line on stdin ({"argv", "log"}), answers {"pid"} once
+    the probe is forked and {"pid", "rc"} when it ends (rc as subprocess's returncode: minus the signal). Closing
+    its stdin ends it. Where it cannot start or dies, `run_probes` starts each probe as a process of its own."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log = open(log_path, "wb")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "compiler.adversarial", "--zygote"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                     start_new_session=True)
+        self.ready = self._line(ZYGOTE_START_S) == {"ready": True}
+
+    def _line(self, timeout: float) -> dict[str, Any] | None:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            return None
+        line = self.proc.stdout.readline()
+        return json.loads(line) if line.strip() else None
+
+    def run(self, argv: list[str], log_path: Path, timeout: float) -> tuple[bool, int | None]:
+        """(started, rc): rc None when the probe did not finish in `timeout` (it is killed, with its group)."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps({"argv": argv, "log": str(log_path)}) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            return False, None
+        forked = self._line(ZYGOTE_START_S)
+        if not forked or "pid" not in forked:
+            return False, None
+        ended = self._line(timeout)
+        if ended is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(forked["pid"], signal.SIGKILL)
+            self._line(ZYGOTE_START_S)  # the zygote's word that it has reaped the killed probe
+            return True, None
+        return True, int(ended["rc"])
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc.stdin:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.log.close()
+
+
+def _exec_probe(cmd: list[str], log_path: Path) -> int | None:
+    """A probe as a process of its own (the zygote could not start it); None when it did not finish in time."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
 
 
 def run_probes(model_path: str, package_path: str, device: str, cases: list[dict[str, Any]], tolerance: float,
@@ -96,63 +243,69 @@ def run_probes(model_path: str, package_path: str, device: str, cases: list[dict
     results: dict[int, dict[str, Any]] = {}
     probes, start = 0, 0
     t0 = time.perf_counter()
-    while start < len(cases):
-        spent = time.perf_counter() - t0
-        if probes >= MAX_PROBES or spent > BUDGET_S:
-            why = (f"the check starts at most {MAX_PROBES} probes" if probes >= MAX_PROBES
-                   else f"the adversarial budget of {BUDGET_S:.0f} s was spent ({spent:.0f} s)")
-            for k in range(start, len(cases)):
-                results[k] = {"k": k, "outcome": "not run", "why": why}
-            break
-        probes += 1
-        out_path = workdir / f"probe-{probes}.jsonl"
-        log_path = workdir / f"probe-{probes}.log"
-        # -P, as the worker starts its children: the working directory (where a sandboxed child keeps Triton's
-        # cache dir, named `triton`) must not shadow a package.
-        cmd = [sys.executable, "-P", "-m", "compiler.adversarial", model_path, package_path, device, str(cases_path),
-               str(out_path), str(start), repr(tolerance)]
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                rc: int | None = proc.wait(PROBE_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                rc = None
-        lines = [json.loads(ln) for ln in out_path.read_text().splitlines() if ln.strip()] if out_path.exists() else []
-        in_flight: dict[str, Any] | None = None
-        for line in lines:
-            if "outcome" in line:
-                results[line["k"]] = line
-                in_flight = None
+    zygote: Zygote | None = Zygote(workdir / "zygote.log") if ZYGOTE else None
+    forked = 0
+    try:
+        while start < len(cases):
+            spent = time.perf_counter() - t0
+            if probes >= MAX_PROBES or spent > BUDGET_S:
+                why = (f"the check starts at most {MAX_PROBES} probes" if probes >= MAX_PROBES
+                       else f"the adversarial budget of {BUDGET_S:.0f} s was spent ({spent:.0f} s)")
+                for k in range(start, len(cases)):
+                    results[k] = {"k": k, "outcome": "not run", "why": why}
+                break
+            probes += 1
+            out_path = workdir / f"probe-{probes}.jsonl"
+            log_path = workdir / f"probe-{probes}.log"
+            argv = [model_path, package_path, device, str(cases_path), str(out_path), str(start), repr(tolerance)]
+            started, rc = zygote.run(argv, log_path, PROBE_TIMEOUT_S) if zygote and zygote.ready else (False, None)
+            if started:
+                forked += 1
             else:
-                in_flight = line
-        done = max([k for k in results if k >= start], default=start - 1)
-        if in_flight is None:
-            if rc not in (0, RESTART) and done + 1 < len(cases):
-                # It died between cases (loading the program or the package): nothing more will come of it.
-                tail = log_path.read_bytes()[-2000:].decode("utf-8", "replace")
-                raise RuntimeError(f"the adversarial probe exited with status {rc} before case {done + 1}: {tail}")
-            start = done + 1
-            continue
-        k = in_flight["k"]
-        how = f"did not finish in {PROBE_TIMEOUT_S:.0f} s" if rc is None else _death(rc)
-        if in_flight["event"] == "package":
-            refused = in_flight.get("eager")
-            faulted = rc is not None and -rc in FAULT_SIGNALS
-            results[k] = {"k": k, "eager": refused, "package": f"the process {how}",
-                          "outcome": "package faulted" if faulted else "refused" if refused else "package died"}
-            start = k + 1
-        elif rc is None:
-            results[k] = {"k": k, "eager": f"the process {how}", "outcome": "eager did not finish"}
-            start = k + 1
-        else:
-            # Eager refused by ending the process or its CUDA context: the package must not return either, which
-            # a new probe finds out.
-            cases[k]["eager"] = in_flight.get("eager") or f"the process {how}"
-            torch.save([{"inputs": c["inputs"], "eager": c["eager"]} for c in cases], cases_path)
-            start = k
-    cost = {"probes": probes, "seconds": round(time.perf_counter() - t0, 3)}
+                if zygote is not None:  # it could not start, or died: every probe from here is a process of its own
+                    zygote.close()
+                    zygote = None
+                # -P, as the worker starts its children: the working directory (where a sandboxed child keeps
+                # Triton's cache dir, named `triton`) must not shadow a package.
+                rc = _exec_probe([sys.executable, "-P", "-m", "compiler.adversarial", *argv], log_path)
+            text = out_path.read_text() if out_path.exists() else ""
+            lines = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+            in_flight: dict[str, Any] | None = None
+            for line in lines:
+                if "outcome" in line:
+                    results[line["k"]] = line
+                    in_flight = None
+                else:
+                    in_flight = line
+            done = max([k for k in results if k >= start], default=start - 1)
+            if in_flight is None:
+                if rc not in (0, RESTART) and done + 1 < len(cases):
+                    # It died between cases (loading the program or the package): nothing more will come of it.
+                    tail = log_path.read_bytes()[-2000:].decode("utf-8", "replace")
+                    raise RuntimeError(f"the adversarial probe exited with status {rc} before case {done + 1}: {tail}")
+                start = done + 1
+                continue
+            k = in_flight["k"]
+            how = f"did not finish in {PROBE_TIMEOUT_S:.0f} s" if rc is None else _death(rc)
+            if in_flight["event"] == "package":
+                refused = in_flight.get("eager")
+                faulted = rc is not None and -rc in FAULT_SIGNALS
+                results[k] = {"k": k, "eager": refused, "package": f"the process {how}",
+                              "outcome": "package faulted" if faulted else "refused" if refused else "package died"}
+                start = k + 1
+            elif rc is None:
+                results[k] = {"k": k, "eager": f"the process {how}", "outcome": "eager did not finish"}
+                start = k + 1
+            else:
+                # Eager refused by ending the process or its CUDA context: the package must not return either, which
+                # a new probe finds out.
+                cases[k]["eager"] = in_flight.get("eager") or f"the process {how}"
+                torch.save([{"inputs": c["inputs"], "eager": c["eager"]} for c in cases], cases_path)
+                start = k
+    finally:
+        if zygote is not None:
+            zygote.close()
+    cost = {"probes": probes, "forked": forked, "seconds": round(time.perf_counter() - t0, 3)}
     return [results[k] for k in range(len(cases))], cost
 
 
@@ -209,18 +362,22 @@ def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec,
         return summary
     flats = [inputs_mod.poisoned(base, p) for p in poisons]
     oracle = f"eager on the CPU ({torch.__version__})"
-    if device.startswith("cuda"):
-        cpu_ep, cpu_module = cpu_copy(model_path)
-        eager: list[str | None]
-        if eager_verdicts(cpu_ep, cpu_module, [base])[0] is not None:
-            eager = [UNKNOWN] * len(flats)
-            oracle = "eager on the device, in the probes (the program's CPU copy raises at in-range inputs)"
-        else:
-            eager = list(eager_verdicts(cpu_ep, cpu_module, flats))
-            oracle = "eager on a CPU copy of the program"
-        del cpu_module, cpu_ep
+    on_cuda = device.startswith("cuda")
+    # On CUDA, eager's verdicts come from a CPU copy of the program: an out-of-range index in eager CUDA is a
+    # device-side assert too, which would end the check's own context.
+    oracle_ep = cpu_copy(model_path)[0] if on_cuda else ep
+    decided = partial_verdicts(oracle_ep, oracle_ep.module(), base, flats, [p.input for p in poisons])
+    eager: list[str | None]
+    if decided is None and on_cuda:
+        eager = [UNKNOWN] * len(flats)
+        oracle = "eager on the device, in the probes (the program's CPU copy raises at in-range inputs)"
+    elif decided is None:  # eager raises at the in-range start too: each case, whole
+        eager = eager_verdicts(ep, ep.module(), flats)
     else:
-        eager = list(eager_verdicts(ep, ep.module(), flats))
+        eager, summary["cpu_nodes_run"] = list(decided[0]), decided[1]
+        if on_cuda:
+            oracle = "eager on a CPU copy of the program"
+    del oracle_ep
     # Cases eager returns first, those it refuses last: on CUDA a refused case ends the probe's context.
     order = sorted(range(len(poisons)), key=lambda k: eager[k] not in (None, UNKNOWN))
     cases = [{"inputs": flats[k], "eager": eager[k]} for k in order]
@@ -238,7 +395,7 @@ def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec,
     for r in rows:
         counts[str(r["outcome"])] = counts.get(str(r["outcome"]), 0) + 1
     summary.update(
-        oracle=oracle, outcomes=counts, probes=cost["probes"], probe_seconds=cost["seconds"],
+        oracle=oracle, outcomes=counts, probes=cost["probes"], forked=cost["forked"], probe_seconds=cost["seconds"],
         seconds=round(time.perf_counter() - t0, 3),
         inputs={spec[k]["name"]: sorted({p.value for p in poisons if p.input == k})
                 for k in inputs_mod.integer_inputs(spec)},
@@ -340,7 +497,50 @@ def _probe(model_path: str, package_path: str, device: str, cases_path: str, out
     return 0
 
 
+def _zygote() -> int:
+    """The zygote's loop (see Zygote). Imports what a probe imports, touches no device, then forks a probe per
+    request. Each probe runs in a session of its own (the check kills its group on a timeout) with its output in
+    its log, and leaves with `_probe`'s status (1 for an exception, with its traceback in the log)."""
+    import traceback
+
+    from compiler import check, loading  # noqa: F401 - imported once, here, for every probe
+    from compiler.compat import aoti, pytree  # noqa: F401
+
+    out = sys.stdout
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # the probe
+            rc = 1
+            try:
+                os.setsid()
+                fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.close(fd)
+                sys.stdin.close()
+                rc = main(request["argv"])
+            except BaseException:  # noqa: BLE001 - the probe's own failure, in its log, as an exception exits 1
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(rc)
+        out.write(json.dumps({"pid": pid}) + "\n")
+        out.flush()
+        _, status = os.waitpid(pid, 0)
+        out.write(json.dumps({"pid": pid, "rc": os.waitstatus_to_exitcode(status)}) + "\n")
+        out.flush()
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--zygote"]:
+        return _zygote()
     model_path, package_path, device, cases_path, out_path, start, tolerance = argv
     return _probe(model_path, package_path, device, cases_path, out_path, int(start), float(tolerance))
 

@@ -6,6 +6,8 @@ from eager on out-of-range input now raise where eager raises."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -316,6 +318,102 @@ def test_the_adversarial_check_passes_the_bounded_divergent_ops(divergent):
     assert set(adv["inputs"]) == {"ind", "idx", "j"}  # not the bool mask
     assert adv["outcomes"]["refused"] > 0 and adv["outcomes"]["agreed"] > 0
     assert set(adv["outcomes"]) <= {"refused", "agreed"}
+
+
+@pytest.mark.slow
+def test_probes_are_forked_from_a_zygote_and_are_processes_of_their_own_where_it_cannot_start(unsafe_index,
+                                                                                             monkeypatch):
+    from compiler import adversarial
+
+    forked = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")["adversarial"]
+    assert forked["probes"] == forked["forked"] == 1 and forked["outcomes"] == {"refused": 12, "agreed": 14}
+    monkeypatch.setattr(adversarial, "ZYGOTE_START_S", 0.0)  # no answer in time: each probe starts python itself
+    own = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")["adversarial"]
+    assert own["probes"] == 1 and own["forked"] == 0
+    assert own["results"] == forked["results"] and own["failures"] == forked["failures"] == []
+
+
+@pytest.mark.slow
+def test_the_zygote_kills_a_probe_that_overruns_and_reports_one_that_raises(unsafe_index, tmp_path):
+    from compiler.adversarial import Zygote
+
+    fifo = tmp_path / "cases.pt"
+    os.mkfifo(fifo)  # the probe's first read blocks here for ever
+    zygote = Zygote(tmp_path / "zygote.log")
+    try:
+        assert zygote.ready
+        argv = [unsafe_index["path"], unsafe_index["result"]["package"], "cpu", str(fifo), str(tmp_path / "out"),
+                "0", "0.01"]
+        t0 = time.perf_counter()
+        assert zygote.run(argv, tmp_path / "hung.log", timeout=1.0) == (True, None)
+        assert time.perf_counter() - t0 < 30
+        argv[3] = str(tmp_path / "missing.pt")
+        assert zygote.run(argv, tmp_path / "raised.log", timeout=60.0) == (True, 1)  # the zygote outlived both
+        assert "FileNotFoundError" in (tmp_path / "raised.log").read_text()
+    finally:
+        zygote.close()
+    assert zygote.proc.returncode == 0
+
+
+class Classifier(torch.nn.Module):
+    """A network whose labels meet it only at the loss, as a train-step program's do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                        torch.nn.Conv2d(8, 8, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                        torch.nn.Flatten(), torch.nn.Linear(8, 10))
+        self.emb = torch.nn.Embedding(20, 10)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.body(x) + self.emb(ids).mean(1)
+        return torch.nn.functional.cross_entropy(logits, labels)
+
+
+def _verdicts_both_ways(path: str, spec: list[dict[str, Any]]) -> tuple[list[Any], tuple[list[Any], int], int]:
+    from compiler import adversarial
+    from compiler import inputs as inputs_mod
+    from compiler.loading import load_program
+
+    ep = load_program(path)
+    shapes, ranges = next(iter(inputs_mod.points(spec).values())), inputs_mod.int_ranges(ep)
+    base = inputs_mod.random_inputs(spec, shapes, "cpu", ranges, 0)
+    poisons = inputs_mod.adversarial_cases(spec, shapes, ranges, inputs_mod.dim_sizes(ep, shapes),
+                                           adversarial.MAX_CASES)
+    flats = [inputs_mod.poisoned(base, p) for p in poisons]
+    whole = adversarial.eager_verdicts(ep, ep.module(), flats)
+    partial = adversarial.partial_verdicts(ep, ep.module(), base, flats, [p.input for p in poisons])
+    assert partial is not None
+    return whole, partial, len(ep.module().graph.nodes) * (len(flats) + 1)
+
+
+@pytest.mark.slow
+def test_eager_verdicts_run_again_only_what_the_poisoned_input_reaches_and_agree_with_whole_runs(divergent,
+                                                                                                tmp_path):
+    whole, (partial, ran), every = _verdicts_both_ways(divergent["path"], DIVERGENT_SPEC)
+    assert partial == whole and any(whole) and not all(whole)
+    assert 0 < ran < every
+
+    spec = [{"name": "x", "dtype": "float32", "shape": [4, 3, 12, 12]},
+            {"name": "ids", "dtype": "int64", "shape": [4, 5]}, {"name": "labels", "dtype": "int64", "shape": [4]}]
+    path = export(Classifier().train(), (torch.randn(4, 3, 12, 12), torch.zeros(4, 5, dtype=torch.long),
+                                         torch.zeros(4, dtype=torch.long)), tmp_path / "c.pt2")
+    whole, (partial, ran), every = _verdicts_both_ways(str(path), spec)
+    assert partial == whole
+    labels = [w for w, p in zip(whole, adversarial_inputs(str(path), spec), strict=True) if p == 2]
+    assert any(labels) and any(v is None for v in labels)  # out-of-range labels refused, boundaries not
+    assert ran < every / 3  # the network ran once; each case, the embedding's or the loss's few nodes
+
+
+def adversarial_inputs(path: str, spec: list[dict[str, Any]]) -> list[int]:
+    from compiler import adversarial
+    from compiler import inputs as inputs_mod
+    from compiler.loading import load_program
+
+    ep = load_program(path)
+    shapes, ranges = next(iter(inputs_mod.points(spec).values())), inputs_mod.int_ranges(ep)
+    return [p.input for p in inputs_mod.adversarial_cases(spec, shapes, ranges, inputs_mod.dim_sizes(ep, shapes),
+                                                         adversarial.MAX_CASES)]
 
 
 @pytest.mark.slow
