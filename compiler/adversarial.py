@@ -178,17 +178,28 @@ class Zygote:
 
     def __init__(self, log_path: Path) -> None:
         self.log = open(log_path, "wb")  # noqa: SIM115 - closed in close()
+        self.pending = b""
         self.proc = subprocess.Popen([sys.executable, "-P", "-m", "compiler.adversarial", "--zygote"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      start_new_session=True)
         self.ready = self._line(ZYGOTE_START_S) == {"ready": True}
 
     def _line(self, timeout: float) -> dict[str, Any] | None:
+        """The zygote's next answer, or None if none comes in `timeout` (or it has ended). Read from the pipe's
+        descriptor, unbuffered: two answers that arrive together (a probe that ends at once) must not leave the
+        second in a file object's buffer, where select cannot see it."""
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return None
-        line = self.proc.stdout.readline()
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.pending:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self.pending += chunk
+        line, _, self.pending = self.pending.partition(b"\n")
         return json.loads(line) if line.strip() else None
 
     def run(self, argv: list[str], log_path: Path, timeout: float) -> tuple[bool, int | None]:

@@ -350,6 +350,14 @@ def test_the_zygote_kills_a_probe_that_overruns_and_reports_one_that_raises(unsa
         argv[3] = str(tmp_path / "missing.pt")
         assert zygote.run(argv, tmp_path / "raised.log", timeout=60.0) == (True, 1)  # the zygote outlived both
         assert "FileNotFoundError" in (tmp_path / "raised.log").read_text()
+        # A probe that ends at once: its two answers come together, and the second must not be waited for.
+        assert zygote.proc.stdin is not None
+        zygote.proc.stdin.write(json.dumps({"argv": ["too", "few"], "log": str(tmp_path / "quick.log")}).encode()
+                                + b"\n")
+        zygote.proc.stdin.flush()
+        time.sleep(3)  # both answers are in the pipe by now
+        forked = zygote._line(5.0)
+        assert forked is not None and zygote._line(1.0) == {"pid": forked["pid"], "rc": 1}
     finally:
         zygote.close()
     assert zygote.proc.returncode == 0
