@@ -11,14 +11,16 @@ Once every job has ended, the workers stop (a quiet device) and each package is 
              step. On CUDA by CUDA events (compiler.check.measure)
   ttfs_s     time to first step in a FRESH process: import, pull (verified), load, bind, first step (aotc) against
              import, torch.compile and the first step with an empty Inductor cache (cold). Building the module is
-             timed apart (`build_s`), outside both
+             timed apart (`build_s`), outside both. With `--cpp`, also from C++ (`ttfs_cpp`): examples/cpp's
+             aotc_run in a fresh process (no Python: libtorch's load, the signature and digests verified, load,
+             bind, one step, the stepped weights written), plus the verified pull (`with_pull_s`, the table's)
   grad_err   the training check's worst relative error over 3 SGD steps (package vs eager, same autocast), and the
              package's gradients against fp32 eager's (no autocast) at one batch
 
 `--coverage` names more models that are only packaged and checked (after the timings, the workers back on). The JSON
 is rewritten after each model, and a rerun with `--append` skips the models it has finished (a GPU call cut off).
 
-    python bench/train.py --out bench/results/train-cpu.json                  # CPU: tiny models, a few minutes
+    python bench/train.py --cpp --out bench/results/train-cpu.json            # CPU: tiny models, a few minutes
     # GPU (torch 2.11):
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 python bench/train.py --device cuda --amp bf16 --batch 32 \\
         --workers 4 --zoo resnet50,mobilenet_v3_large,efficientnet_b0,convnext_tiny,timm_vit_small_patch16_224,\\
@@ -106,6 +108,67 @@ def child_aotc(url: str, key: str, name: str, batch: int, device: str, cache: st
     out["first_step_s"] = time.perf_counter() - t3
     out["ttfs_s"] = out["import_s"] + out["load_s"] + out["first_step_s"]
     return out
+
+
+def child_cppfiles(url: str, key: str, name: str, batch: int, dest: str) -> dict[str, Any]:
+    """What examples/cpp's aotc_run reads, on disk before it is timed: the package and its weights blob pulled
+    (verified, `pull_s`), the signed manifest, the service's signing keys and the signer's key pinned, and the batch
+    as in.pt. A deployer's own download (curl, `aotc pull`) stands for the pull; the C++ process verifies again."""
+    import torch
+
+    from client import Client
+
+    d = Path(dest)
+    d.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {}
+    _, args = _built(name, batch, "cpu", out)
+    torch.save([t.cpu() for t in args], d / "in.pt")
+    t0 = time.perf_counter()
+    with Client(url, cache_dir=d / "cache", timeout=600) as c:
+        package = c.pull(key, d / "step.pt2")
+        blob = c.pull_weights(key)
+        out["pull_s"] = time.perf_counter() - t0
+        manifest = c.http.get(f"/v1/artifacts/{key}/manifest")
+        keys = c.http.get("/v1/signing-keys")
+    manifest.raise_for_status()
+    keys.raise_for_status()
+    (d / "manifest.json").write_bytes(manifest.content)
+    (d / "signing-keys.json").write_bytes(keys.content)
+    kid = manifest.json()["signatures"][0]["keyid"]
+    (record,) = [k for k in keys.json()["keys"] if k["kid"] == kid]
+    (d / "signer.b64").write_text(record["public_key"] + "\n")
+    out.update(package=str(package), weights=str(blob))
+    return out
+
+
+def time_cpp(exe: Path, key: str, files: dict[str, Any], dest: Path, device: str) -> dict[str, Any]:
+    """Time to first step from C++ (no Python, no `import torch`): aotc_run in a fresh process loads libtorch,
+    verifies the manifest's signature and the files' digests, loads the package, binds the weights blob, runs one
+    step and writes the loss and the stepped weights out. `ttfs_s` is that process's wall time; `with_pull_s` adds
+    the verified pull the Python figure includes."""
+    argv = [str(exe), "--package", files["package"], "--weights", files["weights"], "--artifact-key", key,
+            "--manifest", str(dest / "manifest.json"), "--trusted-key", str(dest / "signer.b64"),
+            "--signing-keys", str(dest / "signing-keys.json"), "--inputs", str(dest / "in.pt"),
+            "--outputs", str(dest / "out.pt"), "--device", device, "--train-steps", "1"]
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        return {"error": (done.stderr or done.stdout)[-800:]}
+    step = next((ln for ln in done.stdout.splitlines() if " train steps " in ln), "")
+    ms = float(step.rsplit(" in ", 1)[1].split()[0]) if " in " in step else None
+    return {"ttfs_s": round(wall, 3), "first_step_ms": ms, "pull_s": round(files["pull_s"], 3),
+            "with_pull_s": round(wall + files["pull_s"], 3)}
+
+
+def build_cpp(base: Path) -> Path | str:
+    """examples/cpp's aotc_run against this Python's torch (once per --base; outside any timing), or why not."""
+    build = base / "cpp-build"
+    made = subprocess.run(["make", "-C", str(ROOT / "examples" / "cpp"), f"BUILD={build}", f"PYTHON={sys.executable}"],
+                          capture_output=True, text=True, timeout=900)
+    if made.returncode != 0:
+        return f"examples/cpp did not build: {(made.stderr or made.stdout)[-600:]}"
+    return build / "aotc_run"
 
 
 def child_compile(name: str, batch: int, device: str, amp: str, mode: str) -> dict[str, Any]:
@@ -263,6 +326,12 @@ def time_model(url: str, row: dict[str, Any], a: argparse.Namespace, base: Path)
     if a.ttfs:
         row["ttfs_aotc"] = _fresh(["aotc", url, row["key"], name, str(row["batch"]), a.device,
                                    str(base / f"cache-{name}-{time.time_ns()}")])
+    if a.ttfs and a.cpp:
+        exe = build_cpp(base)
+        dest = base / f"cpp-{name}"
+        files = _fresh(["cppfiles", url, row["key"], name, str(row["batch"]), str(dest)])
+        row["ttfs_cpp"] = ({"error": exe} if isinstance(exe, str) else files if "error" in files
+                           else time_cpp(exe, row["key"], files, dest, a.device))
     modes = ["default", *(["max-autotune"] if a.max_autotune else [])] if a.compile else []
     for mode in modes:
         inductor_cache = tempfile.mkdtemp(prefix="inductor-cold-", dir=base)
@@ -285,7 +354,7 @@ def time_model(url: str, row: dict[str, Any], a: argparse.Namespace, base: Path)
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'model':<28}{'pkg':>4}{'eager ms':>10}{'aotc ms':>9}{'compile':>9}{'x eager':>8}{'x comp':>7}"
-            f"{'ttfs aotc':>10}{'ttfs comp':>10}{'grad err':>10}")
+            f"{'ttfs aotc':>10}{'ttfs C++':>9}{'ttfs comp':>10}{'grad err':>10}")
     lines = [head, "-" * len(head)]
     for r in rows:
         if not r.get("package"):
@@ -300,10 +369,13 @@ def table(rows: list[dict[str, Any]]) -> str:
         s = r["step_ms"]
         ta = (r.get("ttfs_aotc") or {}).get("ttfs_s")
         tc = (r.get("ttfs_compile") or {}).get("ttfs_s")
+        tcpp = (r.get("ttfs_cpp") or {}).get("with_pull_s")
+        nan = float("nan")
         lines.append(f"{r['model']:<28}{'yes':>4}{s['eager']:>10.3f}{s['aotc']:>9.3f}"
                      f"{s.get('compile_default', float('nan')):>9.3f}{r['speedup_vs_eager']:>8.2f}"
                      f"{r.get('speedup_vs_compile', float('nan')):>7.2f}"
-                     f"{ta if ta is not None else float('nan'):>10.2f}{tc if tc is not None else float('nan'):>10.2f}"
+                     f"{ta if ta is not None else float('nan'):>10.2f}"
+                     f"{tcpp if tcpp is not None else nan:>9.2f}{tc if tc is not None else nan:>10.2f}"
                      f"{r.get('check_max_rel_err') or float('nan'):>10.1e}")
     made = [r for r in rows if r.get("package") and "speedup_vs_eager" in r]
     if made:
@@ -319,6 +391,9 @@ def main() -> None:
         if kind == "aotc":
             url, key, name, batch, device, cache = rest
             out = child_aotc(url, key, name, int(batch), device, cache)
+        elif kind == "cppfiles":
+            url, key, name, batch, dest = rest
+            out = child_cppfiles(url, key, name, int(batch), dest)
         elif kind == "time":
             url, key, name, batch, device, amp, cache = rest
             out = child_time(url, key, name, int(batch), device, amp, cache)
@@ -344,6 +419,8 @@ def main() -> None:
                    help="compile workers (all models are queued at once; timing waits for a quiet device)")
     p.add_argument("--coverage", default="",
                    help="comma-separated: more models to make packages of after the timed ones (coverage, untimed)")
+    p.add_argument("--cpp", action="store_true", help="also time the first step from C++ (examples/cpp's aotc_run, "
+                   "built here: g++ and OpenSSL's headers), in a fresh process")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile (cold and step)")
     a = p.parse_args()
     if a.device == "cuda":
