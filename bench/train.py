@@ -440,9 +440,12 @@ def main() -> None:
     rows: list[dict[str, Any]] = [r for r in old if r["model"] in done]
     device = "cuda" if a.device.startswith("cuda") else "cpu"
 
+    untimed: list[dict[str, Any]] = []  # jobs ended, timing not reached yet: kept if the machine goes first
+
     def write() -> None:
         result = {"device": a.device, "amp": a.amp, "torch": torch.__version__, "host": platform.node(),
                   "cpu_count": os.cpu_count(), "workers": a.workers, "rows": rows,
+                  "untimed": [public(r) for r in untimed if r["model"] not in {x["model"] for x in rows}],
                   "gpu": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else None}
         if a.out:
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -464,6 +467,8 @@ def main() -> None:
                 wait_model(c, row)
             print(json.dumps(public(row), default=str)[:600],
                   file=sys.stderr, flush=True)
+            untimed.append(row)
+            write()
 
     svc = Service(base / "svc", device, a.workers)
     try:
