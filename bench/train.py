@@ -112,11 +112,13 @@ def child_aotc(url: str, key: str, name: str, batch: int, device: str, cache: st
 
 def child_cppfiles(url: str, key: str, name: str, batch: int, dest: str) -> dict[str, Any]:
     """What examples/cpp's aotc_run reads, on disk before it is timed: the package and its weights blob pulled
-    (verified, `pull_s`), the signed manifest, the service's signing keys and the signer's key pinned, and the batch
-    as in.pt. A deployer's own download (curl, `aotc pull`) stands for the pull; the C++ process verifies again."""
+    (verified, `pull_s`), the signed manifest, the service's signing keys and the signer's key pinned
+    (tests/cppbuild.py, as the C++ tests save them), and the batch as in.pt. A deployer's own download (curl,
+    `aotc pull`) stands for the pull; the C++ process verifies again."""
     import torch
 
     from client import Client
+    from cppbuild import save_verification
 
     d = Path(dest)
     d.mkdir(parents=True, exist_ok=True)
@@ -127,17 +129,10 @@ def child_cppfiles(url: str, key: str, name: str, batch: int, dest: str) -> dict
     with Client(url, cache_dir=d / "cache", timeout=600) as c:
         package = c.pull(key, d / "step.pt2")
         blob = c.pull_weights(key)
-        out["pull_s"] = time.perf_counter() - t0
-        manifest = c.http.get(f"/v1/artifacts/{key}/manifest")
-        keys = c.http.get("/v1/signing-keys")
-    manifest.raise_for_status()
-    keys.raise_for_status()
-    (d / "manifest.json").write_bytes(manifest.content)
-    (d / "signing-keys.json").write_bytes(keys.content)
-    kid = manifest.json()["signatures"][0]["keyid"]
-    (record,) = [k for k in keys.json()["keys"] if k["kid"] == kid]
-    (d / "signer.b64").write_text(record["public_key"] + "\n")
-    out.update(package=str(package), weights=str(blob))
+    out["pull_s"] = time.perf_counter() - t0
+    manifest, signing_keys, trusted_key, _ = save_verification(url, key, d)
+    out.update(package=str(package), weights=str(blob), manifest=str(manifest), signing_keys=str(signing_keys),
+               trusted_key=str(trusted_key))
     return out
 
 
@@ -147,8 +142,8 @@ def time_cpp(exe: Path, key: str, files: dict[str, Any], dest: Path, device: str
     step and writes the loss and the stepped weights out. `ttfs_s` is that process's wall time; `with_pull_s` adds
     the verified pull the Python figure includes."""
     argv = [str(exe), "--package", files["package"], "--weights", files["weights"], "--artifact-key", key,
-            "--manifest", str(dest / "manifest.json"), "--trusted-key", str(dest / "signer.b64"),
-            "--signing-keys", str(dest / "signing-keys.json"), "--inputs", str(dest / "in.pt"),
+            "--manifest", files["manifest"], "--trusted-key", files["trusted_key"],
+            "--signing-keys", files["signing_keys"], "--inputs", str(dest / "in.pt"),
             "--outputs", str(dest / "out.pt"), "--device", device, "--train-steps", "1"]
     t0 = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
@@ -161,14 +156,15 @@ def time_cpp(exe: Path, key: str, files: dict[str, Any], dest: Path, device: str
             "with_pull_s": round(wall + files["pull_s"], 3)}
 
 
-def build_cpp(base: Path) -> Path | str:
-    """examples/cpp's aotc_run against this Python's torch (once per --base; outside any timing), or why not."""
-    build = base / "cpp-build"
-    made = subprocess.run(["make", "-C", str(ROOT / "examples" / "cpp"), f"BUILD={build}", f"PYTHON={sys.executable}"],
-                          capture_output=True, text=True, timeout=900)
-    if made.returncode != 0:
-        return f"examples/cpp did not build: {(made.stderr or made.stdout)[-600:]}"
-    return build / "aotc_run"
+def build_cpp() -> Path | str:
+    """examples/cpp's aotc_run against this Python's torch (tests/cppbuild.py's build, kept across runs; outside any
+    timing), or why it did not build."""
+    from cppbuild import build_aotc_run
+
+    try:
+        return build_aotc_run()
+    except AssertionError as e:  # make's output, as the tests' build reports it
+        return f"examples/cpp did not build: {str(e)[-600:]}"
 
 
 def child_compile(name: str, batch: int, device: str, amp: str, mode: str) -> dict[str, Any]:
@@ -327,7 +323,7 @@ def time_model(url: str, row: dict[str, Any], a: argparse.Namespace, base: Path)
         row["ttfs_aotc"] = _fresh(["aotc", url, row["key"], name, str(row["batch"]), a.device,
                                    str(base / f"cache-{name}-{time.time_ns()}")])
     if a.ttfs and a.cpp:
-        exe = build_cpp(base)
+        exe = build_cpp()
         dest = base / f"cpp-{name}"
         files = _fresh(["cppfiles", url, row["key"], name, str(row["batch"]), str(dest)])
         row["ttfs_cpp"] = ({"error": exe} if isinstance(exe, str) else files if "error" in files

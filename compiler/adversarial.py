@@ -9,9 +9,11 @@ same places are accepted here). A package that faults (SIGSEGV or SIGBUS; an ill
 or written out of bounds, and fails whatever eager did.
 
 Where it runs. The package never runs in the check's own process for these cases: each run happens in a probe
-child (`python -m compiler.adversarial`), which writes one line per case as it goes. The check decides first, with
-eager on the CPU, which cases raise (on CUDA, on a CPU copy of the program: an out-of-range index in eager CUDA is a
-device-side assert too), and hands the probe the cases that return first and those that raise last. A probe that
+child, which writes one line per case as it goes. Probes are forked from a zygote that has imported torch (Zygote),
+or started as `python -m compiler.adversarial` where it cannot start. The check decides first, with eager on the
+CPU, which cases raise (on CUDA, on a CPU copy of the program: an out-of-range index in eager CUDA is a device-side
+assert too), running again for each case only the nodes its poisoned input reaches (partial_verdicts), and hands
+the probe the cases that return first and those that raise last. A probe that
 dies mid-case is read from its lines: the case it was in is marked, and a new probe goes on from the next one. On
 CUDA a probe also leaves, to be replaced, as soon as a case has left its context unusable, so every case runs on a
 working device. Where the CPU copy raises at in-range inputs too (an op with no CPU kernel), eager runs on the
@@ -225,24 +227,25 @@ class Zygote:
         with contextlib.suppress(OSError):
             if self.proc.stdin:
                 self.proc.stdin.close()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        _wait_or_kill(self.proc, 5.0)
         self.log.close()
+
+
+def _wait_or_kill(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """`proc`'s status, or None when it did not end in `timeout` (then it is killed, with its session's group)."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return None
 
 
 def _exec_probe(cmd: list[str], log_path: Path) -> int | None:
     """A probe as a process of its own (the zygote could not start it); None when it did not finish in time."""
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return proc.wait(PROBE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return None
+        return _wait_or_kill(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True),
+                             PROBE_TIMEOUT_S)
 
 
 def run_probes(model_path: str, package_path: str, device: str, cases: list[dict[str, Any]], tolerance: float,
