@@ -9,7 +9,8 @@ redis-server on the same append-only file) off it. At start it removes what a ki
 (service/cleanup.py) before its API and workers run.
 
 The embedded Redis is supervised (service/store/embedded.py, RedisSupervisor): one that dies is started again from
-its AOF, on the same port with the same password, and the API processes and workers reconnect by themselves. If it
+its AOF, on the same port with the same password, and the API processes and workers reconnect by themselves; one
+that answers nothing for AOTC_REDIS_HANG_S (stopped, deadlocked) is killed and started again the same way. If it
 cannot come back within AOTC_REDIS_RESTART_GIVEUP_S, aotc-server stops its API and workers and exits 1, naming
 why, so that systemd, compose or Kubernetes restart the whole service.
 
@@ -88,7 +89,7 @@ def serve(
             supervisor = RedisSupervisor(
                 redis_proc, backoff_s=settings.redis_restart_backoff_s,
                 backoff_max_s=settings.redis_restart_backoff_max_s, giveup_s=settings.redis_restart_giveup_s,
-                on_give_up=_stop_serving)
+                hang_s=settings.redis_hang_s, on_give_up=_stop_serving)
             try:
                 supervisor.start()
             except RuntimeError as e:

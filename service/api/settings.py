@@ -36,6 +36,9 @@ class Settings(StorageSettings):
         default=60.0, gt=0, description="aotc-server: when its embedded Redis has not answered this long after it "
         "died (or at start), aotc-server stops its API and workers and exits 1, naming why, for systemd, compose "
         "or Kubernetes to restart it.")
+    redis_hang_s: float = Field(
+        default=30.0, gt=0, description="aotc-server: its embedded redis-server, alive but answering no PING for "
+        "this long (stopped, deadlocked), is killed and started again from its AOF as one that died is.")
     liveness_stall_s: float = Field(
         default=120.0, gt=0, description="/healthz fails when this API process has made no progress for this long: "
         "a background task (the reaper) has not finished a round, or every thread of its pool has been held by the "

@@ -16,7 +16,8 @@ carries it (`redis://:PASSWORD@127.0.0.1:PORT/0`), so whoever is handed the URL 
 `RedisSupervisor` keeps it running for `aotc-server`: a redis-server that dies (a crash, the OOM killer, `kill -9`)
 is started again from its AOF, on the same port with the same password, so the API processes and workers that hold
 its URL reconnect by themselves; one that cannot come back within a bound is reported to the caller, which exits
-(docs/queue.md, "When Redis is down").
+(docs/queue.md, "When Redis is down"). One that is alive but answers nothing (stopped, deadlocked, stuck in the
+kernel) for `hang_s` is killed and started again the same way: a process that is there is not a Redis that serves.
 """
 
 from __future__ import annotations
@@ -219,6 +220,38 @@ class EmbeddedRedis:
         self.stop()
 
 
+class Liveness:
+    """How long a running redis-server has answered nothing: a PING every `every_s` (at most a quarter of `hang_s`,
+    so several go unanswered before it counts as hung), each waiting as long for its answer. Called from the
+    supervisor's loop, so a ping in flight delays its check for a death by at most `every_s`."""
+
+    def __init__(self, redis_server: EmbeddedRedis, hang_s: float) -> None:
+        self.every_s = min(2.0, hang_s / 4)
+        self.client = redis.Redis(host="127.0.0.1", port=redis_server.port, password=redis_server.password,
+                                  socket_connect_timeout=self.every_s, socket_timeout=self.every_s,
+                                  retry=Retry(NoBackoff(), 0))
+        self.answered = self.asked = time.monotonic()
+
+    def silent_for(self) -> float:
+        """Seconds since its last answer, pinging it first when a ping is due."""
+        now = time.monotonic()
+        if now - self.asked >= self.every_s:
+            self.asked = now
+            try:
+                self.client.ping()
+            except redis.BusyLoadingError:  # LOADING: an answer (redis-py files it under ConnectionError)
+                pass
+            except (redis.ConnectionError, redis.TimeoutError):  # no answer
+                return time.monotonic() - self.answered
+            except redis.RedisError:  # an answer, if an error one (BUSY from a long script): it is at work
+                pass
+            self.answered = time.monotonic()
+        return time.monotonic() - self.answered
+
+    def close(self) -> None:
+        self.client.close()
+
+
 class RedisSupervisor:
     """Runs an EmbeddedRedis and starts it again whenever it dies, until `stop()`.
 
@@ -228,12 +261,19 @@ class RedisSupervisor:
     redis.log. When it has not answered `giveup_s` after it died (restarts that keep failing: a corrupt AOF, its
     port taken, a full disk), the supervisor stops trying and calls `on_give_up` with the reason: aotc-server then
     exits non-zero, for systemd, compose or Kubernetes to restart it whole. One that keeps dying young is started
-    again further apart (the delay keeps doubling); one that ran for `giveup_s` starts again from `backoff_s`."""
+    again further apart (the delay keeps doubling); one that ran for `giveup_s` starts again from `backoff_s`.
+
+    The same thread pings it (`Liveness`): when it has answered nothing for `hang_s` while its process lives (a
+    SIGSTOP, a deadlock, a process stuck in the kernel), it is killed (SIGKILL: its AOF holds what it acknowledged,
+    up to the last second's fsync) and so started again like any that died. Any answer counts as alive, an error
+    too: BUSY (a long Lua script) and LOADING are a Redis at work, and the clients see those answers themselves."""
 
     def __init__(self, redis_server: EmbeddedRedis, *, backoff_s: float, backoff_max_s: float, giveup_s: float,
-                 on_give_up: Callable[[str], None]) -> None:
+                 on_give_up: Callable[[str], None], hang_s: float = 30.0) -> None:
         self.redis = redis_server
         self.backoff_s, self.backoff_max_s, self.giveup_s = backoff_s, backoff_max_s, giveup_s
+        self.hang_s = hang_s
+        self.killed_hung = 0  # how many times it was killed for answering nothing
         self.on_give_up = on_give_up
         self.gave_up: str | None = None  # the reason, once it has
         self._stop = threading.Event()
@@ -265,24 +305,39 @@ class RedisSupervisor:
         self._ready.set()
         try:
             up_since, delay = time.monotonic(), self.backoff_s
+            liveness = Liveness(self.redis, self.hang_s)
+            hung_for: float | None = None
             while (proc := self.redis.proc) is not None and not self._stop.is_set():
                 try:
                     proc.wait(0.25)
                 except subprocess.TimeoutExpired:
+                    silent = liveness.silent_for()
+                    if silent >= self.hang_s:
+                        hung_for = silent
+                        self.killed_hung += 1
+                        log.error("the embedded redis-server (pid %d, port %d) is alive but has answered nothing for "
+                                  "%.1f s (AOTC_REDIS_HANG_S=%g: stopped, deadlocked or stuck in the kernel); "
+                                  "killing it (SIGKILL) to start it again", proc.pid, self.redis.port, silent,
+                                  self.hang_s)
+                        proc.kill()
                     continue
                 if self._stop.is_set():
                     break
                 died = time.monotonic()
                 if died - up_since >= self.giveup_s:  # it ran a good while: a fresh crash, not a loop
                     delay = self.backoff_s
-                log.error("the embedded redis-server (pid %d, port %d) exited with %s; starting it again in %.1f s "
-                          "from its AOF in %s. The end of redis.log:\n%s", proc.pid, self.redis.port,
-                          exit_status(proc.returncode), delay, self.redis.data_dir,
-                          self.redis.log_tail(proc.pid) or "(nothing)")
+                why = (f"was killed after answering nothing for {hung_for:.1f} s" if hung_for is not None
+                       else f"exited with {exit_status(proc.returncode)}")
+                log.error("the embedded redis-server (pid %d, port %d) %s; starting it again in %.1f s "
+                          "from its AOF in %s. The end of redis.log:\n%s", proc.pid, self.redis.port, why, delay,
+                          self.redis.data_dir, self.redis.log_tail(proc.pid) or "(nothing)")
                 next_delay = self._bring_back(died, delay)
                 if next_delay is None:
                     break
                 up_since, delay = time.monotonic(), next_delay
+                liveness.close()
+                liveness, hung_for = Liveness(self.redis, self.hang_s), None
+            liveness.close()
         except Exception as e:  # never leave Redis unsupervised without saying so
             self._give_up(f"the embedded redis-server's supervisor failed: {e!r}")
         finally:

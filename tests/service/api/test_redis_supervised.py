@@ -220,3 +220,45 @@ def test_a_redis_that_cannot_come_back_makes_aotc_server_exit_1_naming_why(tmp_p
     assert 8 <= took < 40, took
     _wait("its children gone", lambda: not any(alive(p) for p in kids), 20)
     print(f"\naotc-server exited 1 {took:.1f} s after its Redis died with a corrupt AOF (give-up 8 s)")
+
+
+def test_a_hung_embedded_redis_is_killed_and_started_again_losing_nothing(tmp_path, servers):
+    """SIGSTOP leaves redis-server alive and silent: no exit for the supervisor to see. It is killed once it has
+    answered nothing for AOTC_REDIS_HANG_S, started again from its AOF, and the API serves again by itself."""
+    server = AotcServer(tmp_path / "data", "--workers", "0", "--api-workers", "1",
+                        env={"AOTC_REDIS_HANG_S": "3", "AOTC_REDIS_RESTART_BACKOFF_S": "0.5"})
+    servers.append(server)
+    server.wait_ready()
+    store = Store(server.redis_url)
+    try:
+        store.r.set("aotc:test:before-the-hang", "1")
+    finally:
+        store.close()
+    time.sleep(1.5)  # appendfsync everysec: on disk before the hang
+    hung = server.redis_pid()
+    os.kill(hung, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        down = _wait("a 503 while Redis is hung", lambda: (a := _answer(f"{server.url}/readyz"))[0] == 503 and a,
+                     30)
+        assert json.loads(down[1])["error"]["code"] == "redis_unavailable", down
+        _wait("/readyz 200 again", lambda: _answer(f"{server.url}/readyz")[0] == 200, 60, 0.2)
+        healed_s = time.monotonic() - t0
+    finally:
+        if alive(hung):
+            os.kill(hung, signal.SIGCONT)
+    _wait("the hung redis-server gone", lambda: not alive(hung), 10)
+    out = server.output()
+    assert (f"the embedded redis-server (pid {hung}, port {server.redis_port}) is alive but has answered nothing "
+            "for") in out, out[-4000:]
+    assert f"(pid {hung}, port {server.redis_port}) was killed after answering nothing for" in out, out[-4000:]
+    assert "the embedded redis-server is back" in out, out[-4000:]
+    assert server.redis_pid() != hung and server.proc.poll() is None
+    store = Store(server.redis_url)
+    try:
+        assert store.r.get("aotc:test:before-the-hang") in ("1", b"1")
+    finally:
+        store.close()
+    assert 3 <= healed_s < 40, healed_s
+    print(f"\na SIGSTOPped embedded Redis (AOTC_REDIS_HANG_S=3): /readyz 200 again {healed_s:.1f} s after the stop")
+

@@ -16,7 +16,7 @@ import redis
 
 from procs import ADMIN_KEY, ROOT, api, start_api, start_worker, stop, wait_workers
 from service.store import Store
-from service.store.embedded import EmbeddedRedis
+from service.store.embedded import EmbeddedRedis, RedisSupervisor
 
 
 def _gone(pid: int, timeout: float = 15.0) -> bool:
@@ -57,6 +57,43 @@ def test_redis_dies_with_the_process_that_started_it(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_a_redis_busy_in_a_long_script_answers_busy_and_is_not_taken_for_hung(tmp_path):
+    """Redis answers nothing while a script runs, then BUSY to every client once it has run for lua-time-limit
+    (5 s): that is an answer. A supervisor whose hang bound (8 s) is shorter than the script (10 s) leaves it be."""
+    given_up: list[str] = []
+    supervisor = RedisSupervisor(EmbeddedRedis(tmp_path / "redis", die_with_parent=False), backoff_s=0.5,
+                                 backoff_max_s=1, giveup_s=30, hang_s=8, on_give_up=given_up.append).start()
+    try:
+        proc = supervisor.redis.proc
+        assert proc is not None
+        client = redis.Redis.from_url(supervisor.redis.url, socket_timeout=60)
+        busy = ("local t0 = tonumber(redis.call('TIME')[1]) "
+                "while tonumber(redis.call('TIME')[1]) - t0 < tonumber(ARGV[1]) do end return 1")
+        t0 = time.monotonic()
+        assert client.eval(busy, 0, 10) == 1
+        took = time.monotonic() - t0
+        assert took >= 9, took
+        assert supervisor.killed_hung == 0 and proc.poll() is None and supervisor.redis.proc is proc
+        assert client.ping()
+        # and the same redis-server, stopped, is killed within the bound and started again
+        os.kill(proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while supervisor.redis.proc is proc and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert supervisor.killed_hung == 1 and proc.returncode == -signal.SIGKILL
+        client = redis.Redis.from_url(supervisor.redis.url)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                assert client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        assert client.ping() and not given_up
+    finally:
+        supervisor.stop()
 
 
 # -- the password ------------------------------------------------------------------------------------------------
