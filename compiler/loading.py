@@ -31,7 +31,7 @@ import torch
 from compiler.archive.exprs import check_guard, check_sym_expr
 from compiler.archive.inspect import inspect_archive
 from compiler.archive.limits import DEFAULT_LIMITS, Limits
-from compiler.archive.ops import HOP_PREFIX, HOPS, is_operator_target
+from compiler.archive.ops import HOP_PREFIX, HOPS, excluded, is_operator_target
 from compiler.archive.strings import check
 from compiler.compat.safe_load import DeserializationRefused, guarded_export_load
 from compiler.errors import AotcError, BadModel, UnsafeArchive, UnsafeModel
@@ -86,16 +86,21 @@ _DATA = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, 
 _ROOTS = {"torch": torch, "_operator": operator, "math": math}  # where the deserializer resolves names
 
 
-def _operator_name(target: object) -> str | None:
-    """The name torch's serializer writes for `target` when that name is on the operator list and resolves, as the
-    deserializer resolves it, to `target` itself; None for anything else."""
+def _serialized_name(target: object) -> str | None:
+    """The name torch's serializer writes for `target`, if it has one."""
     module, name = getattr(target, "__module__", None), getattr(target, "__name__", None)
     if not isinstance(module, str) or not isinstance(name, str):
         return None
     if module.startswith("torch._ops"):
         module = "torch.ops" + module[len("torch._ops"):]
-    serialized = f"{module}.{name}"
-    if not is_operator_target(serialized):
+    return f"{module}.{name}"
+
+
+def _operator_name(target: object) -> str | None:
+    """The name torch's serializer writes for `target` when that name is on the operator list and resolves, as the
+    deserializer resolves it, to `target` itself; None for anything else."""
+    serialized = _serialized_name(target)
+    if serialized is None or not is_operator_target(serialized):
         return None
     root, *parts = serialized.split(".")
     found: object = _ROOTS.get(root)
@@ -162,6 +167,10 @@ def _check_callables(ep: torch.export.ExportedProgram) -> None:
             if node.op == "call_function":
                 name = _operator_name(node.target)
                 if name is None:
+                    serialized = _serialized_name(node.target) or ""
+                    if (why := excluded(serialized)) is not None:
+                        raise refuse(where, f"calls {serialized}, which {why}; no model's exported graph calls it, "
+                                     "so it is left off the operator list (compiler/archive/ops.py EXCLUDED)")
                     raise refuse(where, f"calls {type(node.target).__name__} {str(node.target)[:120]!r}, which is "
                                  "not a torch operator this service compiles")
                 hop = HOPS.get(name)
@@ -237,7 +246,7 @@ def load_program(path: str, limits: Limits | None = None) -> torch.export.Export
     entries = _validate(path, limits) if limits is not None else _validate(path)
     _preload_pickles(path, entries)
     try:
-        with guarded_export_load(check_sym_expr, is_operator_target) as events:
+        with guarded_export_load(check_sym_expr, is_operator_target, excluded) as events:
             try:
                 ep = torch.export.load(path)
             except DeserializationRefused as e:

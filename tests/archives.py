@@ -180,3 +180,36 @@ def subgraph_nodes(doc: dict[str, Any], target: str = GRAD_REGION) -> list[dict[
     """The nodes of the subgraph that the first `target` node of the top-level graph calls."""
     node = next(n for n in nodes(doc) if n["target"] == target)
     return next(i["arg"]["as_graph"]["graph"]["nodes"] for i in node["inputs"] if "as_graph" in i["arg"])
+
+
+class AddBytes(torch.nn.Module):
+    """x + a tensor the graph makes (aten.zeros): the node that excluded_op_call swaps for another op."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.zeros(16, dtype=torch.uint8)
+
+
+def excluded_op_call(src: Path, dst: Path, op: str, arg: str) -> Path:
+    """A copy of an exported AddBytes that calls an operator compiler.archive.ops.EXCLUDED leaves off, as torch's
+    serializer would write the call: "from_file" reads 16 bytes of the file `arg` where AddBytes made its zeros (the
+    output is then that file's bytes), "print" prints `arg` before the add. Plain torch.export.load loads either,
+    and running the program does what the op does."""
+
+    def edit(doc: Any) -> Any:
+        graph = nodes(doc)
+        if op == "from_file":
+            zeros = next(n for n in graph if n["target"] == "torch.ops.aten.zeros.default")
+            zeros["target"] = "torch.ops.aten.from_file.default"
+            zeros["inputs"] = [{"name": "filename", "arg": {"as_string": arg}, "kind": 1},
+                               {"name": "shared", "arg": {"as_bool": False}, "kind": 1},
+                               {"name": "size", "arg": {"as_int": 16}, "kind": 1},
+                               {"name": "dtype", "arg": {"as_scalar_type": 1}, "kind": 2}]  # uint8
+        elif op == "print":
+            graph.insert(1, {"name": "p", "target": "torch.ops.aten._print.default",
+                             "inputs": [{"name": "s", "arg": {"as_string": arg}, "kind": 1}], "outputs": [],
+                             "metadata": {}, "is_hop_single_tensor_return": None})
+        else:
+            raise ValueError(op)
+        return doc
+
+    return edit_json(src, dst, "models/model.json", edit)

@@ -18,11 +18,18 @@ upload brings), `run_const_graph`, `executorch_call_delegate`, `call_torchbind`,
 
 `UNBOUNDED` lists operators that are real but skip a bounds check with no checked form aotc compiles; they are
 refused at upload, and by the worker (compiler.bounds, which rewrites the ones that have a checked form).
+
+`EXCLUDED` lists the ATen operators left off ops.txt because they act outside the tensors they are given (a file, a
+stream, process-wide state, the autograd engine) and no model's exported graph calls them. make_ops.py never writes
+them; `known_targets` drops them even if a list did hold them; and each refusal, at upload (compiler.archive.program)
+and in the worker (compiler.loading), names the operator and the reason here. Left on: queries that only read such
+state (`_cufft_get_plan_cache_size`, `_fused_sdp_choice`, `_nnpack_available`), which change nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from functools import lru_cache
 from pathlib import Path
 
@@ -65,6 +72,39 @@ UNBOUNDED: dict[str, str] = {
 }
 
 
+# What each excluded operator does that no model needs: pattern (fnmatch, over the target as the serializer writes
+# it) -> the rest of the sentence "node n calls <target>, which ...".
+_READS_A_FILE = ("reads the file its string argument names from the disk of whatever machine runs the program (a "
+                 "served model could return that machine's secrets as its output)")
+_PRINTS = "writes its string argument to the standard output of whatever process runs the program"
+_CUFFT_CACHE = "changes the cuFFT plan cache of a whole device, which every model in the process shares"
+_DIST_AUTOGRAD = "reads the process's distributed-autograd context, not its arguments"
+_AUTOGRAD_ENGINE = ("runs the autograd engine over whatever graph its tensor came from and writes other tensors' "
+                    ".grad (an exported program spells its backward out as operators)")
+_ALLOCATOR = ("marks a tensor's memory as used by a CUDA stream in the process-wide caching allocator (an exported "
+              "program holds no streams)")
+_RAW_STORAGE = "rebinds a tensor to a raw Storage (an exported program holds no Storage values)"
+_TEST_ONLY = "exists only for PyTorch's own test suite (one of them, _test_warn_in_autograd, writes a warning)"
+EXCLUDED: dict[str, str] = {
+    "torch.ops.aten.from_file.*": _READS_A_FILE,
+    "torch.ops.aten._print.*": _PRINTS,
+    "torch.ops.aten._cufft_set_plan_cache_max_size.*": _CUFFT_CACHE,
+    "torch.ops.aten._cufft_clear_plan_cache.*": _CUFFT_CACHE,
+    "torch.ops.aten.get_gradients.*": _DIST_AUTOGRAD,
+    "torch.ops.aten._backward.*": _AUTOGRAD_ENGINE,
+    "torch.ops.aten.record_stream.*": _ALLOCATOR,
+    "torch.ops.aten.set_.source_Storage*": _RAW_STORAGE,
+    "torch.ops.aten.set.source_Storage*": _RAW_STORAGE,
+    "torch.ops.aten._test_*": _TEST_ONLY,
+    "torch.ops.aten._foobar.*": _TEST_ONLY,
+}
+
+
+def excluded(target: str) -> str | None:
+    """Why `target` is left off the operator list although it is a real operator, if it is."""
+    return next((why for pattern, why in EXCLUDED.items() if fnmatchcase(target, pattern)), None)
+
+
 def unbounded(target: str) -> str | None:
     """Why `target` is refused for skipping a bounds check, if it is."""
     return UNBOUNDED.get(target)
@@ -72,7 +112,8 @@ def unbounded(target: str) -> str | None:
 
 @lru_cache(maxsize=1)
 def known_targets() -> frozenset[str]:
-    return frozenset(line for line in OPS_TXT.read_text().splitlines() if line and not line.startswith("#"))
+    return frozenset(line for line in OPS_TXT.read_text().splitlines()
+                     if line and not line.startswith("#") and excluded(line) is None)
 
 
 def is_operator_target(target: str) -> bool:

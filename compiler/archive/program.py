@@ -3,13 +3,14 @@
 compiler.archive.schema tables every type torch.export's serializer writes; `walk_program` walks a document with
 it, so every field is checked by the grammar of where it sits or refused: an unknown key, a value of another type
 or a missing required field is refused with its path. Where torch would resolve or evaluate a string, the grammar
-is that check: node targets against the operator list (compiler.archive.ops), `expr_str` against the
-symbolic-expression grammar, guards and tree specs against theirs (compiler.archive.exprs); names and string
-arguments against the grammars of where they sit (compiler.archive.strings: codegen pastes them into C++ and
-Python source); every int against int64. The callables a program can name are held to the operator list by
-meaning, not by field: a node's target must be on it, a higher-order op must be one of compiler.archive.ops.HOPS
-and each argument it calls must be a subgraph (`as_graph`), walked with the same rules; a subgraph anywhere else,
-an operator-valued argument (`as_operator`) and a custom object are refused wherever they stand.
+is that check: node targets against the operator list (compiler.archive.ops; one that ops.EXCLUDED leaves off is
+refused with its reason), `expr_str` against the symbolic-expression grammar, guards and tree specs against theirs
+(compiler.archive.exprs); names and string arguments against the grammars of where they sit
+(compiler.archive.strings: codegen pastes them into C++ and Python source); every int against int64. The callables
+a program can name are held to the operator list by meaning, not by field: a node's target must be on it, a
+higher-order op must be one of compiler.archive.ops.HOPS and each argument it calls must be a subgraph
+(`as_graph`), walked with the same rules; a subgraph anywhere else, an operator-valued argument (`as_operator`) and
+a custom object are refused wherever they stand.
 
 It also reads what the API answers with: each user input's name, dtype and shape, a dim being an int or a symbol or
 expression with its range; and each weight's view, checked against its file.
@@ -32,7 +33,7 @@ from compiler.archive.exprs import (
     sym_to_text,
 )
 from compiler.archive.limits import DEFAULT_LIMITS, Limits
-from compiler.archive.ops import HOP_PREFIX, HOPS, Hop, is_operator_target, unbounded
+from compiler.archive.ops import HOP_PREFIX, HOPS, Hop, excluded, is_operator_target, unbounded
 from compiler.archive.schema import ENUMS, REFUSED, UNIONS, Field, Type, fields
 from compiler.archive.strings import check, shown
 from compiler.errors import Unprocessable, UnsafeArchive
@@ -68,6 +69,8 @@ SCALAR_TYPES: dict[int, str] = {
 
 INT64 = (-(2**63), 2**63 - 1)
 _OPS_TXT = "compiler/archive/ops.txt lists them"
+_NEVER_NEEDED = ("no model's exported graph calls it, so it is left off the operator list "
+                 "(compiler/archive/ops.py EXCLUDED)")
 _CHEAP = frozenset({"ident", "fqn", "text", "token"})  # grammars whose verdict on a string is cached per walk
 
 _Path = tuple[object, ...]  # (parent path, key): rendered only for an error message
@@ -210,6 +213,9 @@ class _Walk:
         at = _At(node=name)
         check(name, "ident", lambda: f"{self.where}: node {shown(name)} name", self.limits, node=shown(name))
         if not isinstance(target, str) or not is_operator_target(target):
+            if isinstance(target, str) and (why := excluded(target)) is not None:
+                raise UnsafeArchive(f"{self.where}: node {shown(name)} calls {target}, which {why}; {_NEVER_NEEDED}",
+                                    node=shown(name), path=_render((path, "target")))
             raise UnsafeArchive(
                 f"{self.where}: node {shown(name)} calls {shown(target, 120)}, which is not a torch operator this "
                 f"service compiles ({_OPS_TXT})", node=shown(name), path=_render((path, "target")))
@@ -262,6 +268,8 @@ class _Walk:
         if at.hop is not None:  # a position the higher-order op calls
             if member != "as_graph":
                 what = f"an operator-valued argument naming {shown(x, 120)}" if member == "as_operator" else member
+                if member == "as_operator" and isinstance(x, str) and (why := excluded(x)) is not None:
+                    what += f" (which {why}; {_NEVER_NEEDED})"
                 raise self._refuse(path, at, f"is {what}, but {at.hop} calls its argument {at.position}: it must "
                                              "be a subgraph (as_graph), checked like the program")
             self.value(x, t, path, _NOWHERE)  # a graph of its own: its nodes are checked as nodes
@@ -273,6 +281,7 @@ class _Walk:
             named = shown(x, 120)
             why = ("an operator passed as a value is called by the op that takes it, and no operator this service "
                    "compiles takes one" if isinstance(x, str) and is_operator_target(x)
+                   else f"which {reason}; {_NEVER_NEEDED}" if isinstance(x, str) and (reason := excluded(x))
                    else f"which is not a torch operator this service compiles ({_OPS_TXT}); and an operator passed "
                         "as a value is called by the op that takes it, which no operator this service compiles does")
             raise self._refuse(path, at, f"is an operator-valued argument naming {named}: {why}")

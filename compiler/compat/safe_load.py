@@ -52,14 +52,16 @@ class _RefusingPickle(types.ModuleType):
 
 @contextlib.contextmanager
 def guarded_export_load(check_expr: Callable[[str], None] | None = None,
-                        is_operator: Callable[[str], bool] | None = None) -> Iterator[list[str]]:
+                        is_operator: Callable[[str], bool] | None = None,
+                        why_left_off: Callable[[str], str | None] | None = None) -> Iterator[list[str]]:
     """Context for calling torch.export.load on an untrusted archive.
 
     Inside it: every torch.load runs with weights_only=True whatever its caller asked (an unpickling error then
     becomes DeserializationRefused); pickle.loads in torch's pt2 reader, torch._C._pickle_load_obj (torchbind)
     and the AOTInductor loader raise DeserializationRefused; each expression string reaching the serde
     deserializer's _parse_sym_expr is passed to `check_expr` first; each name reaching its deserialize_operator
-    (node targets and operator-valued arguments) must pass `is_operator` before it is looked up; node metadata is
+    (node targets and operator-valued arguments) must pass `is_operator` before it is looked up (the refusal
+    quotes `why_left_off` of the name, when it has a reason); node metadata is
     not deserialized (each node gets none). Yields a list that collects a line for every refused or overridden
     call, so a refusal that torch swallows internally is still seen by the caller.
     Holds a process-wide lock: the patches are global while it is active.
@@ -125,7 +127,10 @@ def guarded_export_load(check_expr: Callable[[str], None] | None = None,
                 @functools.wraps(original_operator)
                 def deserialize_operator(self: Any, serialized_target: Any, *args: Any, **kwargs: Any) -> Any:
                     if not isinstance(serialized_target, str) or not is_operator(serialized_target):
-                        refuse(f"resolving {str(serialized_target)[:200]!r}, which is not on the operator list")
+                        why = why_left_off(serialized_target) if why_left_off is not None and isinstance(
+                            serialized_target, str) else None
+                        reason = f"{why}, so it is left off the operator list" if why else "is not on the operator list"
+                        refuse(f"resolving {str(serialized_target)[:200]!r}, which {reason}")
                     return original_operator(self, serialized_target, *args, **kwargs)
 
                 patch(deserializer, "deserialize_operator", deserialize_operator)

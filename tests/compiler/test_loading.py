@@ -24,11 +24,13 @@ from torch.export import Dim
 from archives import (
     GRAD_REGION,
     LEAK_MARK,
+    AddBytes,
     ConvBNReLU,
     Mixed,
     TinyMLP,
     call_in_grad_region,
     edit_json,
+    excluded_op_call,
     exec_pickle,
     hostile_callables,
     nodes,
@@ -65,6 +67,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ("conv", ConvBNReLU(), (torch.randn(2, 3, 16, 16),), {"x": {0: Dim("batch", min=1, max=64)}}),
         ("pair", Pair(), (torch.randn(3, 5), torch.randn(3, 5)), {"a": {0: Dim("n")}, "b": {0: Dim("n")}}),
         ("mixed", Mixed(), (torch.randn(4, 8),), None),
+        ("add_bytes", AddBytes(), (torch.zeros(16, dtype=torch.uint8),), None),
     ]:
         ep = torch.export.export(model.eval(), args, dynamic_shapes=dyn)
         torch.export.save(ep, str(d / f"{name}.pt2"))
@@ -289,6 +292,53 @@ def test_loaded_guards_are_checked_again(models: dict[str, Path], tmp_path: Path
     with pytest.raises(UnsafeModel, match="guard"):
         load_program(str(path))
     assert not marker.exists()
+
+
+# -- operators left off the list: compiler.archive.ops.EXCLUDED ---------------------------------------------------
+
+SECRET = b"0123456789abcdef, and the rest of the file"
+
+
+def _excluded_call(op: str, models: dict[str, Path], tmp_path: Path) -> Path:
+    (tmp_path / "secret").write_bytes(SECRET)
+    arg = str(tmp_path / "secret") if op == "from_file" else "AOTC-PRINTED"
+    return excluded_op_call(models["add_bytes"], tmp_path / f"{op}.pt2", op, arg)
+
+
+def test_control_plain_torch_runs_an_excluded_op(models: dict[str, Path], tmp_path: Path,
+                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    """Why they are left off: a program that plain torch loads returns a file of the machine that runs it as its
+    output, or writes to that process's stdout."""
+    x = torch.zeros(16, dtype=torch.uint8)
+    read = torch.export.load(str(_excluded_call("from_file", models, tmp_path))).module()(x)
+    assert bytes(read.tolist()) == SECRET[:16]
+    torch.export.load(str(_excluded_call("print", models, tmp_path))).module()(x)
+    assert "AOTC-PRINTED" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("op, target, does", [
+    ("from_file", "torch.ops.aten.from_file.default", "reads the file its string argument names"),
+    ("print", "torch.ops.aten._print.default", "writes its string argument to the standard output"),
+])
+@pytest.mark.parametrize("layer", ["load_program", "guard", "walk"])
+def test_an_excluded_op_is_refused_by_the_worker_with_its_reason(
+        op: str, target: str, does: str, layer: str, models: dict[str, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """Each layer on its own: load_program (its static check first), the guard during torch.export.load, and the
+    walk of a graph plain torch loaded; each names the op and what it does, and nothing runs."""
+    from compiler.loading import _check_callables
+
+    path = _excluded_call(op, models, tmp_path)
+    with pytest.raises(UnsafeModel) as info:
+        if layer == "walk":
+            _check_callables(torch.export.load(str(path)))
+        else:
+            if layer == "guard":
+                _skip_static_checks(monkeypatch)
+            load_program(str(path))
+    assert target in info.value.message and does in info.value.message, info.value.message
+    assert "left off the operator list" in info.value.message, info.value.message
+    assert "AOTC-PRINTED" not in capfd.readouterr().out
 
 
 # -- the loaded graph is safe for codegen -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import zipfile
 import pytest
 import torch
 
+from archives import AddBytes, excluded_op_call
 from modelzoo import MLP, export, seeded
 from procs import MAX_UPLOAD_MB, ROOT, api
 from service.store import keys
@@ -103,6 +104,21 @@ def test_archive_with_a_malicious_pickle_is_refused_at_upload(api_url, tmp_path)
     assert r.json()["error"]["code"] == "unsafe_archive"
     assert "system" in r.json()["error"]["message"]
     assert not marker.exists()
+
+
+def test_archive_calling_an_excluded_operator_is_refused_naming_it(api_url, tmp_path):
+    """aten.from_file is a real ATen operator that reads a file of whatever machine runs the program; it is left
+    off the operator list (compiler/archive/ops.py EXCLUDED), and the 422 says which node calls it and why."""
+    src = export(AddBytes(), (torch.zeros(16, dtype=torch.uint8),), tmp_path / "add.pt2")
+    r = api.post(f"{api_url}/v1/models", content=excluded_op_call(src, tmp_path / "ff.pt2", "from_file",
+                                                                  "/etc/hostname").read_bytes())
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "unsafe_archive", error
+    assert "node 'zeros' calls torch.ops.aten.from_file.default, which reads the file its string argument names" \
+        in error["message"], error
+    assert "compiler/archive/ops.py EXCLUDED" in error["message"], error
+    assert error["path"] == "graph_module.graph.nodes[0].target", error
 
 
 @pytest.mark.parametrize(
