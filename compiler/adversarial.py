@@ -21,7 +21,8 @@ device instead, inside the probe.
 
 Cost: at most `MAX_CASES` cases (a fixed count: 26 for one integer input), at the smallest shape point. One probe
 process runs them all where the package raises cleanly; one more starts after each case that ends a probe (a CPU
-kernel whose assert fires inside an OpenMP region, every refused case on CUDA). A probe that only has refused cases
+kernel whose assert fires inside an OpenMP region, which compiler.ranges now forestalls for the indices it covers;
+every refused case on CUDA). A probe that only has refused cases
 left loads the package alone, not the program. Each probe is given `PROBE_TIMEOUT_S`, and none starts after
 `BUDGET_S`: the cases left then are recorded as not run (the summary's `outcomes` counts them).
 """

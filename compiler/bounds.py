@@ -50,6 +50,7 @@ import torch
 from compiler.archive.ops import UNBOUNDED
 from compiler.compat import INDUCTOR_WRAPS_NEGATIVE_IDS
 from compiler.errors import BadModel
+from compiler.ranges import CHECKED, range_checked
 
 aten = torch.ops.aten
 # Pasted by Inductor into generated C++ and Triton (`device_assert_async`): plain text, no quotes.
@@ -202,11 +203,17 @@ REFUSED: dict[str, str] = {k.removeprefix("torch.ops."): why for k, why in UNBOU
 @dataclass
 class BoundsReport:
     rewritten: list[dict[str, str]] = field(default_factory=list)  # {"node", "op", "became"}
+    range_checked: list[dict[str, str]] = field(default_factory=list)  # {"node", "op"}: compiler.ranges
 
     def facts(self) -> dict[str, Any]:
-        return {"rewritten": len(self.rewritten),
-                "ops": dict(Counter(r["op"] for r in self.rewritten)),
-                "nodes": self.rewritten[:200]}
+        facts: dict[str, Any] = {"rewritten": len(self.rewritten),
+                                 "ops": dict(Counter(r["op"] for r in self.rewritten)),
+                                 "nodes": self.rewritten[:200]}
+        if self.range_checked:
+            facts["range_checked"] = {"count": len(self.range_checked),
+                                      "ops": dict(Counter(r["op"] for r in self.range_checked)),
+                                      "nodes": [r["node"] for r in self.range_checked[:200]]}
+        return facts
 
 
 def op_key(target: Any) -> str | None:
@@ -216,11 +223,15 @@ def op_key(target: Any) -> str | None:
     return None
 
 
-def bound_program(ep: torch.export.ExportedProgram, negative_ids: bool | None = None) -> BoundsReport:
+def bound_program(ep: torch.export.ExportedProgram, negative_ids: bool | None = None,
+                  device: str | None = None) -> BoundsReport:
     """Rewrite every op of `ep` that skips a bounds check (in every graph: higher-order ops' subgraphs too) to its
     checked form, in place; raise BadModel for one that has none. `negative_ids`: also move negative ids out of
-    range before embedding and class-target losses (None: where this torch's Inductor wraps them)."""
+    range before embedding and class-target losses (None: where this torch's Inductor wraps them). `device`, the
+    target's: on a CPU, each op that indexes with a tensor also checks the whole index first, so an out-of-range
+    index raises in the package's wrapper, not in a parallel kernel that ends the process (compiler.ranges)."""
     rules = _rules(INDUCTOR_WRAPS_NEGATIVE_IDS if negative_ids is None else negative_ids)
+    ranges = device is not None and torch.device(device).type == "cpu"
     report = BoundsReport()
     for gm in ep.graph_module.modules():
         if not isinstance(gm, torch.fx.GraphModule):
@@ -234,12 +245,16 @@ def bound_program(ep: torch.export.ExportedProgram, negative_ids: bool | None = 
                 continue
             if key in REFUSED:
                 raise BadModel(f"node {node.name} calls {key}, which {REFUSED[key]}", stage="capture")
+            op = node.target
             rule = rules.get(key)
-            if rule is None:
-                continue
-            node.target = rule.into
-            report.rewritten.append({"node": node.name, "op": key, "became": rule.becomes})
-            changed = True
+            if rule is not None:
+                node.target = rule.into
+                report.rewritten.append({"node": node.name, "op": key, "became": rule.becomes})
+                changed = True
+            if ranges and key in CHECKED:
+                node.target = range_checked(key, op, node.target)
+                report.range_checked.append({"node": node.name, "op": key})
+                changed = True
         if changed:
             gm.recompile()
     return report

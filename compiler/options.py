@@ -77,7 +77,7 @@ class InductorSettings(BaseModel):
 FORCED_INDUCTOR_CONFIGS: dict[str, Any] = {"assert_indirect_indexing": True, "debug_index_asserts": True}
 # Bump when what compiler.bounds rewrites or refuses, or how compiler.compat.shims patches codegen, changes: it is a
 # cache-key factor, so artifacts built under the old rules are compiled again rather than served.
-BOUNDS_REVISION = 2
+BOUNDS_REVISION = 3
 
 # How a package holds its weights (a cache-key factor: compiler.cachekey `weights`). "external": built without them
 # (aot_inductor.package_constants_in_so=False and always_keep_tensor_constants=True, which change the generated code)

@@ -151,7 +151,7 @@ def capture(ep: torch.export.ExportedProgram, spec: Spec, program_inputs: list[d
     dynamic_dims (per requested range: the symbol, its range, and whether it stayed dynamic), bounds (each node
     rewritten to a checked form, and what it became)."""
     t0 = time.perf_counter()
-    bounded = bounds_mod.bound_program(ep)
+    bounded = bounds_mod.bound_program(ep, device=device)
     special = specialize(ep, spec, program_inputs, device, precision, autocast)
     seconds = time.perf_counter() - t0
     shapes = inputs_mod.hint_shapes(spec, program_inputs)
