@@ -483,6 +483,7 @@ def run_lanes(a: argparse.Namespace) -> int:
     done = {r["model"] for r in old.get("rows", [])
             if (not r.get("package")) or "speedup_vs_eager" in r or r.get("coverage_only")}
     trainlanes.write_atomic(lane_dir / "prev.json", {
+        "meta": {k: v for k, v in old.items() if k not in ("rows", "untimed", "lanes")},
         "rows": [r for r in old.get("rows", []) if r["model"] in done],
         "untimed": [r for r in old.get("untimed", []) if r["model"] not in done]})
     names = [n for n in a.zoo.split(",") if n and n not in done]

@@ -119,7 +119,7 @@ def merge(lane_dir: Path, out: Path) -> dict[str, Any]:
         untimed = [r for d in docs for r in d.get("untimed", [])]
         seen = {r["model"] for r in rows} | {r["model"] for r in untimed}
         untimed += [r for r in prev.get("untimed", []) if r["model"] not in seen]  # an earlier run's checks
-        first = docs[0] if docs else {}
+        first = docs[0] if docs else prev.get("meta", {})  # nothing left to run: the earlier run's
         merged = {**{k: first.get(k) for k in ("device", "amp", "torch", "host", "cpu_count", "workers", "gpu")},
                   "rows": rows, "untimed": untimed,
                   "lanes": [{k: d.get(k) for k in ("lane", "gpu_index", "gpu", "cpus", "models", "status")}
