@@ -5,8 +5,8 @@
 #   bench/train_lanes.sh watch RESULTS_DIR SECONDS [DEST]       follow it until it ends or SECONDS pass, copying
 #                                                                RESULTS_DIR's files to DEST (e.g. $OUT) every 20 s
 #
-# `start` installs the carried wheels (.whl/) and bubblewrap (.bwrap/) where the tree has them, as bench/lanes.sh
-# does, then runs bench/train.py from a copy of the tree (a later call replaces the tree, never the copy) with its
+# `start` installs the carried wheels (.whl/), bubblewrap (.bwrap/) and OpenSSL's headers (.ssl/, for --cpp) where
+# the tree has them, as bench/lanes.sh does, then runs bench/train.py from a copy of the tree (a later call replaces the tree, never the copy) with its
 # output in RESULTS_DIR: train.json (the merged rows, rewritten as each finishes), train.log, gpus.txt, pid. Give it
 # --lanes N or --gpus 0,1,2,3 for one lane per GPU (bench/trainlanes.py); without them it is one service, as before.
 # RESULTS_DIR must be outside the tree (e.g. /tmp/train): the tree is re-sent on every device call.
@@ -35,6 +35,14 @@ start)
         fi
         /tmp/bw/usr/bin/bwrap --version
         export AOTC_SANDBOX_BWRAP=/tmp/bw/usr/bin/bwrap
+    fi
+    # --cpp builds examples/cpp's aotc_run there, which needs OpenSSL's headers: carried as Debian's libssl-dev
+    # (.ssl/, `apt-get download libssl-dev`), unpacked aside and linked against the image's own libcrypto.so.3
+    # (what its Python's ssl module loads). Tried on the CPU box: the same build, headers from the .deb.
+    if compgen -G '.ssl/libssl-dev_*.deb' >/dev/null; then
+        rm -rf /tmp/ssl && dpkg -x .ssl/libssl-dev_*.deb /tmp/ssl
+        export OPENSSL_CFLAGS="-I/tmp/ssl/usr/include -I/tmp/ssl/usr/include/x86_64-linux-gnu"
+        export OPENSSL_LIBS="-l:libcrypto.so.3"
     fi
     if command -v nvidia-smi >/dev/null; then
         export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6  # docs: packages segfault on load without it
