@@ -274,14 +274,34 @@ def submit_model(c: Any, name: str, a: argparse.Namespace) -> dict[str, Any]:
     row["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 2)
     record = c.upload(model, list(args))
     shapes = {i["name"]: list(x.shape) for i, x in zip(record["inputs"], args, strict=True)}
+    extra = options_for(name, a.option)
+    if extra:
+        row["options"] = extra
     answer = c.submit(record["id"], shapes, "cpu" if a.device == "cpu" else "cuda", mode="training",
-                      precision="keep" if a.amp == "none" else a.amp)
+                      precision="keep" if a.amp == "none" else a.amp, **extra)
     row["_submitted"] = time.perf_counter()
     if answer["status"] == "cached":
         row["key"] = answer["key"]
     else:
         row["_job"] = answer["job"]["id"]
     return row
+
+
+def options_for(name: str, given: list[str]) -> dict[str, Any]:
+    """The compile options `--option [MODEL:]KEY=JSON` give model `name`: those without a model, then its own."""
+    out: dict[str, Any] = {}
+    for scoped in (False, True):
+        for item in given:
+            head, _, value = item.partition("=")
+            model, _, key = head.rpartition(":")
+            if not key or not value:
+                raise SystemExit(f"--option {item!r}: expected [MODEL:]KEY=JSON, e.g. layout_optimization=false")
+            if bool(model) == scoped and model in ("", name):
+                try:
+                    out[key] = json.loads(value)
+                except json.JSONDecodeError:
+                    out[key] = value  # a bare word: a string
+    return out
 
 
 def public(row: dict[str, Any]) -> dict[str, Any]:
@@ -429,6 +449,9 @@ def main() -> None:
     p.add_argument("--cpp", action="store_true", help="also time the first step from C++ (examples/cpp's aotc_run, "
                    "built here: g++ and OpenSSL's headers), in a fresh process")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile (cold and step)")
+    p.add_argument("--option", action="append", default=[], metavar="[MODEL:]KEY=JSON",
+                   help="a compile option for every model's job, or for MODEL's alone (repeatable), e.g. "
+                   "resnet50:layout_optimization=false; recorded in the row")
     p.add_argument("--lanes", type=int, default=1,
                    help="N lanes, each its own service, workers and timings: on GPUs 0..N-1 (--device cuda), or on "
                    "a share of the cores each (--device cpu, a smoke test); the models split by a rough cost")
@@ -456,6 +479,7 @@ def lane_args(a: argparse.Namespace) -> list[str]:
     """The options a lane gets from the parent as they were given (models, lanes and output are the parent's)."""
     out = ["--amp", a.amp, "--workers", str(a.workers)]
     out += ["--batch", str(a.batch)] if a.batch else []
+    out += [x for o in a.option for x in ("--option", o)]
     flags = {"--max-autotune": a.max_autotune, "--no-ttfs": not a.ttfs, "--no-compile": not a.compile,
              "--cpp": a.cpp, "--early": a.early}
     return out + [k for k, on in flags.items() if on]
