@@ -29,7 +29,7 @@ from typing import Any
 # ViT-S; BERT and GPT-2 are larger). Only for balancing the lanes: a wrong guess costs balance, not correctness.
 COST = {"mobilenet_v3_large": 10, "efficientnet_b0": 10, "hf_bert_base": 10, "hf_gpt2": 10, "convnext_tiny": 9,
         "timm_vit_small_patch16_224": 9, "resnet50": 8, "hf_distilbert": 8, "train_mlp": 1, "conv_bn": 2,
-        "mlp_deep": 1}
+        "mlp_deep": 1, "hf_roberta_base": 10, "swin_t": 9}
 
 
 def plan(names: list[str], n: int) -> list[list[str]]:
