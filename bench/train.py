@@ -20,11 +20,22 @@ Once every job has ended, the workers stop (a quiet device) and each package is 
 `--coverage` names more models that are only packaged and checked (after the timings, the workers back on). The JSON
 is rewritten after each model, and a rerun with `--append` skips the models it has finished (a GPU call cut off).
 
+`--lanes N` (or `--gpus 0,1,2,3`) runs N lanes side by side (bench/trainlanes.py): each a process with its own
+service and `--workers` workers, on one GPU (CUDA_VISIBLE_DEVICES) and a share of the cores, with its share of the
+models (largest first, balanced by a rough cost). A lane times its models as soon as its own jobs have ended (its
+workers stopped), whatever the other lanes do; with `--early`, as soon as a package lands while no other job of the
+lane is in its check. Every timed row records `lane` and the `conditions` at its start and end (the lane's workers
+and unfinished jobs, the other lanes' states, the load average). One JSON, merged from the lanes as rows finish.
+On a CPU (`--device cpu --lanes 2`) a lane is a share of the cores, for a smoke test. bench/train_lanes.sh starts a
+run detached and follows it.
+
     python bench/train.py --cpp --out bench/results/train-cpu.json            # CPU: tiny models, a few minutes
     # GPU (torch 2.11):
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 python bench/train.py --device cuda --amp bf16 --batch 32 \\
         --workers 4 --zoo resnet50,mobilenet_v3_large,efficientnet_b0,convnext_tiny,timm_vit_small_patch16_224,\\
         hf_distilbert,hf_bert_base,hf_gpt2 --base /tmp/aotc-train-gpu --append --out bench/results/train-h100.json
+    # four GPUs, two models and two workers each, detached: bench/README.md's "Running them"
+    bench/train_lanes.sh start /tmp/train --device cuda --amp bf16 --batch 32 --lanes 4 --workers 2 --zoo ...
 
 Prints a table, writes JSON.
 """
@@ -263,14 +274,34 @@ def submit_model(c: Any, name: str, a: argparse.Namespace) -> dict[str, Any]:
     row["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 2)
     record = c.upload(model, list(args))
     shapes = {i["name"]: list(x.shape) for i, x in zip(record["inputs"], args, strict=True)}
+    extra = options_for(name, a.option)
+    if extra:
+        row["options"] = extra
     answer = c.submit(record["id"], shapes, "cpu" if a.device == "cpu" else "cuda", mode="training",
-                      precision="keep" if a.amp == "none" else a.amp)
+                      precision="keep" if a.amp == "none" else a.amp, **extra)
     row["_submitted"] = time.perf_counter()
     if answer["status"] == "cached":
         row["key"] = answer["key"]
     else:
         row["_job"] = answer["job"]["id"]
     return row
+
+
+def options_for(name: str, given: list[str]) -> dict[str, Any]:
+    """The compile options `--option [MODEL:]KEY=JSON` give model `name`: those without a model, then its own."""
+    out: dict[str, Any] = {}
+    for scoped in (False, True):
+        for item in given:
+            head, _, value = item.partition("=")
+            model, _, key = head.rpartition(":")
+            if not key or not value:
+                raise SystemExit(f"--option {item!r}: expected [MODEL:]KEY=JSON, e.g. layout_optimization=false")
+            if bool(model) == scoped and model in ("", name):
+                try:
+                    out[key] = json.loads(value)
+                except json.JSONDecodeError:
+                    out[key] = value  # a bare word: a string
+    return out
 
 
 def public(row: dict[str, Any]) -> dict[str, Any]:
@@ -418,13 +449,102 @@ def main() -> None:
     p.add_argument("--cpp", action="store_true", help="also time the first step from C++ (examples/cpp's aotc_run, "
                    "built here: g++ and OpenSSL's headers), in a fresh process")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile (cold and step)")
+    p.add_argument("--option", action="append", default=[], metavar="[MODEL:]KEY=JSON",
+                   help="a compile option for every model's job, or for MODEL's alone (repeatable), e.g. "
+                   "resnet50:layout_optimization=false; recorded in the row")
+    p.add_argument("--lanes", type=int, default=1,
+                   help="N lanes, each its own service, workers and timings: on GPUs 0..N-1 (--device cuda), or on "
+                   "a share of the cores each (--device cpu, a smoke test); the models split by a rough cost")
+    p.add_argument("--gpus", default=None, help="the lanes' GPUs, e.g. 0,1,2,3 (one lane each; implies --lanes)")
+    p.add_argument("--early", action="store_true",
+                   help="time a model as soon as its package lands if no job of its lane is in its check on the "
+                   "device (the lane's compiles may still run; each row's conditions say what ran beside it)")
+    p.add_argument("--lane", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--lane-dir", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--lane-cpus", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--lane-gpu", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.gpus or a.lanes > 1:
+        sys.exit(run_lanes(a))
+    if a.lane_cpus:  # a lane: pinned before torch starts a thread, so everything it starts inherits the cores
+        from bench.trainlanes import parse_cpus
+
+        os.sched_setaffinity(0, parse_cpus(a.lane_cpus))
     if a.device == "cuda":
         a.device = "cuda:0"
+    run_lane(a)
+
+
+def lane_args(a: argparse.Namespace) -> list[str]:
+    """The options a lane gets from the parent as they were given (models, lanes and output are the parent's)."""
+    out = ["--amp", a.amp, "--workers", str(a.workers)]
+    out += ["--batch", str(a.batch)] if a.batch else []
+    out += [x for o in a.option for x in ("--option", o)]
+    flags = {"--max-autotune": a.max_autotune, "--no-ttfs": not a.ttfs, "--no-compile": not a.compile,
+             "--cpp": a.cpp, "--early": a.early}
+    return out + [k for k, on in flags.items() if on]
+
+
+def run_lanes(a: argparse.Namespace) -> int:
+    """The parent of a run in lanes (bench/trainlanes.py): resume from --out, split the models, start a lane per
+    GPU (or per share of the cores), merge their files into --out until all have ended, print the table."""
+    from bench import trainlanes
+
+    if not a.out:
+        raise SystemExit("--lanes/--gpus write one merged JSON: give --out")
+    cuda = a.device.startswith("cuda")
+    if a.gpus and not cuda:
+        raise SystemExit("--gpus needs --device cuda (a CPU run takes --lanes N)")
+    gpus: list[str | None] = (list(a.gpus.split(",")) if a.gpus else [str(i) for i in range(a.lanes)]) if cuda \
+        else [None] * a.lanes
+    base = Path(a.base) if a.base else Path(tempfile.mkdtemp(prefix="aotc-train-"))
+    lane_dir = base / "lanes"
+    lane_dir.mkdir(parents=True, exist_ok=True)
+    for stale in lane_dir.glob("lane-*.json"):  # an earlier run's lanes: what they finished is in --out
+        stale.unlink()
+    out = Path(a.out)
+    old = json.loads(out.read_text()) if a.append and out.exists() else {}
+    done = {r["model"] for r in old.get("rows", [])
+            if (not r.get("package")) or "speedup_vs_eager" in r or r.get("coverage_only")}
+    trainlanes.write_atomic(lane_dir / "prev.json", {
+        "meta": {k: v for k, v in old.items() if k not in ("rows", "untimed", "lanes")},
+        "rows": [r for r in old.get("rows", []) if r["model"] in done],
+        "untimed": [r for r in old.get("untimed", []) if r["model"] not in done]})
+    names = [n for n in a.zoo.split(",") if n and n not in done]
+    cover = [n for n in a.coverage.split(",") if n and n not in done and n not in names]
+    print(f"{len(done)} models done in {out}; {len(names)} to time, {len(cover)} for coverage, on {len(gpus)} lanes",
+          flush=True)
+    t0 = time.perf_counter()
+    procs = trainlanes.start(a, __file__, names, cover, base, lane_dir, gpus, lane_args(a))
+    failed = trainlanes.follow(procs, lane_dir, out, every_s=15)
+    merged = trainlanes.merge(lane_dir, out)
+    print(table(merged["rows"]))
+    print(f"lanes: {len(procs)}, wall {time.perf_counter() - T_START:.0f} s (lanes {time.perf_counter() - t0:.0f} s);"
+          f" wrote {out}")
+    if not a.base:
+        shutil.rmtree(base, ignore_errors=True)
+    return 1 if failed else 0
+
+
+GPU_STAGES = ("check", "timing", "publish")  # a job's stages that run on the device (publish: right after them)
+
+
+def run_lane(a: argparse.Namespace) -> None:
+    """One service (its own Redis, API and workers) and the models given: queue all, record each job's end, and
+    time each package: once every job of the lane has ended and its workers are stopped, or (--early) as soon as
+    it lands while no other job of the lane is checking. Without --lane this is the whole run."""
     import torch
 
     from bench.farmkit import Service
+    from bench.trainlanes import cpu_spec, lane_file, merge, others, write_atomic
     from client import Client
+
+    lane = a.lane if a.lane is not None else 0
+    lane_dir = Path(a.lane_dir) if a.lane_dir else None
+    prefix = f"[lane {lane}] " if lane_dir else ""
+
+    def say(msg: str) -> None:
+        print(f"{prefix}{msg}", file=sys.stderr, flush=True)
 
     base = Path(a.base) if a.base else Path(tempfile.mkdtemp(prefix="aotc-train-"))
     base.mkdir(parents=True, exist_ok=True)
@@ -435,17 +555,24 @@ def main() -> None:
     cover_names = [n for n in a.coverage.split(",") if n and n not in done and n not in timed_names]
     rows: list[dict[str, Any]] = [r for r in old if r["model"] in done]
     device = "cuda" if a.device.startswith("cuda") else "cpu"
+    cores = sorted(os.sched_getaffinity(0))
 
     untimed: list[dict[str, Any]] = []  # jobs ended, timing not reached yet: kept if the machine goes first
+    status: dict[str, Any] = {"state": "starting", "jobs": {}, "timing": None, "rows": 0}
 
     def write() -> None:
+        status.update(rows=len(rows), at=time.strftime("%H:%M:%S"))
         result = {"device": a.device, "amp": a.amp, "torch": torch.__version__, "host": platform.node(),
                   "cpu_count": os.cpu_count(), "workers": a.workers, "rows": rows,
                   "untimed": [public(r) for r in untimed if r["model"] not in {x["model"] for x in rows}],
-                  "gpu": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else None}
-        if a.out:
-            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.out).write_text(json.dumps(result, indent=1, default=str))
+                  "gpu": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else None,
+                  "lane": lane, "gpu_index": a.lane_gpu, "cpus": cpu_spec(cores),
+                  "models": timed_names + cover_names, "status": status}
+        if lane_dir is not None:
+            write_atomic(lane_file(lane_dir, lane), result)
+            merge(lane_dir, Path(a.out))
+        elif a.out:
+            write_atomic(Path(a.out), result)
 
     def submit_all(c: Any, names: list[str]) -> list[dict[str, Any]]:
         out = []
@@ -454,39 +581,100 @@ def main() -> None:
                 out.append(submit_model(c, name, a))
             except Exception as e:  # noqa: BLE001 - a bench row (export or upload refused), not a crash
                 out.append({"model": name, "package": False, "reason": f"upload: {reason(e)}"})
-            print(f"queued {name}", file=sys.stderr, flush=True)
+            out[-1]["lane"] = lane
+            say(f"queued {name}")
         return out
 
     def wait_all(c: Any, pending: list[dict[str, Any]]) -> None:
         for row in pending:
             if "package" not in row:
                 wait_model(c, row)
-            print(json.dumps(public(row), default=str)[:600],
-                  file=sys.stderr, flush=True)
+            say(json.dumps(public(row), default=str)[:600])
             untimed.append(row)
             write()
 
+    def stages(c: Any, waiting: list[dict[str, Any]]) -> dict[str, str]:
+        """Each job of the lane that has not ended: its stage, or its state when it ended since (a job's record)."""
+        out = {}
+        for row in waiting:
+            if "_job" in row:
+                job = c.job(row["_job"])
+                out[row["model"]] = job["state"] if job["state"] in ("succeeded", "failed", "cancelled") \
+                    else job.get("stage") or job["state"]
+        return out
+
+    def conditions(jobs: dict[str, str], workers_on: bool) -> dict[str, Any]:
+        """What ran beside a timing: this lane's workers and unfinished jobs, the other lanes, the host's load."""
+        return {"workers": "running" if workers_on else "stopped", "lane_jobs": dict(jobs),
+                "other_lanes": others(lane_dir, lane) if lane_dir is not None else None,
+                "loadavg": [round(x, 2) for x in os.getloadavg()], "lane_cores": len(cores),
+                "cpu_count": os.cpu_count(), "at": time.strftime("%H:%M:%S")}
+
+    def time_one(c: Any, svc: Any, row: dict[str, Any], waiting: list[dict[str, Any]], workers_on: bool) -> None:
+        t0 = time.perf_counter()
+        status.update(state="timing", timing=row["model"])
+        write()
+        start = conditions(status["jobs"], workers_on)
+        try:
+            time_model(svc.url, row, a, base)
+        except Exception as e:  # noqa: BLE001 - a bench row, not a crash
+            row["time_error"] = f"bench: {reason(e)}"
+        row["time_wall_s"] = round(time.perf_counter() - t0, 1)
+        row["conditions"] = {"start": start, "end": conditions(stages(c, waiting), workers_on)}
+        rows.append(public(row))
+        status.update(timing=None)
+        say(f"timed {row['model']} in {row['time_wall_s']} s: {row.get('step_ms') or row.get('time_error')}")
+        write()
+
+    def run_timed(c: Any, svc: Any, pending: list[dict[str, Any]]) -> None:
+        """Record each job as it ends; time what landed when the lane's device is quiet (see run_lane)."""
+        waiting, landed = list(pending), []
+        workers_on = True
+        while waiting or landed:
+            jobs = stages(c, waiting)
+            ended = False
+            for row in list(waiting):
+                if "package" in row or "_job" not in row or jobs.get(row["model"]) in ("succeeded", "failed",
+                                                                                      "cancelled"):
+                    if "package" not in row:
+                        wait_model(c, row)
+                    waiting.remove(row)
+                    jobs.pop(row["model"], None)
+                    ended = True
+                    say(json.dumps(public(row), default=str)[:600])
+                    if row.get("package"):
+                        untimed.append(row)
+                        landed.append(row)
+                    else:
+                        rows.append(public(row))
+            if not waiting and workers_on:
+                svc.stop_workers()  # a quiet device: no compile beside the timings
+                workers_on = False
+            busy = [m for m, s in jobs.items() if s in GPU_STAGES]
+            state = "timing" if landed and (not workers_on or (a.early and not busy)) else "compiling"
+            if ended or status["jobs"] != jobs or status["state"] != state:
+                status.update(state=state, jobs=jobs)
+                write()
+            if state == "timing":
+                time_one(c, svc, landed.pop(0), waiting, workers_on)
+                continue
+            time.sleep(2)
+        if workers_on:
+            svc.stop_workers()
+
     svc = Service(base / "svc", device, a.workers)
     try:
+        # A submit before any worker registered is refused (503: no live worker serves the target); a lane on a
+        # core or two starts its worker slowly.
+        svc.wait_registered(a.workers)
         with Client(svc.url, cache_dir=base / "client-cache", timeout=600) as c:
-            pending = submit_all(c, timed_names)
-            wait_all(c, pending)
-            svc.stop_workers()  # a quiet device: no compile beside the timings
-            for row in pending:
-                t0 = time.perf_counter()
-                if row.get("package"):
-                    try:
-                        time_model(svc.url, row, a, base)
-                    except Exception as e:  # noqa: BLE001 - a bench row, not a crash
-                        row["time_error"] = f"bench: {reason(e)}"
-                row["time_wall_s"] = round(time.perf_counter() - t0, 1)
-                rows.append(public(row))
-                write()
+            run_timed(c, svc, submit_all(c, timed_names))
             if cover_names:
                 svc.workers.clear()  # stopped above
                 for _ in range(a.workers):
                     svc.add_worker()
                 svc.wait_registered(a.workers)
+                status.update(state="coverage")
                 covered = submit_all(c, cover_names)
                 for row in covered:
                     wait_all(c, [row])
@@ -495,10 +683,12 @@ def main() -> None:
                     write()
     finally:
         svc.stop()
+    status.update(state="done", jobs={})
     write()
-    print(table(rows))
-    if a.out:
-        print(f"wrote {a.out}")
+    if lane_dir is None:
+        print(table(rows))
+        if a.out:
+            print(f"wrote {a.out}")
     if not a.base:
         shutil.rmtree(base, ignore_errors=True)
 

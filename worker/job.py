@@ -29,7 +29,7 @@ from typing import Any, TypeVar, cast
 import redis
 
 from compiler import ontarget, speed  # torch-free
-from compiler.errors import BadSignature, Failure
+from compiler.errors import RETRYABLE, BadSignature, Failure
 from compiler.report import attach_check  # torch-free
 from compiler.signing import Signer, TrustedKey, countersign_statement, key_record, statement
 from compiler.signing import verify as verify_manifest
@@ -220,7 +220,9 @@ class JobRunner:
                 self._disk_full(job, lease, outcome.failure)
             else:
                 assert outcome.failure is not None
-                delay = retry_delay(attempt, self.settings.retry_backoff_s, self.settings.retry_backoff_max_s)
+                cap = (self.settings.verify_backoff_max_s if job.get("kind") == "verify"
+                       else self.settings.retry_backoff_max_s)
+                delay = retry_delay(attempt, self.settings.retry_backoff_s, cap)
                 what = jobs.retry_or_fail(job, lease, outcome.failure, delay_s=delay)
                 log.info("job %s attempt %d: %s (%s%s)", job_id, attempt, outcome.failure.message, what,
                          f"; next attempt in {delay:.1f} s at the earliest" if what == "requeued" and delay else "")
@@ -465,16 +467,14 @@ class JobRunner:
     def _ask_verify(self, job: dict[str, Any], artifact: dict[str, Any]) -> None:
         """Queue the job that has a worker serving the artifact's target natively check it there and countersign
         (compiler/ontarget.py). One per artifact at a time (its key is the artifact's)."""
-        target = str(artifact["factors"]["target"])
-        job_id, created = self.store.jobs.submit(
-            f"verify:{artifact['key']}", keys.verify_target(target),
-            {"kind": "verify", "artifact": artifact["key"], "model_id": artifact["model_id"], "spec": job["spec"],
-             "options": job["options"], "toolchain": job["toolchain"], "factors": job["factors"],
-             "max_attempts": job.get("max_attempts", 3)},
-            priority=str(job.get("priority") or keys.PRIORITIES[0]))
+        job_id, created = submit_verify(self.store, artifact["key"], str(artifact["factors"]["target"]), {
+            "model_id": artifact["model_id"], "spec": job["spec"], "options": job["options"],
+            "toolchain": job["toolchain"], "factors": job["factors"],
+            "max_attempts": self.settings.verify_max_attempts,
+            "priority": str(job.get("priority") or keys.PRIORITIES[0])})
         if created:
             log.info("artifact %s was built for %s on %s, not run there: verify job %s queued", artifact["key"],
-                     target, artifact["on_target"].get("built_on"), job_id)
+                     artifact["factors"]["target"], artifact["on_target"].get("built_on"), job_id)
 
     def _verify_on_target(self, job: dict[str, Any], workdir: Path) -> tuple[Outcome, dict[str, Any]]:
         """A verify job: check, on this worker's device (which serves the target natively), a package another
@@ -621,6 +621,39 @@ REPORT_MAX_BYTES = 256 * 2**20
 OUTPUTS = {"package": "artifact.pt2", "report": "report.json", "sources": "sources.zip",
            "weights": "artifact.weights.safetensors"}  # compiler.weights.sidecar of the package's name
 OPTIONAL = ("package", "weights")  # none for mode=training; no weights for a package that carries its own
+
+
+def submit_verify(store: Store, artifact_key: str, target: str, fields: dict[str, Any]) -> tuple[str, bool]:
+    """Queue (or join) the verify job of an artifact: `fields` are the build's model_id, spec, options, toolchain,
+    factors, max_attempts and priority, as a verify job records them."""
+    return store.jobs.submit(
+        f"verify:{artifact_key}", keys.verify_target(target),
+        {"kind": "verify", "artifact": artifact_key,
+         **{k: fields[k] for k in ("model_id", "spec", "options", "toolchain", "factors", "max_attempts")}},
+        priority=str(fields["priority"]))
+
+
+def requeue_failed_verifies(store: Store, targets: list[str], max_attempts: int, scan: int = 500) -> list[str]:
+    """Verify jobs that ended failed for the machine's reasons (their last failure a retryable type: a crash, a
+    timeout, a lost worker; not a failed check) while their artifact is still not run on `targets`, queued again,
+    among the newest `scan` failed jobs. A worker that starts serving a target natively calls this: what a broken
+    fleet of verifiers gave up on needs no person once one of them works. Returns the new jobs' ids."""
+    queued: list[str] = []
+    for old in store.jobs.recent(scan, state="failed"):
+        error: dict[str, Any] = old["error"] if isinstance(old.get("error"), dict) else {}
+        target = str((old.get("factors") or {}).get("target") or "")
+        if old.get("kind") != "verify" or target not in targets or error.get("type") not in RETRYABLE:
+            continue
+        art = store.artifacts.get(str(old.get("artifact")))
+        if art is None or ontarget.state(art) != ontarget.UNVERIFIED:
+            continue
+        job_id, created = submit_verify(store, art["key"], target, {
+            **old, "max_attempts": max_attempts, "priority": old.get("priority") or keys.PRIORITIES[0]})
+        if created:
+            log.warning("artifact %s: its verify job %s failed for the machine's reasons (%s: %s); queued again as "
+                        "%s", art["key"], old["id"], error.get("type"), str(error.get("message"))[:200], job_id)
+            queued.append(job_id)
+    return queued
 
 
 def _weights_manifest(path: Path, check: dict[str, Any] | None,

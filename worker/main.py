@@ -44,7 +44,7 @@ from service.store import Lease, StorageOptions, Store, keys
 from service.store.reaper import Reaper
 from worker.backoff import until_redis
 from worker.isolation import Sandbox, SandboxUnavailable, setup
-from worker.job import JobRunner
+from worker.job import JobRunner, requeue_failed_verifies
 from worker.queue import Reader
 from worker.settings import WorkerSettings
 
@@ -63,7 +63,8 @@ class Worker:
         self.targets: list[str] = list(info.get("targets") or [self.target])  # every level it serves, own first
         # Verify jobs (compiler/ontarget.py) only for the targets it serves natively: never for one it builds blind.
         build_only = set(info.get("build_only") or ())
-        self.queue_names = [*self.targets, *(keys.verify_target(t) for t in self.targets if t not in build_only)]
+        self.verifies = [t for t in self.targets if t not in build_only]
+        self.queue_names = [*self.targets, *(keys.verify_target(t) for t in self.verifies)]
         self.id = f"{info['host']}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.store = Store(settings.redis_url, storage=StorageOptions.from_settings(settings))
         self.started = time.time()
@@ -173,6 +174,9 @@ class Worker:
             self._until_redis(self.publish_signing_key, "publish the signing key")
         self._until_redis(self.ensure_queues, "create the queues")
         self._until_redis(self.heartbeat, "register")
+        if self.runner.signer is not None and self.verifies:  # it can countersign: what verifiers gave up on is its
+            self._until_redis(partial(requeue_failed_verifies, self.store, self.verifies,
+                                      self.settings.verify_max_attempts), "queue failed verify jobs again")
         hb = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         hb.start()
         self.runner.prepare()  # the trusted precompiled headers: found, built now, or building in a thread

@@ -82,6 +82,13 @@ class WorkerSettings(StorageSettings):
         "next attempt, doubled per attempt it has used, at most AOTC_RETRY_BACKOFF_MAX_S, half of it random "
         "(jitter); 0: at once. A lost worker's job comes back at once (its lease was the wait).")
     retry_backoff_max_s: float = Field(default=300.0, ge=0, description="The longest wait between two attempts.")
+    verify_max_attempts: int = Field(
+        default=10, ge=1, description="Attempts of a verify job (the check on target of a package built elsewhere) "
+        "this worker queues. Its failures other than a failed check are the machine's (a crash, a timeout, a lost "
+        "worker), so it keeps trying longer than a compile, waiting up to AOTC_VERIFY_BACKOFF_MAX_S between "
+        "attempts; one that used them all is queued again by the next worker that starts serving its target.")
+    verify_backoff_max_s: float = Field(
+        default=3600.0, ge=0, description="The longest wait between two attempts of a verify job.")
     worker_max_early_crashes: int = Field(
         default=3, ge=1, description="After this many compile or check children in a row fail before their work "
         "starts (while importing torch, or before), the worker stops claiming jobs and reports itself unhealthy; "
