@@ -87,7 +87,7 @@ def compile_model(
 
     ep = run("load", lambda: load_program(model_path))
     captured = run("capture", lambda: stages.capture(ep, spec, program_inputs, device, options.precision,
-                                                          autocast=options.training))
+                                                          autocast=options.training, training=options.training))
     report["stages"]["capture"] = captured.facts
     files.update(captured.graphs)
 

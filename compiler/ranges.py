@@ -23,8 +23,10 @@ index_select, gather, scatter*, index_add/copy/reduce, embedding, embedding_bag 
 0..C-1 or ignore_index; max_unpool's indices 0..plane-1. Not on CUDA: reading the count costs a device sync per
 index tensor per call, and a device-side assert ends the context anyway (docs/security.md).
 
-Not covered (the kernel asserts still bound them, at the old cost): take_along_dim (eager accepts some indices
-below -n along a dim), one_hot, embedding_bag's offsets, and ops whose indices Inductor computes itself.
+Not for train steps (mode=training): AOTAutograd's joint trace cannot carry the data-dependent count, so a train
+step keeps the kernel asserts alone (compiler.stages.capture). Not covered (the kernel asserts still bound them,
+at the old cost): take_along_dim (eager accepts some indices below -n along a dim), one_hot, embedding_bag's
+offsets, and ops whose indices Inductor computes itself.
 The message is ours, pasted into generated C++ (compiler.archive.strings' TEXT grammar: no quotes or backslash):
 op names from the table below and integer bounds, never a string from the upload.
 """

@@ -143,7 +143,7 @@ def _int_or_none(v: Any) -> int | None:
 
 
 def capture(ep: torch.export.ExportedProgram, spec: Spec, program_inputs: list[dict[str, Any]], device: str,
-            precision: str = "keep", autocast: bool = False) -> Captured:
+            precision: str = "keep", autocast: bool = False, training: bool = False) -> Captured:
     """Rewrite the ops of the uploaded program that skip bounds checks (compiler.bounds, in place: `ep` is the
     worker's own copy), then re-export it at the requested shapes: the FX graph that the rest of the pipeline sees.
 
@@ -151,7 +151,9 @@ def capture(ep: torch.export.ExportedProgram, spec: Spec, program_inputs: list[d
     dynamic_dims (per requested range: the symbol, its range, and whether it stayed dynamic), bounds (each node
     rewritten to a checked form, and what it became)."""
     t0 = time.perf_counter()
-    bounded = bounds_mod.bound_program(ep, device=device)
+    # A train step keeps the kernels' own asserts only: AOTAutograd's joint trace cannot carry the range checks'
+    # data-dependent count (.item(): DataDependentOutputException), and a training job's batches are its own.
+    bounded = bounds_mod.bound_program(ep, device=None if training else device)
     special = specialize(ep, spec, program_inputs, device, precision, autocast)
     seconds = time.perf_counter() - t0
     shapes = inputs_mod.hint_shapes(spec, program_inputs)
