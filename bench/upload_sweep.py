@@ -15,6 +15,7 @@ list), still no compile.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import tempfile
@@ -26,6 +27,31 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+_STUBS: list[Any] = []
+
+
+def stub_torchvision_ops() -> None:
+    """PyPI's torchvision is a CUDA build: on a CPU-only torch its C extension does not load, and importing it fails
+    on registering a fake for an op it never defined (torchvision::nms). There, define the two it registers as stubs
+    and import again; none of the zoo's models calls them (one that did would fail to export, never reach the door).
+    Where the extension loads (a GPU machine), nothing is stubbed."""
+    try:
+        importlib.import_module("torchvision")
+        return
+    except RuntimeError as e:
+        if "torchvision::nms" not in str(e):
+            raise
+    import torch
+
+    for mod in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[mod]  # the failed import's half-made modules
+    lib = torch.library.Library("torchvision", "DEF")
+    for op in ("nms", "qnms"):
+        lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _STUBS.append(lib)  # the ops live as long as their Library object
+    importlib.import_module("torchvision")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="", help="comma-separated (default: all of zoo.py)")
@@ -35,6 +61,7 @@ def main() -> int:
 
     import torch
 
+    stub_torchvision_ops()
     from bench.zoo import MODELS, build
     from compiler.archive.inspect import inspect_archive
     from compiler.errors import AotcError, CompileError
@@ -55,6 +82,7 @@ def main() -> int:
             try:
                 t0 = time.perf_counter()
                 model, inputs = build(name, device="cpu", batch=1)
+                row["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 1)
                 ep = torch.export.export(model, inputs)
                 path = Path(d) / f"{name}.pt2"
                 torch.export.save(ep, str(path))
@@ -81,7 +109,7 @@ def main() -> int:
             rows.append(row)
             save(rows)  # each row as it lands: a sweep cut short still leaves what it measured
             verdict = {True: "accepted", False: f"REFUSED {row.get('status')}", None: "not exported"}[row["accepted"]]
-            print(f"{name:28s} {verdict:14s} export {row.get('export_s', '-')} s, inspect {row.get('inspect_s', '-')} s"
+            print(f"{name:42s} {verdict:14s} export {row.get('export_s', '-')} s, inspect {row.get('inspect_s', '-')} s"
                   + (f", load {row.get('load_s', '-')} s" if a.load else "")
                   + (f"  {row.get('refusal') or row.get('error')}"[:300] if not row["accepted"] else ""), flush=True)
     summary = {"models": len(rows), "accepted": sum(r["accepted"] is True for r in rows),

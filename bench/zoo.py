@@ -1,6 +1,11 @@
-"""The benchmark's models: real architectures with random weights, built from what the GPU machine has
-(torchvision, timm, transformers). Each entry gives a bf16 CUDA module, example inputs at any batch, and the batch
-a server would run it at (vision 32 at 224², encoders 16x128, decoders and BERT-large 8x256 or 8x128)."""
+"""The benchmark's models: real architectures with random weights, built offline from configs with what the GPU
+machine has (torchvision, timm, transformers). Each entry gives a bf16 module, example inputs at any batch on any
+device, and the batch a server would run it at (vision 32 at 224², encoders 16x128, decoders and BERT-large 8x256 or
+8x128, dense prediction 8 at 512² to 640², audio 8 clips).
+
+Kinds: classifiers, vision transformers, segmentation models, detectors' backbone + FPN, text encoders, decoders
+(hidden states, no generate), speech encoders and CLIP's towers. A decoder's config is its real one unless its
+comment says it is scaled down."""
 
 from __future__ import annotations
 
@@ -24,6 +29,51 @@ class FirstOutput(torch.nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
 
 
+class Pixels(torch.nn.Module):
+    """An HF vision model's first output (hidden states or logits) from `pixel_values`."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values, return_dict=False)[0]
+
+
+class Waveform(torch.nn.Module):
+    """An HF speech encoder's hidden states from raw 16 kHz audio (`input_values`)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_values: torch.Tensor) -> torch.Tensor:
+        return self.model(input_values=input_values, return_dict=False)[0]
+
+
+class MelFeatures(torch.nn.Module):
+    """Whisper's encoder: hidden states from log-mel features (`input_features`)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_features: torch.Tensor) -> torch.Tensor:
+        return self.model(input_features=input_features, return_dict=False)[0]
+
+
+class Maps(torch.nn.Module):
+    """torchvision's dense models return a dict of maps (FPN levels, a segmentation's 'out'): serving wants
+    tensors, in the dict's order."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.model(x).values())
+
+
 def _images(batch: int, size: int = 224, device: str = "cuda") -> tuple[torch.Tensor, ...]:
     return (torch.randn(batch, 3, size, size, dtype=DTYPE, device=device),)
 
@@ -38,6 +88,25 @@ def _tv(name: str) -> Callable[[], torch.nn.Module]:
         import torchvision
 
         return torchvision.models.get_model(name, weights=None)
+    return build
+
+
+def _tv_segmentation(name: str) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        import torchvision
+
+        # weights_backbone=None: the default would download ImageNet weights for the backbone.
+        return Maps(torchvision.models.get_model(name, weights=None, weights_backbone=None, aux_loss=False))
+    return build
+
+
+def _tv_detection_backbone(name: str) -> Callable[[], torch.nn.Module]:
+    """The backbone and FPN of a torchvision detector: what runs on every image. The heads' box decoding and NMS
+    (data-dependent shapes, a C++ op) are left to the server."""
+    def build() -> torch.nn.Module:
+        import torchvision
+
+        return Maps(torchvision.models.get_model(name, weights=None, weights_backbone=None).backbone)
     return build
 
 
@@ -77,10 +146,58 @@ def _hf(kind: str) -> Callable[[], torch.nn.Module]:
                                                         num_attention_heads=14, num_key_value_heads=2,
                                                         vocab_size=32000, use_cache=False)),
             "mpnet": lambda: t.MPNetModel(t.MPNetConfig()),
+            # issue 24: the wider corpus
+            "deberta_v3_small": lambda: t.DebertaV2Model(t.DebertaV2Config(
+                vocab_size=128100, hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
+                intermediate_size=3072, max_position_embeddings=512, type_vocab_size=0, relative_attention=True,
+                position_buckets=256, max_relative_positions=-1, norm_rel_ebd="layer_norm", share_att_key=True,
+                pos_att_type=["p2c", "c2p"], position_biased_input=False)),
+            "bart_base_encoder": lambda: t.BartModel(t.BartConfig(
+                d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
+                decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072, vocab_size=50265,
+                max_position_embeddings=1024, use_cache=False)).get_encoder(),
+            "xlm_roberta_base": lambda: t.XLMRobertaModel(t.XLMRobertaConfig(
+                vocab_size=250002, max_position_embeddings=514, type_vocab_size=1)),
+            "clip_text": lambda: t.CLIPTextModel(t.CLIPTextConfig()),  # ViT-B/32's text tower
+            "gpt_neo_125m": lambda: t.GPTNeoModel(t.GPTNeoConfig(
+                vocab_size=50257, hidden_size=768, num_layers=12, num_heads=12,
+                attention_types=[[["global", "local"], 6]], window_size=256, use_cache=False)),
+            "pythia_160m": lambda: t.GPTNeoXModel(t.GPTNeoXConfig(
+                vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                intermediate_size=3072, rotary_pct=0.25, max_position_embeddings=2048, use_cache=False)),
+            # Scaled down (8 layers, hidden 1024) so they export in seconds on two cores; real block structure.
+            "mistral_small": lambda: t.MistralModel(t.MistralConfig(
+                hidden_size=1024, intermediate_size=3584, num_hidden_layers=8, num_attention_heads=16,
+                num_key_value_heads=8, vocab_size=32000, sliding_window=4096, use_cache=False)),
+            "phi_small": lambda: t.PhiModel(t.PhiConfig(
+                hidden_size=1024, intermediate_size=4096, num_hidden_layers=8, num_attention_heads=16,
+                vocab_size=51200, partial_rotary_factor=0.5, use_cache=False)),
+            "gemma_small": lambda: t.GemmaModel(t.GemmaConfig(
+                hidden_size=1024, intermediate_size=4096, num_hidden_layers=8, num_attention_heads=8,
+                num_key_value_heads=1, head_dim=128, vocab_size=32000, use_cache=False)),
         }
-        if kind not in configs:
-            raise KeyError(kind)
-        return FirstOutput(configs[kind]())
+        vision: dict[str, Callable[[], torch.nn.Module]] = {
+            "clip_vision": lambda: t.CLIPVisionModel(t.CLIPVisionConfig()),  # ViT-B/32
+            "dinov2_small": lambda: t.Dinov2Model(t.Dinov2Config(
+                hidden_size=384, num_hidden_layers=12, num_attention_heads=6, image_size=224, patch_size=14)),
+            "swin_tiny": lambda: t.SwinModel(t.SwinConfig()),  # swin-tiny-patch4-window7-224
+            "segformer_b0": lambda: t.SegformerForSemanticSegmentation(t.SegformerConfig(num_labels=150)),  # ADE20k
+        }
+        audio: dict[str, Callable[[], torch.nn.Module]] = {
+            "wav2vec2_base": lambda: t.Wav2Vec2Model(t.Wav2Vec2Config()),
+            "hubert_base": lambda: t.HubertModel(t.HubertConfig()),
+        }
+        if kind in configs:
+            return FirstOutput(configs[kind]())
+        if kind in vision:
+            return Pixels(vision[kind]())
+        if kind in audio:
+            return Waveform(audio[kind]())
+        if kind == "whisper_tiny_encoder":
+            return MelFeatures(t.WhisperModel(t.WhisperConfig(
+                d_model=384, encoder_layers=4, decoder_layers=4, encoder_attention_heads=6, decoder_attention_heads=6,
+                encoder_ffn_dim=1536, decoder_ffn_dim=1536, num_mel_bins=80, use_cache=False)).get_encoder())
+        raise KeyError(kind)
     return build
 
 
@@ -100,7 +217,19 @@ def _text(kind: str, seq: int, vocab: int, batch: int = 16) -> Entry:
     return Entry(_hf(kind), lambda b, device: _tokens(b, seq, vocab, device), "transformers", batch)
 
 
-# The first 17 are the 2026-11-22 benchmark's (same architectures, inputs and batch); the rest came with issue 13.
+def _audio(kind: str, seconds: float = 1.0, batch: int = 8) -> Entry:
+    samples = int(16000 * seconds)
+    return Entry(_hf(kind), lambda b, device: (torch.randn(b, samples, dtype=DTYPE, device=device),),
+                 "transformers", batch)
+
+
+def _mel(kind: str, batch: int = 8) -> Entry:
+    # Whisper's encoder takes 30 s windows: 80 mel bins x 3000 frames, whatever the clip's length.
+    return Entry(_hf(kind), lambda b, device: (torch.randn(b, 80, 3000, dtype=DTYPE, device=device),),
+                 "transformers", batch)
+
+
+# The first 17 are the 2026-11-22 benchmark's (same architectures, inputs and batch); the next 19 came with issue 13.
 MODELS: dict[str, Entry] = {
     "resnet50": _vision(_tv("resnet50"), "torchvision"),
     "mobilenet_v3_large": _vision(_tv("mobilenet_v3_large"), "torchvision"),
@@ -141,6 +270,62 @@ MODELS: dict[str, Entry] = {
     "hf_opt_125m": _text("opt", 256, 50272, batch=8),
     "hf_qwen2_small": _text("qwen2", 256, 32000, batch=8),
     "hf_mpnet_base": _text("mpnet", 128, 30527),
+    # issue 24, the wider corpus. torchvision: classifiers, then dense prediction (segmentation whole, detectors'
+    # backbone + FPN) at their serving sizes.
+    "efficientnet_v2_s": _vision(_tv("efficientnet_v2_s"), "torchvision", size=384),
+    "swin_v2_t": _vision(_tv("swin_v2_t"), "torchvision", size=256),
+    "maxvit_t": _vision(_tv("maxvit_t"), "torchvision"),
+    "wide_resnet50_2": _vision(_tv("wide_resnet50_2"), "torchvision"),
+    "resnext101_32x8d": _vision(_tv("resnext101_32x8d"), "torchvision"),
+    "squeezenet1_1": _vision(_tv("squeezenet1_1"), "torchvision"),
+    "regnet_x_3_2gf": _vision(_tv("regnet_x_3_2gf"), "torchvision"),
+    "googlenet": _vision(_tv("googlenet"), "torchvision"),
+    "inception_v3": _vision(_tv("inception_v3"), "torchvision", size=299),
+    "fcn_resnet50": _vision(_tv_segmentation("fcn_resnet50"), "torchvision", batch=8, size=520),
+    "deeplabv3_mobilenet_v3_large": _vision(_tv_segmentation("deeplabv3_mobilenet_v3_large"), "torchvision",
+                                            batch=8, size=520),
+    "lraspp_mobilenet_v3_large": _vision(_tv_segmentation("lraspp_mobilenet_v3_large"), "torchvision",
+                                         batch=8, size=520),
+    "retinanet_resnet50_fpn_backbone": _vision(_tv_detection_backbone("retinanet_resnet50_fpn"), "torchvision",
+                                               batch=8, size=640),
+    "fasterrcnn_mobilenet_v3_large_fpn_backbone": _vision(
+        _tv_detection_backbone("fasterrcnn_mobilenet_v3_large_fpn"), "torchvision", batch=8, size=640),
+    # timm
+    "timm_convnextv2_tiny": _vision(_timm("convnextv2_tiny"), "timm"),
+    "timm_efficientformer_l1": _vision(_timm("efficientformer_l1"), "timm"),
+    "timm_mobilevit_s": _vision(_timm("mobilevit_s"), "timm", size=256),
+    "timm_coatnet_0_rw_224": _vision(_timm("coatnet_0_rw_224"), "timm"),
+    "timm_beit_base_patch16_224": _vision(_timm("beit_base_patch16_224"), "timm"),
+    "timm_pvt_v2_b1": _vision(_timm("pvt_v2_b1"), "timm"),
+    "timm_edgenext_small": _vision(_timm("edgenext_small"), "timm", size=256),
+    "timm_fastvit_t8": _vision(_timm("fastvit_t8"), "timm", size=256),
+    "timm_tiny_vit_5m_224": _vision(_timm("tiny_vit_5m_224"), "timm"),
+    "timm_eva02_tiny_patch14_224": _vision(_timm("eva02_tiny_patch14_224"), "timm"),
+    "timm_caformer_s18": _vision(_timm("caformer_s18"), "timm"),
+    "timm_mobilenetv4_conv_medium": _vision(_timm("mobilenetv4_conv_medium"), "timm", size=256),
+    "timm_cspdarknet53": _vision(_timm("cspdarknet53"), "timm", size=256),
+    "timm_dla34": _vision(_timm("dla34"), "timm"),
+    "timm_res2net50_26w_4s": _vision(_timm("res2net50_26w_4s"), "timm"),
+    "timm_efficientvit_b1": _vision(_timm("efficientvit_b1"), "timm"),
+    "timm_hrnet_w18_small_v2": _vision(_timm("hrnet_w18_small_v2"), "timm"),
+    "timm_twins_svt_small": _vision(_timm("twins_svt_small"), "timm"),
+    # transformers: encoders, decoders (hidden states), CLIP's towers, vision, audio
+    "hf_deberta_v3_small": _text("deberta_v3_small", 128, 128100),
+    "hf_bart_base_encoder": _text("bart_base_encoder", 128, 50265),
+    "hf_xlm_roberta_base": _text("xlm_roberta_base", 128, 250002),
+    "hf_clip_text": _text("clip_text", 77, 49408, batch=32),
+    "hf_gpt_neo_125m": _text("gpt_neo_125m", 256, 50257, batch=8),
+    "hf_pythia_160m": _text("pythia_160m", 256, 50304, batch=8),
+    "hf_mistral_small": _text("mistral_small", 256, 32000, batch=8),
+    "hf_phi_small": _text("phi_small", 256, 51200, batch=8),
+    "hf_gemma_small": _text("gemma_small", 256, 32000, batch=8),
+    "hf_clip_vision": Entry(_hf("clip_vision"), lambda b, device: _images(b, 224, device), "transformers", 32),
+    "hf_dinov2_small": Entry(_hf("dinov2_small"), lambda b, device: _images(b, 224, device), "transformers", 32),
+    "hf_swin_tiny": Entry(_hf("swin_tiny"), lambda b, device: _images(b, 224, device), "transformers", 32),
+    "hf_segformer_b0": Entry(_hf("segformer_b0"), lambda b, device: _images(b, 512, device), "transformers", 8),
+    "hf_wav2vec2_base": _audio("wav2vec2_base"),
+    "hf_hubert_base": _audio("hubert_base"),
+    "hf_whisper_tiny_encoder": _mel("whisper_tiny_encoder"),
 }
 
 
