@@ -15,19 +15,7 @@ shift 2
 case $cmd in
 start)
     mkdir -p "$res"
-    run=$(mktemp -d /tmp/aotc-bench-XXXX)
-    cp -a . "$run"
-    cd "$run"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    rm -rf /tmp/bw && dpkg -x .bwrap/bubblewrap_*.deb /tmp/bw
-    if ! /tmp/bw/usr/bin/bwrap --version >/dev/null 2>&1; then  # the image lacks a library bwrap links
-        mv /tmp/bw/usr/bin/bwrap /tmp/bw/usr/bin/bwrap.real
-        printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec /tmp/bw/usr/bin/bwrap.real "$@"\n' "$run/.bwrap" >/tmp/bw/usr/bin/bwrap
-        chmod +x /tmp/bw/usr/bin/bwrap
-    fi
-    /tmp/bw/usr/bin/bwrap --version
-    export PYTHONPATH=/tmp/site:$run AOTC_SANDBOX_BWRAP=/tmp/bw/usr/bin/bwrap
-    export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
+    AOTC_RUN_NAME=bench source "$(dirname "$0")/device_env.sh"  # into a copy of the tree: wheels, bwrap, LD_PRELOAD
     n=$(nproc) q=$(($(nproc) / 4))
     nvidia-smi -L | tee "$res/gpus.txt"
     echo "cores: $n; workers on $q-$((n - 1)); lanes 1:0-$((q - 1)), 0:$q-$((2 * q - 1))" | tee -a "$res/gpus.txt"

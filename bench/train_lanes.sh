@@ -17,35 +17,9 @@ shift 2
 case $cmd in
 start)
     mkdir -p "$res"
-    run=$(mktemp -d /tmp/aotc-train-XXXX)
-    cp -a . "$run"
-    cd "$run"
-    py=${PYTHON:-python3}
-    if compgen -G '.whl/*.whl' >/dev/null; then
-        $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-        export PYTHONPATH=/tmp/site:$run
-    fi
-    if compgen -G '.bwrap/bubblewrap_*.deb' >/dev/null; then
-        rm -rf /tmp/bw && dpkg -x .bwrap/bubblewrap_*.deb /tmp/bw
-        if ! /tmp/bw/usr/bin/bwrap --version >/dev/null 2>&1; then  # the image lacks a library bwrap links
-            mv /tmp/bw/usr/bin/bwrap /tmp/bw/usr/bin/bwrap.real
-            printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec /tmp/bw/usr/bin/bwrap.real "$@"\n' "$run/.bwrap" \
-                >/tmp/bw/usr/bin/bwrap
-            chmod +x /tmp/bw/usr/bin/bwrap
-        fi
-        /tmp/bw/usr/bin/bwrap --version
-        export AOTC_SANDBOX_BWRAP=/tmp/bw/usr/bin/bwrap
-    fi
-    # --cpp builds examples/cpp's aotc_run there, which needs OpenSSL's headers: carried as Debian's libssl-dev
-    # (.ssl/, `apt-get download libssl-dev`), unpacked aside and linked against the image's own libcrypto.so.3
-    # (what its Python's ssl module loads). Tried on the CPU box: the same build, headers from the .deb.
-    if compgen -G '.ssl/libssl-dev_*.deb' >/dev/null; then
-        rm -rf /tmp/ssl && dpkg -x .ssl/libssl-dev_*.deb /tmp/ssl
-        export OPENSSL_CFLAGS="-I/tmp/ssl/usr/include -I/tmp/ssl/usr/include/x86_64-linux-gnu"
-        export OPENSSL_LIBS="-l:libcrypto.so.3"
-    fi
+    AOTC_RUN_NAME=train source "$(dirname "$0")/device_env.sh"  # into a copy: wheels, bwrap, OpenSSL, LD_PRELOAD
+    py=$PY
     if command -v nvidia-smi >/dev/null; then
-        export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6  # docs: packages segfault on load without it
         nvidia-smi -L | tee "$res/gpus.txt"
     fi
     echo "cores: $(nproc); load: $(cut -d' ' -f1-3 /proc/loadavg); tree: $run" | tee -a "$res/gpus.txt"

@@ -39,6 +39,16 @@ def export(model: torch.nn.Module, args: tuple[Any, ...], path: Path, dynamic_sh
     return path
 
 
+def exported(fn: Any, *args: Any) -> torch.export.ExportedProgram:
+    """`fn(*args)` as an exported program (its one module's forward calls `fn`)."""
+
+    class M(torch.nn.Module):
+        def forward(self, *a: Any) -> Any:
+            return fn(*a)
+
+    return torch.export.export(M(), args)
+
+
 def seeded(cls: type[torch.nn.Module], seed: int, **kw: Any) -> torch.nn.Module:
     """A model with weights fixed by `seed`: a different seed gives a different model id."""
     torch.manual_seed(seed)

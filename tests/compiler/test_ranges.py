@@ -12,16 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from compiler.bounds import bound_program
+from modelzoo import exported
 
 aten = torch.ops.aten
-
-
-def exported(fn: Any, *args: Any) -> torch.export.ExportedProgram:
-    class M(torch.nn.Module):
-        def forward(self, *a: Any) -> Any:
-            return fn(*a)
-
-    return torch.export.export(M(), args)
 
 
 def outcome(module: Any, *args: Any) -> Any:
@@ -118,7 +111,7 @@ def served_inputs(seed: int) -> tuple[torch.Tensor, ...]:
 SERVER = """
 import sys, torch
 from compiler.compat.aoti import aoti_load_package
-sys.path.insert(0, "tests/compiler")
+sys.path[:0] = ["tests/compiler", "tests"]
 from test_ranges import served_inputs
 package = aoti_load_package(sys.argv[1], "cpu")
 ids, positions, labels = served_inputs(1)

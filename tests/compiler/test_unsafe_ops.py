@@ -11,17 +11,10 @@ import torch
 
 from compiler.archive.inspect import inspect_archive
 from compiler.bounds import bound_program
+from modelzoo import exported
 from compiler.errors import BadModel, UnsafeArchive
 
 aten = torch.ops.aten
-
-
-def exported(fn: Any, *args: Any) -> torch.export.ExportedProgram:
-    class M(torch.nn.Module):
-        def forward(self, *a: Any) -> Any:
-            return fn(*a)
-
-    return torch.export.export(M(), args)
 
 
 def ops(ep: torch.export.ExportedProgram) -> set[str]:

@@ -1,0 +1,36 @@
+# Sourced by bench/lanes.sh and bench/train_lanes.sh on a device machine: copy this tree aside and set up what the
+# GPU image lacks, from what the device call carried (docs/development.md, "On a GPU"). After it, the shell is in
+# the copy ($run: a later call replaces the tree, never the copy) with:
+#   .whl/*.whl                 installed with --target /tmp/site, on PYTHONPATH beside the copy
+#   .bwrap/bubblewrap_*.deb    unpacked to /tmp/bw, AOTC_SANDBOX_BWRAP pointing at it (with .bwrap/'s libraries
+#                              when the image lacks one that bwrap links)
+#   .ssl/libssl-dev_*.deb      OpenSSL's headers for examples/cpp (train.py --cpp), linked against the image's own
+#                              libcrypto.so.3 (what its Python's ssl module loads)
+#   a GPU                      LD_PRELOAD of the system libstdc++ (packages segfault on load without it: NOTES.md)
+# Each is skipped when absent (a CPU smoke test carries none). PY is the interpreter (PYTHON, else python3).
+run=$(mktemp -d "/tmp/aotc-${AOTC_RUN_NAME:-run}-XXXX")
+cp -a . "$run"
+cd "$run"
+PY=${PYTHON:-python3}
+if compgen -G '.whl/*.whl' >/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$run
+fi
+if compgen -G '.bwrap/bubblewrap_*.deb' >/dev/null; then
+    rm -rf /tmp/bw && dpkg -x .bwrap/bubblewrap_*.deb /tmp/bw
+    if ! /tmp/bw/usr/bin/bwrap --version >/dev/null 2>&1; then  # the image lacks a library bwrap links
+        mv /tmp/bw/usr/bin/bwrap /tmp/bw/usr/bin/bwrap.real
+        printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec /tmp/bw/usr/bin/bwrap.real "$@"\n' "$run/.bwrap" >/tmp/bw/usr/bin/bwrap
+        chmod +x /tmp/bw/usr/bin/bwrap
+    fi
+    /tmp/bw/usr/bin/bwrap --version
+    export AOTC_SANDBOX_BWRAP=/tmp/bw/usr/bin/bwrap
+fi
+if compgen -G '.ssl/libssl-dev_*.deb' >/dev/null; then  # tried on the CPU box: the same build, headers from the .deb
+    rm -rf /tmp/ssl && dpkg -x .ssl/libssl-dev_*.deb /tmp/ssl
+    export OPENSSL_CFLAGS="-I/tmp/ssl/usr/include -I/tmp/ssl/usr/include/x86_64-linux-gnu"
+    export OPENSSL_LIBS="-l:libcrypto.so.3"
+fi
+if command -v nvidia-smi >/dev/null; then
+    export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
+fi
