@@ -11,8 +11,8 @@ import torch
 
 from compiler.archive.inspect import inspect_archive
 from compiler.bounds import bound_program
-from modelzoo import exported
 from compiler.errors import BadModel, UnsafeArchive
+from modelzoo import exported
 
 aten = torch.ops.aten
 
