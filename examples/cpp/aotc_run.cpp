@@ -21,6 +21,7 @@
 //
 // Exit status: 0 ran; 1 an error (unreadable file, load or run failed, no CUDA); 2 bad usage; 3 refused by the
 // verification (nothing was loaded).
+#include <ATen/ops/tensor.h>  // at::tensor: torch 2.11 reaches it through no other header included here
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
