@@ -84,6 +84,44 @@ def drop_metadata_asserts(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
+def inline_literals(module: torch.nn.Module) -> list[str]:
+    """Replace each 0-d lifted tensor constant the graphs of `module` (an exported program's module) read with the op
+    that makes it (`aten.scalar_tensor` of its value, dtype and device), in place; returns their names.
+
+    Export lifts a Python number the model writes into a tensor as a constant: Swin's shifted-window mask sets nine
+    slices of a fresh tensor to 0..8, which made 45 `lifted_tensor_N` constants in torchvision's swin_t. As
+    constants they are weights to the pipeline: a weightless package reads them from the blob that no caller's
+    state_dict holds, and a train-step package got Inductor's own `_tensor_constantN` for them, which no one binds
+    (the check refused swin_t on an H100). As ops they are code, which is what a literal is. Parameters and
+    buffers are never touched, whatever their shape."""
+    owned = {id(t) for t in module.parameters()} | {id(t) for t in module.buffers()}
+    done: list[str] = []
+    for gm in module.modules():
+        if not isinstance(gm, torch.fx.GraphModule):
+            continue
+        changed = False
+        for n in [n for n in gm.graph.nodes if n.op == "get_attr"]:
+            owner, _, attr = str(n.target).rpartition(".")
+            holder = gm.get_submodule(owner) if owner else gm
+            t = getattr(holder, attr, None)
+            if not isinstance(t, torch.Tensor) or id(t) in owned or t.dim() != 0 or t.is_meta:
+                continue
+            with gm.graph.inserting_before(n):
+                made = gm.graph.call_function(torch.ops.aten.scalar_tensor.default, (t.item(),),
+                                              {"dtype": t.dtype, "device": t.device})
+            made.meta.update(n.meta)
+            n.replace_all_uses_with(made)
+            gm.graph.erase_node(n)
+            if not any(u.op == "get_attr" and u.target == n.target for u in gm.graph.nodes):
+                delattr(holder, attr)
+            done.append(str(n.target))
+            changed = True
+        if changed:
+            gm.graph.lint()
+            gm.recompile()
+    return done
+
+
 class Autocast(torch.nn.Module):
     """`inner` run under torch.autocast, with inner's own parameters and buffers under their own FQNs (it shares
     inner's dicts rather than holding inner as a child, which would prefix every name). mode=training's precision
@@ -118,6 +156,7 @@ def specialize(
 ) -> torch.export.ExportedProgram:
     """`autocast`: a precision other than "keep" means torch.autocast to it (mode=training), not casts."""
     module: torch.nn.Module = ep.module()
+    inline_literals(module)  # before the casts: a literal keeps its own dtype, as eager's does
     if precision != "keep":
         drop_metadata_asserts(module)
     if precision != "keep" and autocast:

@@ -35,7 +35,8 @@ PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def program_weights(ep: torch.export.ExportedProgram, precision: str = "keep") -> dict[str, torch.Tensor]:
     """The tensors the program's graph reads, by FQN: parameters, buffers (persistent or not) and lifted tensor
-    constants whose placeholder has users. With a precision cast, floating parameters and buffers cast as
+    constants whose placeholder has users, except 0-d ones (compiler.specialize.inline_literals makes those ops in
+    the compiled program, so no package reads them). With a precision cast, floating parameters and buffers cast as
     compiler.specialize casts them."""
     sig = ep.graph_signature
     used = {n.name for n in ep.graph.nodes if n.op == "placeholder" and n.users}
@@ -48,6 +49,8 @@ def program_weights(ep: torch.export.ExportedProgram, precision: str = "keep") -
             continue
         t = ep.state_dict[fqn] if fqn in ep.state_dict else ep.constants[fqn]
         if not isinstance(t, torch.Tensor):
+            continue
+        if placeholder in sig.inputs_to_lifted_tensor_constants and t.dim() == 0:
             continue
         t = t.detach()
         if precision in PRECISIONS and t.is_floating_point() and placeholder in castable:

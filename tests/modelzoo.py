@@ -102,6 +102,30 @@ class TrainMLP(torch.nn.Module):
         return torch.nn.functional.mse_loss(out, y), out.detach()
 
 
+class ShiftedMask(torch.nn.Module):
+    """Swin's shifted-window mask in little: slices of a fresh tensor set to Python ints, which export lifts as 0-d
+    tensor constants (`lifted_tensor_N`), beside a 0-d parameter and a 0-d buffer, which are weights whatever their
+    shape. forward(x) is a model; forward(x, y) a train step's upload, (loss, output detached)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = torch.nn.Linear(8, 4)
+        self.gain = torch.nn.Parameter(torch.tensor(1.5))
+        self.register_buffer("offset", torch.tensor(0.25))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> Any:
+        mask = x.new_zeros(x.shape[0], 4)
+        count = 0
+        for rows in ((0, 2), (2, None)):
+            for cols in ((0, 1), (1, None)):
+                mask[rows[0]:rows[1], cols[0]:cols[1]] = count
+                count += 1
+        out = self.l(x) * self.gain + mask + self.offset
+        if y is None:
+            return out
+        return torch.nn.functional.mse_loss(out, y), out.detach()
+
+
 def export_train(model: torch.nn.Module, args: tuple[Any, ...], path: Path, dynamic_shapes: Any = None) -> Path:
     """Export in training mode (BatchNorm uses the batch's statistics and updates its running ones)."""
     torch.export.save(torch.export.export(model.train(), args, dynamic_shapes=dynamic_shapes), str(path))

@@ -363,6 +363,24 @@ def test_a_frozen_layer_gets_no_gradient_and_the_rest_train(tmp_path):
         "loss", "output:0", "grad:scale", "grad:bn.weight", "grad:bn.bias", "grad:l2.weight", "grad:l2.bias"}
 
 
+@pytest.mark.slow
+def test_a_step_whose_model_writes_literals_into_a_tensor_builds_and_passes(tmp_path):
+    """torchvision's swin_t on an H100 was refused: "the package does not read weight
+    'body.features.1.1.attn.lifted_tensor_0' from its weights blob (nor 44 more)", the shifted-window mask's
+    literals, which the train step had turned into Inductor constants no caller binds. They are ops now
+    (compiler.specialize.inline_literals): the package reads the parameters and the buffer only, and the step
+    matches eager's loss and gradients."""
+    from compiler.pipeline import compile_model
+    from modelzoo import ShiftedMask
+
+    path = export_train(seeded(ShiftedMask, 2), ARGS, tmp_path / "mask.pt2")
+    got = compile_model(str(path), SPEC, SPEC, CompileOptions(mode="training"), "cpu", str(tmp_path / "a.pt2"))
+    assert {c["fqn"] for c in weights_mod.describe(got["weights"])} == {"l.weight", "l.bias", "gain", "offset"}
+    checked = check_training(str(path), got["package"], SPEC, "cpu", adversarial=False)
+    assert checked["passed"] and len(checked["training"]["steps"]) == 3
+    assert {r["role"] for r in checked["training"]["outputs"]} >= {"loss", "grad:gain", "grad:l.weight"}
+
+
 class EmbedClassify(torch.nn.Module):
     """Token ids through an embedding, a linear head, cross-entropy against labels: both inputs are indices."""
 

@@ -149,6 +149,36 @@ def test_a_weightless_bf16_compile_passes_the_check_and_follows_its_weights(conv
         assert torch.allclose(b(x), ya + 1.0, atol=2e-2) and torch.allclose(a(x), ya + 1.0, atol=2e-2)
 
 
+@pytest.mark.slow
+def test_literals_the_model_writes_into_a_tensor_are_code_not_weights(tmp_path: Path):
+    """Swin's shifted-window mask sets slices to Python ints, which export lifts as 0-d tensor constants. They were
+    weights to the pipeline: the check refused the package for ignoring them when perturbed ("weight(s) it ignores:
+    'lifted_tensor_0'"), and torchvision's swin_t as a train step on an H100. inline_literals makes them ops; a 0-d
+    parameter and a 0-d buffer stay weights, in the blob and bound."""
+    from compiler.specialize import inline_literals, specialize
+    from modelzoo import ShiftedMask
+
+    model = seeded(ShiftedMask, 0).eval()
+    x = torch.randn(6, 8)
+    path = export(model, (x,), tmp_path / "m.pt2")
+    ep = torch.export.load(str(path))
+    lifted = ep.graph_signature.inputs_to_lifted_tensor_constants
+    assert len(lifted) == 4 and all(ep.constants[f].dim() == 0 for f in lifted.values())
+    module = ep.module()
+    assert sorted(inline_literals(module)) == sorted(lifted.values())
+    assert torch.equal(module(x), model(x))
+    spec = [{"name": "x", "dtype": "float32", "shape": [6, 8]}]
+    program = specialize(ep, spec, spec, "cpu")
+    assert not program.graph_signature.inputs_to_lifted_tensor_constants
+    assert set(weights_mod.program_weights(ep)) == {"l.weight", "l.bias", "gain", "offset"}
+
+    result = compile_model(str(path), spec, spec, CompileOptions(), "cpu", str(tmp_path / "a.pt2"))
+    check = check_artifact(str(path), result["package"], spec, "cpu", adversarial=False)
+    w = check["weights"]
+    assert check["passed"] and set(w["package_fqns"]) == {"l.weight", "l.bias", "gain", "offset"}
+    assert w["perturbed"]["ok"] and w["perturbed"]["perturbed"] == 4
+
+
 def test_a_weightless_package_run_before_its_weights_are_bound_is_refused_not_a_crash(convbn):
     """torch's loader runs it on unset constants (SIGSEGV on torch 2.13); aotc's refuses, naming what to do."""
     package = convbn["dir"] / "a.pt2"
