@@ -250,9 +250,10 @@ def _exec_probe(cmd: list[str], log_path: Path) -> int | None:
 
 
 def run_probes(model_path: str, package_path: str, device: str, cases: list[dict[str, Any]], tolerance: float,
-               workdir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+               workdir: Path, autocast: str = "none") -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run `cases` (each {"inputs": flat CPU tensors, "eager": None | what eager raised | UNKNOWN}) in probe
-    children, in order; returns one result per case and what the probes cost."""
+    children, in order; returns one result per case and what the probes cost. `autocast` ("bfloat16", "float16"
+    or "none"): the dtype eager's forward runs under in the probes, a train step's precision (the check's own)."""
     cases_path = workdir / "cases.pt"
     torch.save([{"inputs": c["inputs"], "eager": c["eager"]} for c in cases], cases_path)
     results: dict[int, dict[str, Any]] = {}
@@ -272,7 +273,8 @@ def run_probes(model_path: str, package_path: str, device: str, cases: list[dict
             probes += 1
             out_path = workdir / f"probe-{probes}.jsonl"
             log_path = workdir / f"probe-{probes}.log"
-            argv = [model_path, package_path, device, str(cases_path), str(out_path), str(start), repr(tolerance)]
+            argv = [model_path, package_path, device, str(cases_path), str(out_path), str(start), repr(tolerance),
+                    autocast]
             started, rc = zygote.run(argv, log_path, PROBE_TIMEOUT_S) if zygote and zygote.ready else (False, None)
             if started:
                 forked += 1
@@ -365,9 +367,12 @@ def refuse_failures(found: dict[str, Any], what: str, where: str = "") -> None:
 
 def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str,
                       ep: torch.export.ExportedProgram, base: list[torch.Tensor], shapes: list[list[int]],
-                      ranges: list[tuple[int, int] | None], tolerance: float) -> dict[str, Any]:
+                      ranges: list[tuple[int, int] | None], tolerance: float,
+                      autocast: torch.dtype | None = None) -> dict[str, Any]:
     """The adversarial cases at one shape point (`base`: the in-range random inputs there, on the CPU). Returns the
-    summary for the check's record, with "failures" (messages) empty when every case ended as it must."""
+    summary for the check's record, with "failures" (messages) empty when every case ended as it must.
+    `autocast`: a train step's precision; eager's forward in the probes runs under it, as in the training check
+    (fp32 eager against a bf16 step refused resnet50 on an H200: its logits 0.13 apart at an in-range label)."""
     t0 = time.perf_counter()
     sizes = inputs_mod.dim_sizes(ep, shapes)
     poisons = inputs_mod.adversarial_cases(spec, shapes, ranges, sizes, MAX_CASES)
@@ -397,7 +402,8 @@ def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec,
     order = sorted(range(len(poisons)), key=lambda k: eager[k] not in (None, UNKNOWN))
     cases = [{"inputs": flats[k], "eager": eager[k]} for k in order]
     with tempfile.TemporaryDirectory(prefix="aotc-adversarial-") as tmp:
-        results, cost = run_probes(model_path, package_path, device, cases, tolerance, Path(tmp))
+        results, cost = run_probes(model_path, package_path, device, cases, tolerance, Path(tmp),
+                                   str(autocast).removeprefix("torch.") if autocast is not None else "none")
     numels = [t.numel() for t in base]
     rows: list[dict[str, Any]] = [{} for _ in poisons]
     for k, r in zip(order, results, strict=True):
@@ -433,7 +439,7 @@ def _context_lost(device: str) -> bool:
 
 
 def _probe(model_path: str, package_path: str, device: str, cases_path: str, out_path: str, start: int,
-           tolerance: float) -> int:
+           tolerance: float, autocast: str = "none") -> int:
     from compiler.check import compare
     from compiler.compat import pytree
     from compiler.compat.aoti import aoti_load_package, train_step_loss_output
@@ -457,6 +463,16 @@ def _probe(model_path: str, package_path: str, device: str, cases_path: str, out
         ep = load_program(model_path)  # eager runs here, or the package cannot say how its inputs nest
         eager = ep.module()
         eager.to(device)
+        if autocast != "none":  # export's dtype asserts before each .to()/.float() would refuse autocast's dtypes
+            from compiler.specialize import drop_metadata_asserts
+
+            drop_metadata_asserts(eager)
+
+    def amp() -> Any:  # a train step's precision, as its check ran eager (a new context per case)
+        if autocast == "none":
+            return contextlib.nullcontext()
+        return torch.autocast("cuda" if cuda else "cpu", dtype=getattr(torch, autocast))
+
     with open(out_path, "a", buffering=1) as out:
         def write(**line: Any) -> None:
             out.write(json.dumps(line) + "\n")
@@ -477,7 +493,7 @@ def _probe(model_path: str, package_path: str, device: str, cases_path: str, out
             expected = None
             if refused is None:
                 try:
-                    with torch.inference_mode():
+                    with torch.inference_mode(), amp():
                         expected = eager(*args, **kwargs)
                         if cuda:
                             torch.cuda.synchronize()
@@ -556,8 +572,10 @@ def _zygote() -> int:
 def main(argv: list[str]) -> int:
     if argv == ["--zygote"]:
         return _zygote()
-    model_path, package_path, device, cases_path, out_path, start, tolerance = argv
-    return _probe(model_path, package_path, device, cases_path, out_path, int(start), float(tolerance))
+    model_path, package_path, device, cases_path, out_path, start, tolerance, autocast = argv
+    if autocast not in ("none", "bfloat16", "float16"):
+        raise SystemExit(f"autocast must be none, bfloat16 or float16, not {autocast!r}")
+    return _probe(model_path, package_path, device, cases_path, out_path, int(start), float(tolerance), autocast)
 
 
 if __name__ == "__main__":

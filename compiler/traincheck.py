@@ -250,7 +250,8 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     if adversarial:  # integer inputs at their boundaries and beyond: the package must raise where eager raises
         base = inputs_mod.random_inputs(spec, shapes, "cpu", ranges, seed)
         del package, eager, bound_model, live
-        found = check_adversarial(model_path, package_path, spec, device, ep, base, shapes, ranges, floor)
+        found = check_adversarial(model_path, package_path, spec, device, ep, base, shapes, ranges, floor,
+                                  AUTOCAST.get(precision))
         summary["adversarial"] = {"point": "static", **found}
         parts["adversarial"] = time.perf_counter() - t0 - sum(parts.values())
         refuse_failures(found, "train-step package")

@@ -247,6 +247,46 @@ def test_a_train_step_that_reads_out_of_bounds_at_hostile_ids_fails_the_adversar
         check_training(str(path), _broken_build(mlp, "unbounded.pt2", unbounded), spec, "cpu")
 
 
+class Cancels(torch.nn.Module):
+    """Logits that bf16 rounds away: each embedding row is (1001, -1000), and every class weighs both columns alike,
+    so fp32 gives logit c_j and bf16 (1001 rounds to 1000) gives 0. Ids and labels: the adversarial check runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.e = torch.nn.Embedding(10, 2)
+        self.head = torch.nn.Linear(2, 5)
+        with torch.no_grad():
+            self.e.weight.copy_(torch.tensor([1001.0, -1000.0]).expand(10, 2))
+            self.head.weight.copy_(torch.arange(1.0, 6.0)[:, None].expand(5, 2))
+            self.head.bias.zero_()
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.head(self.e(ids).mean(dim=1)).float()
+        return torch.nn.functional.cross_entropy(logits, labels), logits.detach()
+
+
+@pytest.mark.slow
+def test_the_adversarial_probes_run_eager_in_the_steps_precision(tmp_path):
+    """A bf16 train step's probes compared its outputs with eager in float32, while its training check ran eager
+    under bf16 autocast: resnet50's step passed three steps and was then refused on an H200 ("input 'labels' = 512
+    ...: output 1 is off by 0.13 relative to eager; tolerance 0.05"), at an in-range label. Here fp32 and bf16
+    logits are 100 % apart; eager under the step's autocast agrees with the package at every case."""
+    from compiler.pipeline import compile_model
+
+    ids, labels = torch.randint(0, 10, (6, 3)), torch.randint(0, 5, (6,))
+    model = Cancels().train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert float(model(ids, labels)[1].abs().max()) == 0.0
+    assert float(model(ids, labels)[1].abs().min()) >= 1.0  # fp32
+    path = export_train(model, (ids, labels), tmp_path / "cancels.pt2")
+    spec = [{"name": "ids", "dtype": "int64", "shape": [6, 3]}, {"name": "labels", "dtype": "int64", "shape": [6]}]
+    got = compile_model(str(path), spec, spec, CompileOptions(mode="training", precision="bf16"), "cpu",
+                        str(tmp_path / "a.pt2"))
+    checked = check_training(str(path), got["package"], spec, "cpu", precision="bf16")
+    found = checked["adversarial"]
+    assert found["outcomes"].get("agreed", 0) > 0 and not found["failures"], found["outcomes"]
+
+
 class Pooled(torch.nn.Module):
     """What a BERT under a user's own head looks like: a pooler computed and unused by the loss, a side head feeding
     only a detached output, and logits made float32 (`.float()`, export asserts their export-time dtype) before the
