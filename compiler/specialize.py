@@ -84,6 +84,12 @@ def drop_metadata_asserts(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
+# What a Python literal becomes (bool, int, float, under any default dtype), each exact through .item() and
+# aten.scalar_tensor. Other 0-d constants (complex, float8, unsigned wider than a byte) stay constants, in the blob.
+LITERAL_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                            torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
 def inline_literals(module: torch.nn.Module) -> list[str]:
     """Replace each 0-d lifted tensor constant the graphs of `module` (an exported program's module) read with the op
     that makes it (`aten.scalar_tensor` of its value, dtype and device), in place; returns their names.
@@ -104,7 +110,8 @@ def inline_literals(module: torch.nn.Module) -> list[str]:
             owner, _, attr = str(n.target).rpartition(".")
             holder = gm.get_submodule(owner) if owner else gm
             t = getattr(holder, attr, None)
-            if not isinstance(t, torch.Tensor) or id(t) in owned or t.dim() != 0 or t.is_meta:
+            if (not isinstance(t, torch.Tensor) or id(t) in owned or t.dim() != 0 or t.is_meta
+                    or t.dtype not in LITERAL_DTYPES):
                 continue
             with gm.graph.inserting_before(n):
                 made = gm.graph.call_function(torch.ops.aten.scalar_tensor.default, (t.item(),),

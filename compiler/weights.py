@@ -26,6 +26,7 @@ import torch
 
 from compiler import weightsfile
 from compiler.errors import CheckFailed
+from compiler.specialize import LITERAL_DTYPES
 from compiler.weightsfile import sidecar
 
 __all__ = ["sidecar", "program_weights", "save", "load", "describe", "verify_blob", "check_bound", "follows"]
@@ -35,9 +36,9 @@ PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def program_weights(ep: torch.export.ExportedProgram, precision: str = "keep") -> dict[str, torch.Tensor]:
     """The tensors the program's graph reads, by FQN: parameters, buffers (persistent or not) and lifted tensor
-    constants whose placeholder has users, except 0-d ones (compiler.specialize.inline_literals makes those ops in
-    the compiled program, so no package reads them). With a precision cast, floating parameters and buffers cast as
-    compiler.specialize casts them."""
+    constants whose placeholder has users, except 0-d ones of a literal's dtype (compiler.specialize.inline_literals
+    makes those ops in the compiled program, so no package reads them). With a precision cast, floating parameters
+    and buffers cast as compiler.specialize casts them."""
     sig = ep.graph_signature
     used = {n.name for n in ep.graph.nodes if n.op == "placeholder" and n.users}
     # compiler.specialize casts with Module.to, which casts parameters and buffers, not lifted constants.
@@ -50,7 +51,7 @@ def program_weights(ep: torch.export.ExportedProgram, precision: str = "keep") -
         t = ep.state_dict[fqn] if fqn in ep.state_dict else ep.constants[fqn]
         if not isinstance(t, torch.Tensor):
             continue
-        if placeholder in sig.inputs_to_lifted_tensor_constants and t.dim() == 0:
+        if placeholder in sig.inputs_to_lifted_tensor_constants and t.dim() == 0 and t.dtype in LITERAL_DTYPES:
             continue
         t = t.detach()
         if precision in PRECISIONS and t.is_floating_point() and placeholder in castable:
