@@ -103,6 +103,36 @@ def test_a_step_with_dropout_is_checked_against_eager_and_one_built_on_inductors
         check_training(str(path), own, SPEC, "cpu", adversarial=False)
 
 
+def test_the_float64_second_opinion_passes_eagers_own_rounding_and_refuses_a_wrong_gradient():
+    """A failed gradient is judged again against a float64 run (compiler.traincheck._second_opinion): within 3x
+    eager's own distance from it (plus the tolerance) it passes, further it fails, and either way the record has
+    the max-element and root-mean-square distances of both sides (efficientnet_b0's refusal on the H200s named only
+    the largest element)."""
+    from compiler.compat.joint import Role
+    from compiler.traincheck import _second_opinion, grad_scales
+
+    eager = seeded(TrainMLP, 5).train()
+    flat = list(eager(*ARGS))
+    flat[0].backward()
+    params = dict(eager.named_parameters())
+    roles = [Role("loss", 0), Role("output:0", 1)] + [Role(f"grad:{n}", 2 + i) for i, n in enumerate(params)]
+    scales = grad_scales({n: p.grad for n, p in params.items()})
+    failed = {"what": "grad:l2.bias", "ok": False, "why": "output 0 (torch.float32) is off by 0.3 relative to eager"}
+
+    def judged(shift: float) -> dict:
+        got = [flat[0].detach(), flat[1].detach()] + [p.grad.clone() for p in params.values()]
+        got[2 + list(params).index("l2.bias")] += shift
+        return _second_opinion([dict(failed)], eager, ARGS, {}, 0, flat, got, roles, scales, 0.0, 0)[0]
+
+    same = judged(0.0)  # eager's own values: as far from float64 as eager is
+    assert same["ok"] and same["fp64"]["package"] == pytest.approx(same["fp64"]["eager"])
+    assert same["fp64"]["rmse"]["package"] == pytest.approx(same["fp64"]["rmse"]["eager"])
+    wrong = judged(0.5 * scales["l2.bias"])
+    assert not wrong["ok"] and wrong["fp64"]["package"] > wrong["fp64"]["bound"]
+    assert wrong["fp64"]["rmse"]["package"] > 100 * wrong["fp64"]["rmse"]["eager"]
+    assert "root-mean-square: the package" in wrong["why"] and "against float64 the package is off by" in wrong["why"]
+
+
 def test_training_options_key_and_shapes():
     with pytest.raises(ValueError, match="loss_output names the loss of a training step: it needs mode=training"):
         CompileOptions(loss_output=1)
