@@ -343,7 +343,7 @@ def test_the_zygote_kills_a_probe_that_overruns_and_reports_one_that_raises(unsa
     try:
         assert zygote.ready
         argv = [unsafe_index["path"], unsafe_index["result"]["package"], "cpu", str(fifo), str(tmp_path / "out"),
-                "0", "0.01"]
+                "0", "0.01", "none"]
         t0 = time.perf_counter()
         assert zygote.run(argv, tmp_path / "hung.log", timeout=1.0) == (True, None)
         assert time.perf_counter() - t0 < 30
