@@ -60,15 +60,12 @@ def test_conv_net_compiles_checks_and_matches_eager(api_url, worker, client, sto
         torch.testing.assert_close(compiled(xs), model(xs), rtol=1e-4, atol=1e-5)
 
 
-def test_mlp_dynamic_batch_one_artifact_serves_the_range(api_url, worker, client, tmp_path):
-    model = seeded(MLP, 2)
-    batch = torch.export.Dim("batch", min=1, max=1024)
-    path = export(model, (torch.randn(4, 32),), tmp_path / "mlp.pt2", dynamic_shapes={"x": {0: batch}})
-    rec = client.upload(path)
+def test_mlp_dynamic_batch_one_artifact_serves_the_range(api_url, worker, client, dynamic_mlp):
+    """The session's dynamic MLP (tests/e2e/conftest.py: exported for batches 1..1024, compiled for 1..64)."""
+    model, rec, art = dynamic_mlp.model, dynamic_mlp.record, dynamic_mlp.art
     dim0 = rec["inputs"][0]["shape"][0]
     assert dim0["min"] == 1 and dim0["max"] == 1024
 
-    art = client.compile(path, {"x": [{"min": 1, "max": 64}, 32]}, target="cpu")
     assert art.meta["dynamic_dims"] == [{"input": "x", "dim": 0, "min": 1, "max": 64}]
     assert [p["point"] for p in art.meta["check"]["points"]] == ["min", "max"]
     fn = client.load(art)

@@ -1,8 +1,11 @@
 """Built, not run on target, and countersigned: on the CPU levels, a worker that builds cpu-x86_64-v3 without
 serving it natively (AOTC_BUILD_ONLY_TARGETS, on this v3-or-above host) publishes a marked package and queues a
-verify job; lookup and pulls refuse it unless asked; a second worker that serves v3 natively takes the verify job,
-checks the package there and countersigns with its own key; clients verify the countersignature against their
-pinned keys and refuse a tampered one."""
+verify job; lookup and pulls refuse it unless asked; a verifier that serves v3 natively is killed in the middle of
+its check (`kill -9`, a lost worker) and the verify job, out of attempts, fails for good; the next worker that starts
+serving the target natively queues it again, checks the package there and countersigns it with its own key; clients
+verify the countersignature against their pinned keys and refuse a tampered one. Real processes: a redis-server, the
+API over HTTP (its reaper takes the dead verifier's lease), a builder and two verifiers running the real compiler.
+One package serves every test here: the build is the bulk of the time."""
 
 from __future__ import annotations
 
@@ -10,9 +13,12 @@ import base64
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(platform.machine() != "x86_64
 
 V3 = "cpu-x86_64-v3"
 LEVELS = [f"cpu-x86_64-v{n}" for n in range(1, 5)]
+LEASE_S = 4.0  # short, so that the API's reaper takes a killed verifier's lease within seconds
 
 
 def _host_level() -> str:
@@ -65,15 +72,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     if LEVELS.index(_host_level()) < LEVELS.index(V3):
         pytest.skip(f"this host is {_host_level()}: it cannot build or check a v3 package")
     base = tmp_path_factory.mktemp("countersign")
-    cluster = Cluster(base)
+    cluster = Cluster(base, env={"AOTC_LEASE_S": str(LEASE_S), "AOTC_REAP_INTERVAL_S": "0.5"},
+                      worker_env={"AOTC_HEARTBEAT_S": "1"})
     # Each worker its own key, under the data dir (hidden from children): the countersigner is told apart by kid.
     builder = Signer.from_file(base / "keys" / "builder.pem", create=True)
     verifier = Signer.from_file(base / "keys" / "verifier.pem", create=True)
     model = seeded(MLP, 41)
     fleet = Fleet(cluster, builder, verifier, model, export(model, (torch.randn(4, 32),), base / "mlp.pt2"))
     try:
+        # One attempt per verify job (the builder's setting: it queues them), so one lost verifier fails it for good.
         proc, _ = cluster.start_worker(AOTC_WORKER_TARGETS=json.dumps([V3]), AOTC_BUILD_ONLY_TARGETS=json.dumps([V3]),
-                                       AOTC_SIGNING_KEY_FILE=str(builder.path))
+                                       AOTC_SIGNING_KEY_FILE=str(builder.path), AOTC_VERIFY_MAX_ATTEMPTS="1")
         job = cluster.submit(cluster.upload(fleet.model_path), {"x": [4, 32]}, target=V3)
         done = cluster.wait_end(job["id"], timeout=600)
         assert done["state"] == "succeeded", done
@@ -81,10 +90,49 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         verify = [j for j in cluster.store.jobs.recent(20) if j.get("kind") == "verify"]
         assert len(verify) == 1, verify
         fleet.verify_job = verify[0]
-        stop(proc)  # the builder is gone before the verifier comes: it could never have taken the verify job
+        stop(proc)  # the builder is gone before the verifiers come: it could never have taken the verify job
         yield fleet
     finally:
         cluster.close()
+
+
+@dataclass
+class Healed:
+    failed: dict[str, Any]  # the first verify job, failed for good when its verifier was killed mid-check
+    doomed: str  # that verifier's id
+    after_loss: dict[str, Any]  # the artifact's on_target mark then
+    job: dict[str, Any]  # the verify job the next verifier queued again, as it ended
+    worker: str  # that verifier's id
+    log: str  # its log
+    seconds: float  # from its start to the countersignature
+
+
+@pytest.fixture(scope="module")
+def healed(fleet: Fleet) -> Healed:
+    """The verify job's story after the tests of the unverified package: a verifier that serves v3 natively takes it
+    and is killed in the middle of its check; the API's reaper takes its lease and, no attempt left, the job fails
+    for good (WorkerLost). The next verifier queues it again at its start, checks it and countersigns."""
+    cluster, first = fleet.cluster, fleet.verify_job
+    doomed, doomed_id = cluster.start_worker(AOTC_WORKER_TARGETS=json.dumps([V3]),
+                                             AOTC_SIGNING_KEY_FILE=str(fleet.verifier.path))
+    cluster.wait_for(first["id"], lambda j: j["state"] == "running" and j.get("stage") == "check", 300)
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.wait()
+    failed = cluster.wait_end(first["id"], timeout=60)
+    after_loss = api.get(f"{cluster.url}/v1/artifacts/{fleet.art['key']}/meta", timeout=30).json()["on_target"]
+
+    t0 = time.monotonic()
+    log = cluster.base / f"worker-{len(cluster.procs)}.log"  # as Cluster.start_worker names it
+    healthy, healthy_id = cluster.start_worker(AOTC_WORKER_TARGETS=json.dumps([V3]),
+                                               AOTC_SIGNING_KEY_FILE=str(fleet.verifier.path))
+    try:
+        again = [j for j in cluster.store.jobs.recent(20) if j.get("kind") == "verify" and j["id"] != first["id"]]
+        assert len(again) == 1, again
+        done = cluster.wait_end(again[0]["id"], timeout=300)
+    finally:
+        stop(healthy)
+    return Healed(failed, doomed_id, after_loss, done, healthy_id, log.read_text(errors="replace"),
+                  time.monotonic() - t0)
 
 
 def test_a_build_only_target_is_published_marked_and_signed_so(fleet):
@@ -141,14 +189,26 @@ def test_pull_verify_checks_here_against_the_program_and_records_nothing(fleet, 
     assert record["on_target"]["state"] == "unverified" and not record.get("countersignatures")
 
 
-def test_a_native_worker_countersigns_and_clients_verify_it(fleet, tmp_path):
-    cluster = fleet.cluster
-    proc, wid = cluster.start_worker(AOTC_WORKER_TARGETS=json.dumps([V3]),
-                                     AOTC_SIGNING_KEY_FILE=str(fleet.verifier.path))
-    try:
-        done = cluster.wait_end(fleet.verify_job["id"], timeout=300)
-    finally:
-        stop(proc)
+def test_a_verify_job_lost_with_its_worker_is_queued_again_by_the_next_verifier(fleet, healed):
+    first, failed = fleet.verify_job, healed.failed
+    assert first["max_attempts"] == 1
+    assert failed["state"] == "failed" and failed["error"]["type"] == "WorkerLost", failed
+    assert healed.doomed in failed["error"]["message"]
+    assert healed.after_loss["state"] == "unverified"
+    done = healed.job
+    assert done["state"] == "succeeded" and done["worker"] == healed.worker, done
+    assert done["artifact"] == fleet.art["key"] and done["max_attempts"] == 10  # the verifier's own setting (default)
+    mark = api.get(f"{fleet.cluster.url}/v1/artifacts/{fleet.art['key']}/meta", timeout=30).json()["on_target"]
+    assert mark["state"] == "verified" and mark["by"] == fleet.verifier.kid and mark["worker"] == healed.worker, mark
+    why = f"its verify job {first['id']} failed for the machine's reasons (WorkerLost"
+    assert why in healed.log, healed.log[-3000:]
+    print(f"\nverify job lost with its worker, failed for good; queued again by the next verifier and "
+          f"countersigned {healed.seconds:.1f} s after it started")
+
+
+def test_a_native_worker_countersigns_and_clients_verify_it(fleet, healed, tmp_path):
+    """The verifier that countersigned is the one that queued the lost verify job again (the test before)."""
+    cluster, done, wid = fleet.cluster, healed.job, healed.worker
     assert done["state"] == "succeeded" and done["worker"] == wid, done
     art = dict(api.get(f"{cluster.url}/v1/artifacts/{fleet.art['key']}/meta", timeout=30).json())
     mark = art["on_target"]
@@ -203,9 +263,8 @@ def _dropped(record: dict[str, Any]) -> None:
 @pytest.mark.parametrize(("tamper", "reason"), [(_forged_check, "bad_signature"), (_signature_swapped,
                                                                                   "bad_signature"),
                                                 (_dropped, "unverified_on_target")])
-def test_a_tampered_countersignature_is_refused(fleet, tmp_path, tamper, reason):
-    if fleet.cluster.store.artifacts.get(fleet.art["key"]).get("on_target", {}).get("state") != "verified":
-        pytest.skip("needs the countersigned artifact of the test before")
+def test_a_tampered_countersignature_is_refused(fleet, healed, tmp_path, tamper, reason):
+    assert fleet.cluster.store.artifacts.get(fleet.art["key"])["on_target"]["state"] == "verified"
     original = _rewrite(fleet, tamper)
     try:
         with fleet.client(tmp_path, fleet.builder, fleet.verifier) as c, pytest.raises(BadSignature) as e:

@@ -12,16 +12,16 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from client import Client
-from client.sdk import Artifact
 from compiler.signing import Signer, key_id
 from compiler.weightsfile import sidecar
 from cppbuild import CXX, build_aotc_run, save_verification
-from modelzoo import MLP, export, seeded
+from modelzoo import MLP, seeded
 
 pytestmark = [
     pytest.mark.slow,
@@ -48,20 +48,17 @@ class Pulled:
 
 
 @pytest.fixture(scope="module")
-def pulled(api_url: str, worker: dict, tmp_path_factory: pytest.TempPathFactory) -> Pulled:
-    """A dynamic-batch MLP compiled on the CPU by the session's worker, pulled, with its manifest and keys."""
+def pulled(api_url: str, dynamic_mlp: Any, tmp_path_factory: pytest.TempPathFactory) -> Pulled:
+    """The session's dynamic-batch MLP (tests/e2e/conftest.py: compiled on the CPU for batches 1..64 by the session's
+    worker), pulled, with its manifest and keys."""
     tmp = tmp_path_factory.mktemp("cpp")
-    model = seeded(MLP, 13)
-    batch = torch.export.Dim("batch", min=1, max=64)
-    path = export(model, (torch.randn(4, 32),), tmp / "mlp.pt2", dynamic_shapes={"x": {0: batch}})
+    art = dynamic_mlp.art
     with Client(api_url, cache_dir=tmp / "cache", timeout=120) as c:
-        art = c.compile(path, {"x": [{"min": 1, "max": 16}, 32]}, target="cpu")
-        assert isinstance(art, Artifact)  # one artifact, no buckets
         package = c.pull(art, tmp / "mlp-cpu.pt2")
         weights = c.pull_weights(art, sidecar(package))
         assert weights is not None  # built weightless: the weights come as their own blob
     manifest, signing_keys, trusted_key, kid = save_verification(api_url, art.key, tmp)
-    return Pulled(art.key, package, manifest, signing_keys, trusted_key, kid, model, weights)
+    return Pulled(art.key, package, manifest, signing_keys, trusted_key, kid, dynamic_mlp.model, weights)
 
 
 def run_cpp(exe: Path, p: Pulled, tmp: Path, x: torch.Tensor,
@@ -79,7 +76,7 @@ def run_cpp(exe: Path, p: Pulled, tmp: Path, x: torch.Tensor,
 def test_cpp_example_verifies_loads_and_matches_python(aotc_run: Path, pulled: Pulled, client: Client,
                                                        tmp_path: Path) -> None:
     fn = client.load(pulled.key)  # Python's path: pull (verified), AOTInductor's loader in this process
-    for b in (1, 5, 16):  # one artifact serves the dynamic range, in C++ as in Python
+    for b in (1, 5, 64):  # one artifact serves the dynamic range (1..64), in C++ as in Python
         x = torch.randn(b, 32)
         done = run_cpp(aotc_run, pulled, tmp_path, x)
         assert done.returncode == 0, done.stderr

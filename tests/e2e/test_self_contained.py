@@ -1,6 +1,7 @@
 """A self-contained pull (issue 21): the artifact's build with its weights inside, asked for on request, built and
 signed by a worker as an artifact of its own, that torch's own loader runs with nothing bound. One compile of its
-own (the weightless MLP is the one tests/e2e/test_compile_path.py compiles, so a full run finds it cached)."""
+own: the weightless artifact is the session's dynamic MLP (tests/e2e/conftest.py), compiled once for the tests
+that read it."""
 
 from __future__ import annotations
 
@@ -14,15 +15,14 @@ import torch
 from client.sdk import Artifact
 from client.verify import check_file
 from compiler.errors import BadSignature
-from modelzoo import MLP, seeded
 from procs import ROOT, api
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_self_contained_pull_loads_with_torch_alone_and_is_signed(api_url, worker, client, store, tmp_path):
-    model = seeded(MLP, 3, d_in=16)
-    art = client.compile(model, (torch.randn(8, 16),), target="cpu", timeout=600)
+def test_a_self_contained_pull_loads_with_torch_alone_and_is_signed(api_url, worker, client, store, dynamic_mlp,
+                                                                     tmp_path):
+    model, art = dynamic_mlp.model, dynamic_mlp.art
     assert isinstance(art, Artifact) and art.meta["weights"]  # weightless: it binds the model's blob
 
     r = api.post(f"{api_url}/v1/artifacts/{art.key}/self-contained")
@@ -46,7 +46,7 @@ def test_a_self_contained_pull_loads_with_torch_alone_and_is_signed(api_url, wor
     from torch._inductor import aoti_load_package
 
     fn = aoti_load_package(str(path))
-    x = torch.randn(8, 16)
+    x = torch.randn(8, 32)  # a batch inside the artifact's range (1..64)
     with torch.no_grad():
         torch.testing.assert_close(fn(x), model(x), rtol=1e-4, atol=1e-5)
 

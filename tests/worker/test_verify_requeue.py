@@ -1,7 +1,7 @@
 """Which failed verify jobs a starting verifier queues again (worker.job.requeue_failed_verifies), on records in a
 real Redis of its own: only those that failed for the machine's reasons, whose artifact is still not run on a target
 the worker serves natively. A failed check, an artifact verified meanwhile or gone, another target, or a compile job
-stays as it is. (tests/e2e/test_verify_heals.py runs the whole path with a killed verifier.)"""
+stays as it is. (tests/e2e/test_countersign.py runs the whole path with a killed verifier.)"""
 
 from __future__ import annotations
 
