@@ -15,8 +15,8 @@ from procs import ROOT, api
 
 CXX = os.environ.get("CXX", "g++")
 EXAMPLE = ROOT / "examples" / "cpp"
-# One build per torch version, kept across runs: the first takes about 90 s on 2 cores as one job at a time (a clean
-# clone, as CI's), under a minute with a job per core; later ones are make's no-op.
+# One build per torch version, kept across runs: the first takes 30-45 s on 2 cores (a make job per core: two of its
+# four files include torch's headers), later ones are make's no-op.
 BUILD = ROOT / ".aotc" / "cpp-build" / f"torch-{torch.__version__}"
 
 
