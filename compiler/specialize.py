@@ -90,6 +90,12 @@ LITERAL_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, to
                             torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
 
+def is_literal(t: torch.Tensor) -> bool:
+    """A constant inline_literals makes an op of (and program_weights leaves out of the blob): 0-d, a literal's
+    dtype, with a value."""
+    return t.dim() == 0 and not t.is_meta and t.dtype in LITERAL_DTYPES
+
+
 def inline_literals(module: torch.nn.Module) -> list[str]:
     """Replace each 0-d lifted tensor constant the graphs of `module` (an exported program's module) read with the op
     that makes it (`aten.scalar_tensor` of its value, dtype and device), in place; returns their names.
@@ -110,8 +116,7 @@ def inline_literals(module: torch.nn.Module) -> list[str]:
             owner, _, attr = str(n.target).rpartition(".")
             holder = gm.get_submodule(owner) if owner else gm
             t = getattr(holder, attr, None)
-            if (not isinstance(t, torch.Tensor) or id(t) in owned or t.dim() != 0 or t.is_meta
-                    or t.dtype not in LITERAL_DTYPES):
+            if not isinstance(t, torch.Tensor) or id(t) in owned or not is_literal(t):
                 continue
             with gm.graph.inserting_before(n):
                 made = gm.graph.call_function(torch.ops.aten.scalar_tensor.default, (t.item(),),

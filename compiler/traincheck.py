@@ -319,11 +319,11 @@ def _second_opinion(checks: list[dict[str, Any]], eager: torch.nn.Module, args: 
         # (torch._dynamo.utils.same with fp64_ref), so that a refusal on the largest element alone can be told
         # from a gradient that is off as a whole.
         rmse = {"package": _rmse(a, r64), "eager": _rmse(e, r64)}
+        fp64 = {"package": e_pkg, "eager": e_eager, "bound": bound, "rmse": rmse}
         if e_pkg <= bound:
-            out_checks.append({**c, "ok": True, "why": None, "max_rel_err": e_pkg / scale,
-                               "fp64": {"package": e_pkg, "eager": e_eager, "bound": bound, "rmse": rmse}})
+            out_checks.append({**c, "ok": True, "why": None, "max_rel_err": e_pkg / scale, "fp64": fp64})
         else:
-            out_checks.append({**c, "fp64": {"package": e_pkg, "eager": e_eager, "bound": bound, "rmse": rmse},
+            out_checks.append({**c, "fp64": fp64,
                                "why": f"{c['why']}; against float64 the package is off by {e_pkg:.3g}, eager "
                                       f"by {e_eager:.3g} (allowed: {bound:.3g}; root-mean-square: the package "
                                       f"{rmse['package']:.3g}, eager {rmse['eager']:.3g})"})

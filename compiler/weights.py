@@ -26,7 +26,7 @@ import torch
 
 from compiler import weightsfile
 from compiler.errors import CheckFailed
-from compiler.specialize import LITERAL_DTYPES
+from compiler.specialize import is_literal
 from compiler.weightsfile import sidecar
 
 __all__ = ["sidecar", "program_weights", "save", "load", "describe", "verify_blob", "check_bound", "follows"]
@@ -51,7 +51,7 @@ def program_weights(ep: torch.export.ExportedProgram, precision: str = "keep") -
         t = ep.state_dict[fqn] if fqn in ep.state_dict else ep.constants[fqn]
         if not isinstance(t, torch.Tensor):
             continue
-        if placeholder in sig.inputs_to_lifted_tensor_constants and t.dim() == 0 and t.dtype in LITERAL_DTYPES:
+        if placeholder in sig.inputs_to_lifted_tensor_constants and is_literal(t):
             continue
         t = t.detach()
         if precision in PRECISIONS and t.is_floating_point() and placeholder in castable:
