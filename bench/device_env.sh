@@ -15,6 +15,11 @@ PY=${PYTHON:-python3}
 if compgen -G '.whl/*.whl' >/dev/null; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site:$run
+    # A wheel missing from .whl/ (httpx-sse, pyseccomp: fetch-wheels.sh's extras) fails here in a second, not
+    # minutes later in a lane's log with a service half started.
+    $PY -c "import client, service.api, worker.main, cryptography, pyseccomp" || {
+        echo "device_env.sh: the carried wheels lack a module above (docs/development.md, 'On a GPU')" >&2
+        return 1 2>/dev/null || exit 1; }
 fi
 if compgen -G '.bwrap/bubblewrap_*.deb' >/dev/null; then
     rm -rf /tmp/bw && dpkg -x .bwrap/bubblewrap_*.deb /tmp/bw

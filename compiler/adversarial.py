@@ -523,9 +523,28 @@ def _probe(model_path: str, package_path: str, device: str, cases_path: str, out
                 expected = [flat_expected[loss_output], *(t for i, t in enumerate(flat_expected) if i != loss_output)]
                 actual = list(actual)[:len(expected)]
             cmp = compare(expected, actual, tolerance, allow_nonfinite=True)
+            if not cmp["ok"]:
+                cmp = _judged_by_float64(cmp, eager, args, kwargs, expected, actual, loss_output, tolerance)
             write(k=k, eager=None, package="returned", outcome="agreed" if cmp["ok"] else "differs",
-                  why=cmp.get("why"))
+                  why=cmp.get("why"), **({"fp64": cmp["fp64"]} if "fp64" in cmp else {}))
     return 0
+
+
+def _judged_by_float64(cmp: dict[str, Any], eager: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                       expected: Any, actual: Any, loss_output: int | None, tolerance: float) -> dict[str, Any]:
+    """A probe's failed comparison judged again against eager in float64 (compiler.fp64), as the checks judge
+    theirs: at a boundary a bf16 step's outputs may differ from eager's by rounding alone (resnet50's logits under
+    bf16 autocast were 9 % apart on an H200 at an in-range label). Where no float64 run can be made, it stands."""
+    from compiler import fp64
+
+    try:
+        ref = fp64.float64_run(eager, args, kwargs)
+    except Exception:  # noqa: BLE001 - an op without a float64 kernel: the first judgment stands
+        return cmp
+    if loss_output is not None:  # in the package's order: the loss, then the program's other outputs
+        flat = list(ref) if isinstance(ref, (tuple, list)) else [ref]
+        ref = [flat[loss_output], *(t for i, t in enumerate(flat) if i != loss_output)]
+    return fp64.second_opinion(cmp, expected, actual, ref, tolerance)
 
 
 def _zygote() -> int:

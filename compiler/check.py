@@ -33,6 +33,7 @@ from compiler.compat import pytree
 from compiler.compat.aoti import aoti_load_package, constant_fqns, load_for_graphs, native_graph_support
 from compiler.device import cpu_name
 from compiler.errors import CheckFailed
+from compiler.fp64 import float64_run
 from compiler.loading import load_program
 
 log = logging.getLogger("aotc.check")
@@ -296,7 +297,8 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         _, _, args0, kwargs0, _, _ = cases[0]
         weights_summary["perturbed"] = weights_mod.follows(
             eager, blob, precision, functools.partial(_both, eager, compiled, args0, kwargs0),
-            lambda e, a: compare(e, a, tolerance, allow_nonfinite))
+            lambda e, a: compare(e, a, tolerance, allow_nonfinite),
+            reference=functools.partial(float64_run, args=args0, kwargs=kwargs0), tolerance=tolerance)
         del blob
     del compiled  # one copy of the weights at a time: the graph check and the probes load their own
     graph_summary: dict[str, Any] = {"impl": None, "captured": False}

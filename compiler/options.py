@@ -84,7 +84,9 @@ BOUNDS_REVISION = 3
 # and bound at load from the model's one weights blob (compiler/weights.py). "embedded": inside the package, as
 # before; what freezing gives, since frozen weights are folded into constants of the package's own that no blob of
 # the program's FQNs could feed. Bump WEIGHTS_REVISION when how weightless packages are built changes.
-WEIGHTS_REVISION = 2  # 2: 0-d lifted constants inlined as ops, out of the blob
+# 2: 0-d lifted constants inlined as ops, out of the blob; 3: weights that only dead code reads (an HF encoder's
+# pooler when the hidden states alone are returned) out of the blob too.
+WEIGHTS_REVISION = 3
 
 
 def weights_layout(options: dict[str, Any]) -> str:

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+from compiler import fp64, training
 from compiler import inputs as inputs_mod
-from compiler import training
 from compiler import weights as weights_mod
 from compiler.adversarial import check_adversarial, refuse_failures
 from compiler.check import TOLERANCE, compare, device_info, measure
@@ -259,23 +259,16 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     return summary
 
 
-def _rmse(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((x.detach().double() - ref).pow(2).mean().sqrt()) if ref.numel() else 0.0
-
-
-# How much farther from a float64 run the package may be than eager is (torchbench's accuracy check uses 2 to 3).
-FP64_MULTIPLIER = 3.0
-
-
 def _second_opinion(checks: list[dict[str, Any]], eager: torch.nn.Module, args: tuple[Any, ...],
                     kwargs: dict[str, Any], loss_output: int, expected: list[torch.Tensor], got: list[torch.Tensor],
                     roles: list[joint_mod.Role], scales: dict[str, float], floor: float,
                     step_seed: int) -> list[dict[str, Any]]:
     """The failed comparisons judged again against a float64 run of the same step: a value that is zero up to
     rounding (the gradient of a bias right before BatchNorm: a sum that cancels) differs between any two float32
-    runs by the size of the terms cancelled, so the package passes where its error from float64 is at most
-    FP64_MULTIPLIER times eager's own, plus the tolerance. Where the float64 run cannot be made (an op without a
-    float64 kernel, a dtype the graph fixes), the first judgment stands."""
+    runs by the size of the terms cancelled, so the package passes where compiler.fp64.judge passes it (its distance
+    from float64 at most FP64_MULTIPLIER times eager's, in the largest element or, torchbench's measure, in
+    root-mean-square). Where the float64 run cannot be made (an op without a float64 kernel, a dtype the graph
+    fixes), the first judgment stands."""
     def double(x: Any) -> Any:
         return x.detach().double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
@@ -312,19 +305,9 @@ def _second_opinion(checks: list[dict[str, Any]], eager: torch.nn.Module, args: 
         e, a, r64, scale = values[name]
         if not name.startswith("grad:"):
             scale = max(float(r64.abs().max()) if r64.numel() else 0.0, 1.0)
-        e_eager = float((e.detach().double() - r64).abs().max()) if r64.numel() else 0.0
-        e_pkg = float((a.detach().double() - r64).abs().max()) if r64.numel() else 0.0
-        bound = FP64_MULTIPLIER * e_eager + max(floor, TOLERANCE.get(a.dtype, 1e-4)) * scale
-        # Recorded, not judged: the root-mean-square distances, torchbench's measure for the same question
-        # (torch._dynamo.utils.same with fp64_ref), so that a refusal on the largest element alone can be told
-        # from a gradient that is off as a whole.
-        rmse = {"package": _rmse(a, r64), "eager": _rmse(e, r64)}
-        fp64 = {"package": e_pkg, "eager": e_eager, "bound": bound, "rmse": rmse}
-        if e_pkg <= bound:
-            out_checks.append({**c, "ok": True, "why": None, "max_rel_err": e_pkg / scale, "fp64": fp64})
+        j = fp64.judge(a, e, r64, scale, max(floor, TOLERANCE.get(a.dtype, 1e-4)))
+        if j["ok"]:
+            out_checks.append({**c, "ok": True, "why": None, "max_rel_err": j["package"], "fp64": j})
         else:
-            out_checks.append({**c, "fp64": fp64,
-                               "why": f"{c['why']}; against float64 the package is off by {e_pkg:.3g}, eager "
-                                      f"by {e_eager:.3g} (allowed: {bound:.3g}; root-mean-square: the package "
-                                      f"{rmse['package']:.3g}, eager {rmse['eager']:.3g})"})
+            out_checks.append({**c, "fp64": j, "why": f"{c['why']}; {fp64.describe(j)}"})
     return out_checks

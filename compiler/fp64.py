@@ -1,0 +1,103 @@
+"""The float64 second opinion: a comparison of the package with eager that failed, judged again against a float64
+run of the same weights and inputs.
+
+Two implementations of one model in bf16 (eager's kernels and the package's) may differ by more than the dtype's
+tolerance where both are that far from float64, and a value that cancels to zero (the gradient of a bias right before
+a norm) differs between any two float32 runs by the size of the terms cancelled. So a value the first comparison
+refuses passes where the package is not much farther from float64 than eager is (`judge`):
+
+- its largest element's distance is at most FP64_MULTIPLIER times eager's, plus the tolerance; or
+- as torchbench judges (torch._dynamo.utils.same with fp64_ref): its root-mean-square distance is at most
+  FP64_MULTIPLIER times eager's, plus a tenth of the tolerance, while its largest element stays within twice the
+  first rule's bound. One element far off (an index bug, a frozen weight's effect) still fails.
+
+A package that ignores a weight, or computes something else, is as far from float64 as that moves the value, which
+eager is not. Used by the inference check's weight perturbation (compiler.weights.follows), the training check
+(compiler.traincheck) and the adversarial probes (compiler.adversarial).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from compiler.compat import pytree
+from compiler.specialize import drop_metadata_asserts
+
+__all__ = ["FP64_MULTIPLIER", "judge", "second_opinion", "float64_run"]
+
+# How much farther from a float64 run the package may be than eager is (torchbench's accuracy check uses 2 to 3).
+FP64_MULTIPLIER = 3.0
+
+
+def _rmse(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.detach().double().cpu() - ref).pow(2).mean().sqrt()) if ref.numel() else 0.0
+
+
+def judge(package: torch.Tensor, eager: torch.Tensor, reference: torch.Tensor, scale: float,
+          tolerance: float) -> dict[str, Any]:
+    """The two rules of the module's docstring for one value; distances are divided by `scale` (the value's size:
+    its largest element, at least 1, or a gradient's own scale). `ok`, the rule that passed it (`largest`, `rms`), and
+    the distances of both sides, for the record."""
+    r64 = reference.detach().double().cpu()
+    if not r64.numel():
+        return {"ok": True, "rule": "largest", "package": 0.0, "eager": 0.0, "bound": 0.0}
+    e_eager = float((eager.detach().double().cpu() - r64).abs().max()) / scale
+    e_pkg = float((torch.as_tensor(package).detach().double().cpu() - r64).abs().max()) / scale
+    rms = {"package": _rmse(package, r64) / scale, "eager": _rmse(eager, r64) / scale}
+    bound = FP64_MULTIPLIER * e_eager + tolerance
+    rms_bound = FP64_MULTIPLIER * rms["eager"] + tolerance / 10
+    out = {"package": e_pkg, "eager": e_eager, "bound": bound, "rmse": rms, "rms_bound": rms_bound}
+    if e_pkg <= bound:
+        return {**out, "ok": True, "rule": "largest"}
+    if rms["package"] <= rms_bound and e_pkg <= 2 * bound:
+        return {**out, "ok": True, "rule": "rms"}
+    return {**out, "ok": False, "rule": None}
+
+
+def describe(j: dict[str, Any]) -> str:
+    """A refused judgment in words."""
+    return (f"against float64 the package is off by {j['package']:.3g}, eager by {j['eager']:.3g} (allowed: "
+            f"{j['bound']:.3g}; root-mean-square: the package {j['rmse']['package']:.3g}, eager "
+            f"{j['rmse']['eager']:.3g}, allowed {j['rms_bound']:.3g} with the largest within {2 * j['bound']:.3g})")
+
+
+def second_opinion(verdict: dict[str, Any], expected: Any, actual: Any, reference: Any,
+                   tolerance: float) -> dict[str, Any]:
+    """`verdict`, compiler.check.compare's of (expected, actual), judged again against `reference` (the same
+    structure, from `float64_run`) where it failed on a value ("is off by"). Every floating output is judged, each
+    relative to its reference's largest element (at least 1), as compare measures; the verdict passes where all
+    pass. A verdict that failed for another reason (shapes, NaN) stands."""
+    if verdict.get("ok") or "is off by" not in str(verdict.get("why")):
+        return verdict
+    flat = [pytree.tree_flatten(x)[0] for x in (expected, actual, reference)]
+    if not len(flat[0]) == len(flat[1]) == len(flat[2]):
+        return verdict
+    worst: dict[str, Any] = {}
+    for k, (e, a, r) in enumerate(zip(*flat)):
+        if not (isinstance(e, torch.Tensor) and e.is_floating_point() and isinstance(r, torch.Tensor)):
+            continue
+        scale = max(float(r.detach().abs().max()) if r.numel() else 0.0, 1.0)
+        j = {"output": k, **judge(a, e, r, scale, max(tolerance, 1e-4))}
+        if not j["ok"]:
+            return {**verdict, "fp64": j, "why": f"{verdict['why']}; output {k}: {describe(j)}"}
+        if not worst or j["package"] / max(j["bound"], 1e-12) > worst["package"] / max(worst["bound"], 1e-12):
+            worst = j
+    return {**verdict, "ok": True, "why": None, "fp64": worst, "first_judgment": verdict.get("why")}
+
+
+def float64_run(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`module`'s output in float64: a copy of it with its floating weights, and the floating inputs, in float64
+    (an exported module's dtype asserts dropped), on the same device, outside any autocast or inference mode."""
+    def double(x: Any) -> Any:
+        return x.detach().double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+    device = next((x.device.type for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)), "cpu")
+    with torch.inference_mode(False), torch.no_grad(), torch.autocast(device, enabled=False):
+        ref = drop_metadata_asserts(copy.deepcopy(module).double())
+        try:
+            return ref(*[double(a) for a in args], **{k: double(v) for k, v in kwargs.items()})
+        finally:
+            del ref
