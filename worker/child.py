@@ -27,6 +27,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from worker.cpus import pin
+
 READY = "child-ready"  # the handshake's stage name (worker.health takes it out of the job's stages)
 KINDS = ("compile", "check", "time", "warmup", "probe")
 TOOLCHAIN = {"compile": ("compiler.pipeline", "compiler.compat.caches"), "check": ("compiler.check",),
@@ -99,6 +101,8 @@ def _import_toolchain(kind: str, device: str) -> None:
 def main(jobdir: str, kind: str) -> int:
     task: dict[str, Any] = json.loads((Path(jobdir) / f"{kind}-task.json").read_text())
     _die_with_parent(task.get("parent_pid"))
+    # Before torch starts a thread: what this child starts inherits the cores (worker.cpus, AOTC_TIMING_CPUS).
+    cpus = pin(task.get("cpus"))
     faulthandler.enable()  # a segfault leaves the Python stack in the log, hence in the job's error excerpt
     d = Path(task["dir"])
     events = open(d / "events.jsonl", "a", buffering=1)
@@ -160,7 +164,7 @@ def main(jobdir: str, kind: str) -> int:
             import torch
 
             result = {"torch": torch.__version__}
-        out: dict[str, Any] = {"ok": True, "result": result}
+        out: dict[str, Any] = {"ok": True, "result": result, "cpus": cpus}
     except Exception as e:
         out = {"ok": False, "error": Failure.from_exception(e, kind, traceback.format_exc()[-4000:]).to_json()}
     sys.stdout.flush()

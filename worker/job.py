@@ -37,6 +37,7 @@ from compiler.weightsfile import FormatError, describe, read_header_file
 from service.store import Lease, Store, keys
 from service.store.blobstore import local_root
 from service.store.disk import is_disk_full
+from worker import cpus as cpus_mod
 from worker.backoff import retry_delay, until_redis
 from worker.devlock import exclusive, lock_path
 from worker.disk import DiskWatch
@@ -75,6 +76,14 @@ class JobRunner:
         self.health = Health(settings.worker_max_early_crashes, DiskWatch(self._disk_paths, settings.disk_low_water_mb))
         self.stage = ""  # the current job's stage, as last recorded
         self.signer: Signer | None = None  # set at start (worker.main): the key that signs each published manifest
+        # The timing pass's own cores and every other child's (AOTC_TIMING_CPUS): a quiet device is not a quiet host.
+        try:
+            self.cpus = cpus_mod.plan(settings.timing_cpus, str(info["device"]))
+        except ValueError as e:
+            raise SystemExit(f"aotc-worker: {e}") from None
+        if self.cpus.timing is not None:
+            log.info("timing passes on cores %s, other children on %s (%s)", list(self.cpus.timing),
+                     list(self.cpus.others or ()), self.cpus.why)
 
     # -- the lease ----------------------------------------------------------------------------------------------
 
@@ -298,7 +307,7 @@ class JobRunner:
             jobdir = (self.settings.work_dir / f"warmup-{os.getpid()}").resolve()
             try:
                 outcome = health.run_child({"kind": "warmup", "device": self.info["device"],
-                                            "target": self.target}, jobdir,
+                                            "target": self.target, "cpus": self.cpus.for_kind("warmup")}, jobdir,
                                            sandbox=self.sandbox, timeout_s=self.settings.compile_timeout_s,
                                            device=self.info["device"], hide=self._hide(),
                                            keep=lambda: [f"{header_dir(Path('tmp'))}/"],
@@ -369,7 +378,7 @@ class JobRunner:
             {"kind": "compile", "model_path": str(model_path), "spec": job["spec"], "options": job["options"],
              "program_inputs": model["inputs"], "device": device, "out_path": str(compile_dir / "artifact.pt2"),
              "target": target, "isa_scan_timeout_s": self.settings.isa_scan_timeout_s,
-             "precompiled_headers": self.headers.ready},
+             "precompiled_headers": self.headers.ready, "cpus": self.cpus.for_kind("compile")},
             workdir, timeout_s=self.settings.compile_timeout_s, prepare=prepare,
             keep=lambda: [*OUTPUTS.values(), *(share.files() if share is not None else [])],
         )
@@ -397,8 +406,8 @@ class JobRunner:
                 if alone:
                     checked = run({"kind": "check", **task}, workdir, timeout_s=self.settings.check_timeout_s)
             if not alone:
-                checked = run({"kind": "check", **task, "untimed": True}, workdir,
-                              timeout_s=self.settings.check_timeout_s)
+                checked = run({"kind": "check", **task, "untimed": True, "cpus": self.cpus.for_kind("check")},
+                              workdir, timeout_s=self.settings.check_timeout_s)
             if not checked.ok:
                 return checked, {}
             timings["check"] = round(checked.seconds, 3)
@@ -414,6 +423,8 @@ class JobRunner:
                 if isinstance(timed, Outcome):
                     return timed, {}
                 check, timings["timing"], timings["check_wait"] = timed
+                check["timing"]["cores"] = {"compile": compiled.cpus, "check": checked.cpus,
+                                           **check["timing"].get("cores", {}), "why": self.cpus.why}
             if speed.is_dynamic(job["spec"]):  # no client replays it: its graph figure would promise nothing
                 check = speed.not_replayable(check)
         weights: dict[str, Any] | None = None
@@ -529,7 +540,8 @@ class JobRunner:
         os.chmod(model_path, 0o644)
         checked = self.health.run_child(
             {"kind": "check", "model_path": str(model_path), "package_path": str(package), "spec": job["spec"],
-             "device": self.info["device"], "options": job["options"], "untimed": True},
+             "device": self.info["device"], "options": job["options"], "untimed": True,
+             "cpus": self.cpus.for_kind("check")},
             workdir, sandbox=self.sandbox, device=self.info["device"], limits=self.limits(), hide=self._hide(),
             timeout_s=self.settings.check_timeout_s, on_stage=partial(self._set_stage, job["id"]),
             should_cancel=partial(self._should_stop, job["id"]))
@@ -586,14 +598,16 @@ class JobRunner:
         self._set_stage(job_id, "timing")  # while it waits for the lock too
         lock = lock_path(self.settings.data_dir, task["device"]) if self.settings.check_exclusive else None
         with exclusive(lock, self.settings.check_timeout_s, cancelled) as held:
-            timed = run({"kind": "time", **task}, workdir, timeout_s=self.settings.check_timeout_s)
+            timed = run({"kind": "time", **task, "cpus": self.cpus.for_kind("time")}, workdir,
+                        timeout_s=self.settings.check_timeout_s)
         seconds = round(timed.seconds, 3)
         if timed.cancelled or (timed.failure is not None and timed.failure.type in ("BrokenEnvironment", "DiskFull")):
             return cast(Outcome, timed)
         if not timed.ok:
             log.warning("job %s: the timing pass failed; the check's own figures stay: %s", job_id, timed.failure)
             return speed.with_timing(check, None, {**held, "pass": "failed"}), seconds, held["waited_s"]
-        return speed.with_timing(check, timed.result, {**held, "seconds": seconds}), seconds, held["waited_s"]
+        return (speed.with_timing(check, timed.result, {**held, "seconds": seconds, "cores": {"timing": timed.cpus}}),
+                seconds, held["waited_s"])
 
     def _sign(self, job: dict[str, Any], package: Path, check: dict[str, Any] | None,
               weights: dict[str, Any] | None = None, on_target: dict[str, Any] | None = None) -> dict[str, Any]:

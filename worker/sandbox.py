@@ -47,6 +47,7 @@ class Outcome:
     cancelled: bool = False
     seconds: float = 0.0
     peaks: dict[str, int | None] = field(default_factory=dict)  # the most memory and processes it held at once
+    cpus: list[int] | None = None  # the cores the child said it ran on (worker.cpus), where it said
 
 
 def excerpt(log: Path, limit: int = 4000) -> str:
@@ -171,7 +172,8 @@ def _run(task: dict[str, Any], jobdir: Path, childdir: Path, cell: Cell, timeout
         try:
             out = json.loads(raw)
             if out.get("ok") is True and isinstance(out.get("result") or {}, dict):
-                return Outcome(True, out.get("result") or {}, seconds=seconds, peaks=peaks)
+                return Outcome(True, out.get("result") or {}, seconds=seconds, peaks=peaks,
+                               cpus=_cores(out.get("cpus")))
             failure = _reported(out.get("error"), kind)
         except (ValueError, AttributeError, RecursionError):
             failure = Failure.crashed(kind, f"{kind} child wrote an unreadable result", excerpt(log_path))
@@ -186,6 +188,13 @@ def _run(task: dict[str, Any], jobdir: Path, childdir: Path, cell: Cell, timeout
     if (hit := limits_mod.breach(limits, died_of, text, cell.counted())) is not None:
         failure = Failure.limit_exceeded(kind, hit.what, hit.setting, failure.excerpt or excerpt(log_path))
     return Outcome(False, failure=failure, seconds=seconds, peaks=peaks)
+
+
+def _cores(value: Any) -> list[int] | None:
+    """The child's cores as it reported them, where they read as a short list of core numbers (it is untrusted)."""
+    if isinstance(value, list) and len(value) <= 4096 and all(type(c) is int and 0 <= c < 1 << 16 for c in value):
+        return value
+    return None
 
 
 def _reported(error: Any, kind: str) -> Failure:

@@ -76,6 +76,12 @@ class WorkerSettings(StorageSettings):
         "(one child fewer, for a worker alone on its device), else as separate. alone: as auto while the registry "
         "shows no other live worker on this host and device, else as separate. The record's check.timing says "
         "which ran.")
+    timing_cpus: str = Field(
+        default="auto", description="Cores kept for the timing pass (worker/cpus.py): the timing child runs on them "
+        "and every other child (compiles, untimed checks) on the rest, so that eager's figures, which the host's "
+        "load sets at a serving batch, are not taken beside compiles. auto: on a CUDA device with at least 8 cores, "
+        "the last 2; on a CPU device none. A list (14-15, 3,7): those cores. off: no split. The record's "
+        "check.timing.cores says which cores each child ran on.")
     keep_work: bool = Field(default=False, description="Keep each job's scratch folder (logs, package) for debugging.")
     retry_backoff_s: float = Field(
         default=10.0, ge=0, description="A job whose attempt failed and may be retried waits this long before its "

@@ -3,6 +3,7 @@ against another real process holding it, and in a real compile's artifact record
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -108,6 +109,10 @@ def test_the_check_runs_while_another_holds_the_device_and_only_the_timing_pass_
     assert timing["pass"] == "separate" and timing["exclusive"] is True and timing["waited_s"] >= 1.5
     assert timing["cpus"] >= 1 and "load_avg_1m" in timing and timing["seconds"] == timings["timing"] > 0
     assert timings["check_wait"] == timing["waited_s"]
+    # Each child's cores as it reported them (worker/cpus.py): on a CPU device AOTC_TIMING_CPUS=auto splits none.
+    cores = timing["cores"]
+    assert cores["timing"] == cores["compile"] == cores["check"] == sorted(os.sched_getaffinity(0))
+    assert "CPU device" in cores["why"]
     # The figures are the timing pass's, everywhere the record shows them.
     point = check["points"][0]
     assert check["compiled_ms"] == point["compiled_ms"] == round(point["latency"]["compiled"]["median_ms"], 4)
