@@ -493,7 +493,7 @@ def main() -> None:
     p.add_argument("--lane-gpu", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.lane is None:
-        check_options([*a.zoo.split(","), *filter(None, a.coverage.split(","))], a.option, a.amp)
+        check_options([*filter(None, a.zoo.split(",")), *filter(None, a.coverage.split(","))], a.option, a.amp)
     if a.gpus or a.lanes > 1:
         sys.exit(run_lanes(a))
     if a.lane_cpus:  # a lane: pinned before torch starts a thread, so everything it starts inherits the cores

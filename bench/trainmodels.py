@@ -1,4 +1,5 @@
-"""The models bench/train.py trains: tiny ones for a CPU run, or bench/zoo.py's with a loss attached. Each module
+"""The models bench/train.py trains: tiny ones for a CPU run, or bench/zoo.py's with a loss attached (`kind_of`: a
+classifier's cross-entropy, a text model's head, or the mean square of what any other body outputs). Each module
 returns (loss, its output detached), fp32 weights, in training mode. Imported after `import torch` is timed."""
 
 from __future__ import annotations
@@ -36,6 +37,31 @@ class TextClassify(torch.nn.Module):
                 labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.head(self.body(ids, mask).float().mean(dim=1))
         return torch.nn.functional.cross_entropy(logits, labels), logits.detach()
+
+
+class MeanSquare(torch.nn.Module):
+    """The zoo's other bodies (dense prediction, detection backbones, HF vision and speech towers): the mean square of
+    every output tensor as the loss, a regression to zero of all they compute, so that each output takes a part in
+    the backward; the first output, detached, beside it."""
+
+    def __init__(self, body: torch.nn.Module) -> None:
+        super().__init__()
+        self.body = body
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.body(*inputs)
+        outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
+        loss = sum((t.float().pow(2).mean() for t in outs), torch.zeros((), device=outs[0].device))
+        return loss, outs[0].detach()
+
+
+def kind_of(name: str, entry: Any, inputs: tuple[torch.Tensor, ...]) -> str:
+    """`classify` (a torchvision or timm classifier: logits, cross-entropy over 1000 classes), `text` (token ids and
+    a mask: a linear head over the mean hidden state) or `regress` (MeanSquare)."""
+    if len(inputs) == 2 and not any(t.is_floating_point() for t in inputs):
+        return "text"
+    dense = any(k in name for k in ("fcn_", "deeplab", "lraspp", "_backbone"))
+    return "classify" if entry.family in ("torchvision", "timm") and not dense else "regress"
 
 
 def hidden_size(model: Any) -> int:
@@ -86,7 +112,11 @@ def build(name: str, batch: int | None, device: str) -> tuple[torch.nn.Module, t
         inputs = tuple(t.float() if t.is_floating_point() else t for t in inputs)
         b = int(inputs[0].shape[0])
         no_dropout(body)
-        text = entry.family == "transformers"
-        m = TextClassify(body, hidden_size(body)) if text else Classify(body)
-        args = (*inputs, torch.randint(0, 10 if text else 1000, (b,), generator=gen))
+        kind = kind_of(name, entry, inputs)
+        if kind == "regress":
+            m, args = MeanSquare(body), inputs
+        else:
+            text = kind == "text"
+            m = TextClassify(body, hidden_size(body)) if text else Classify(body)
+            args = (*inputs, torch.randint(0, 10 if text else 1000, (b,), generator=gen))
     return m.to(device).train(), tuple(t.to(device) for t in args)
