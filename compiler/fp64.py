@@ -68,10 +68,13 @@ def second_opinion(verdict: dict[str, Any], expected: Any, actual: Any, referenc
                    tolerance: float) -> dict[str, Any]:
     """`verdict`, compiler.check.compare's of (expected, actual), judged again against `reference` (the same
     structure, from `float64_run`) where it failed on a value ("is off by"). Every floating output is judged, each
-    relative to its reference's largest element (at least 1), as compare measures; the verdict passes where all
-    pass. A verdict that failed for another reason (shapes, NaN) stands."""
+    relative to its reference's largest element (at least 1) and with its dtype's tolerance (or `tolerance`, the
+    precision's, where larger), as compare measures; the verdict passes where all pass. A verdict that failed for
+    another reason (shapes, NaN) stands."""
     if verdict.get("ok") or "is off by" not in str(verdict.get("why")):
         return verdict
+    from compiler.check import TOLERANCE  # compiler.check imports this module
+
     flat = [pytree.tree_flatten(x)[0] for x in (expected, actual, reference)]
     if not len(flat[0]) == len(flat[1]) == len(flat[2]):
         return verdict
@@ -80,7 +83,7 @@ def second_opinion(verdict: dict[str, Any], expected: Any, actual: Any, referenc
         if not (isinstance(e, torch.Tensor) and e.is_floating_point() and isinstance(r, torch.Tensor)):
             continue
         scale = max(float(r.detach().abs().max()) if r.numel() else 0.0, 1.0)
-        j = {"output": k, **judge(a, e, r, scale, max(tolerance, 1e-4))}
+        j = {"output": k, **judge(a, e, r, scale, max(tolerance, TOLERANCE.get(e.dtype, 1e-4)))}
         if not j["ok"]:
             return {**verdict, "fp64": j, "why": f"{verdict['why']}; output {k}: {describe(j)}"}
         if not worst or j["package"] / max(j["bound"], 1e-12) > worst["package"] / max(worst["bound"], 1e-12):
