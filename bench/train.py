@@ -358,6 +358,11 @@ def wait_model(c: Any, row: dict[str, Any]) -> dict[str, Any]:
     check = (meta or {}).get("check") or {}
     row["check_max_rel_err"] = check.get("max_rel_err")
     row["check_steps"] = len((check.get("training") or {}).get("steps") or [])
+    passed: dict[str, int] = {}  # values the float64 second opinion passed, by rule, over the check's steps
+    for step in (check.get("training") or {}).get("steps") or []:
+        for rule in (step.get("fp64_passed") or {}).values():
+            passed[rule] = passed.get(rule, 0) + 1
+    row["check_fp64_passed"] = passed
     row["check_seconds"] = check.get("seconds")  # by part: load, steps, timing, adversarial
     adv = check.get("adversarial") or {}
     row["adversarial"] = {k: adv.get(k) for k in ("probes", "probe_seconds", "outcomes")}

@@ -209,7 +209,9 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         log.append({"step": step + 1, "loss": float(loss.detach()), "loss_rel_err": errs["loss"],
                     "max_grad_rel_err": max((v or 0.0 for k, v in errs.items() if k.startswith("grad:")),
                                             default=0.0),
-                    "buffers": len(mutated)})
+                    "buffers": len(mutated),
+                    # the values the float64 second opinion passed, and by which rule (compiler.fp64.judge)
+                    "fp64_passed": {c["what"]: c["fp64"]["rule"] for c in checks if c["ok"] and "fp64" in c}})
 
     parts["steps"] = time.perf_counter() - t0 - parts["load"]
     # One step each, timed: eager's forward and backward (grads set to none first, as an optimizer loop would),
