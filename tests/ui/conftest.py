@@ -46,8 +46,11 @@ def shots_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Chromium for one test file. Not the session's: while sync_playwright is open, the thread's asyncio loop counts
+    as running, and with two test processes (pytest-xdist) a later file of the same process that calls asyncio.run
+    (tests/service/api/test_event_hub.py) failed with "asyncio.run() cannot be called from a running event loop"."""
     if not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists():
         pytest.fail(f"the console's browser tests need Chromium at {CHROMIUM}: `make` installs it as root "
                     "(apt-get install chromium); elsewhere install Debian's chromium package")
