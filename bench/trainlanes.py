@@ -73,11 +73,10 @@ def cpu_spec(cpus: list[int] | set[int]) -> str:
 
 
 def parse_cpus(spec: str) -> set[int]:
-    out: set[int] = set()
-    for part in filter(None, spec.split(",")):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
+    """A cpu list as taskset writes it (worker.cpus.parse, which AOTC_TIMING_CPUS reads too)."""
+    from worker.cpus import parse
+
+    return parse(spec)
 
 
 def lane_file(lane_dir: Path, k: int) -> Path:

@@ -26,7 +26,7 @@ import torch
 from compiler.compat import pytree
 from compiler.specialize import drop_metadata_asserts
 
-__all__ = ["FP64_MULTIPLIER", "judge", "second_opinion", "float64_run"]
+__all__ = ["FP64_MULTIPLIER", "judge", "second_opinion", "double", "float64_run"]
 
 # How much farther from a float64 run the package may be than eager is (torchbench's accuracy check uses 2 to 3).
 FP64_MULTIPLIER = 3.0
@@ -91,12 +91,14 @@ def second_opinion(verdict: dict[str, Any], expected: Any, actual: Any, referenc
     return {**verdict, "ok": True, "why": None, "fp64": worst, "first_judgment": verdict.get("why")}
 
 
+def double(x: Any) -> Any:
+    """A floating tensor in float64 (detached); anything else as it is."""
+    return x.detach().double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+
 def float64_run(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """`module`'s output in float64: a copy of it with its floating weights, and the floating inputs, in float64
     (an exported module's dtype asserts dropped), on the same device, outside any autocast or inference mode."""
-    def double(x: Any) -> Any:
-        return x.detach().double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-
     device = next((x.device.type for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)), "cpu")
     with torch.inference_mode(False), torch.no_grad(), torch.autocast(device, enabled=False):
         ref = drop_metadata_asserts(copy.deepcopy(module).double())

@@ -271,14 +271,11 @@ def _second_opinion(checks: list[dict[str, Any]], eager: torch.nn.Module, args: 
     from float64 at most FP64_MULTIPLIER times eager's, in the largest element or, torchbench's measure, in
     root-mean-square). Where the float64 run cannot be made (an op without a float64 kernel, a dtype the graph
     fixes), the first judgment stands."""
-    def double(x: Any) -> Any:
-        return x.detach().double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-
     try:
         ref = drop_metadata_asserts(copy.deepcopy(eager).double())  # they assert float32 inputs
         ref.zero_grad(set_to_none=True)
         torch.manual_seed(step_seed)  # the step's own draws (dropout), as both sides had them
-        out = ref(*[double(a) for a in args], **{k: double(v) for k, v in kwargs.items()})
+        out = ref(*[fp64.double(a) for a in args], **{k: fp64.double(v) for k, v in kwargs.items()})
         flat = list(out) if isinstance(out, (tuple, list)) else [out]
         flat[loss_output].backward()
     except Exception:  # noqa: BLE001 - no second opinion: the first stands

@@ -7,6 +7,7 @@ import torch
 
 from compiler import fp64
 from compiler.check import compare
+from compiler.fp64 import float64_run
 
 
 def _around(ref: torch.Tensor, size: float, seed: int) -> torch.Tensor:
@@ -50,3 +51,34 @@ def test_the_rms_rule_passes_a_value_off_as_a_whole_by_rounding_and_not_one_elem
     assert j["rmse"]["package"] <= j["rms_bound"] and not j["ok"], j
     assert "allowed" in fp64.describe(j) and "root-mean-square" in fp64.describe(j)
     assert fp64.judge(eager, eager, REF, 1.0, 0.0)["rule"] == "largest"
+
+
+def test_a_probe_whose_package_returns_other_values_is_still_refused_and_rounding_passes():
+    """compiler.adversarial's probes judge a failed case by float64 too: a package that returns what eager does not
+    (another row's values, as a read out of place would) is as far from float64 as from eager and stays refused; one
+    at float64's values passes. Outputs in a train step's order (the loss first) are matched to the float64 run's."""
+    from compiler.adversarial import _judged_by_float64
+
+    class Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            out = self.body(x)
+            return out, out.float().pow(2).mean()  # the loss second, as an upload may order it
+
+    torch.manual_seed(0)
+    eager = Step().to(torch.bfloat16)
+    x = torch.randn(8, 16).to(torch.bfloat16)
+    with torch.no_grad():
+        out, loss = eager(x)
+        exact_out, exact_loss = float64_run(eager, (x,), {})
+    expected = [loss, out]  # the package's order: the loss, then the others
+    wrong = [loss, out.roll(1, dims=0)]
+    refused = _judged_by_float64(compare(expected, wrong, 0.05), eager, (x,), {}, expected, wrong, 1, 0.05)
+    assert not refused["ok"] and "against float64" in refused["why"], refused
+    near = [exact_loss.float(), exact_out.to(torch.bfloat16)]
+    failed = {"ok": False, "why": "output 1 (torch.bfloat16) is off by 0.2 relative to eager; tolerance 0.05"}
+    passed = _judged_by_float64(failed, eager, (x,), {}, expected, near, 1, 0.05)
+    assert passed["ok"] and passed["first_judgment"] == failed["why"], passed
