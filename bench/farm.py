@@ -107,6 +107,11 @@ def main() -> int:
     jobs = [(names[i % len(names)], i // len(names)) for i in range(a.jobs)]
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": a.device, "cpus": os.cpu_count(),
                               "workers": a.workers, "jobs": a.jobs, "env": extra}
+
+    def save() -> None:  # after the compiles and after each quiet figure: a run cut off keeps what it measured
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(result, indent=1))
+
     with tempfile.TemporaryDirectory(prefix="aotc-farm-") as tmp_s:
         tmp = a.work or Path(tmp_s)
         tmp.mkdir(parents=True, exist_ok=True)
@@ -177,6 +182,8 @@ def main() -> int:
             print(table(rows, ["model", "seed", "state", "queued_s", "job_s", "compile_s", "check_s", "timing_s",
                                "lock_wait_s"]))
             print(json.dumps(summary, indent=1))
+            result["rows"] = rows
+            save()
 
             if not a.no_quiet:
                 svc.stop_workers()  # a quiet device: nothing compiles or checks while the artifacts are timed
@@ -193,14 +200,13 @@ def main() -> int:
                             counted[k] += 1
                             within[k] += abs(mine / theirs - 1) <= 0.10
                     print(f"{r['model']} seed {r['seed']}: worker {r['check']} quiet {q}", flush=True)
+                    save()
                 result["figures"] = {k: {"within_10pct": within[k], "rows": counted[k]} for k in FIGURES}
                 print(table(chosen, ["model", "seed", *(f"{k}_ratio" for k in FIGURES)]))
                 print(json.dumps(result["figures"]))
-            result["rows"] = rows
         finally:
             svc.stop()
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1))
+    save()
     print(f"wrote {a.out}")
     return 0
 
