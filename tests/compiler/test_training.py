@@ -10,7 +10,7 @@ import torch
 
 from compiler import cachekey
 from compiler import weights as weights_mod
-from compiler.compat.aoti import TRAIN_METADATA, aoti_compile_and_package, weightless_configs
+from compiler.compat.aoti import TRAIN_METADATA, LoadedPackage, aoti_compile_and_package, weightless_configs
 from compiler.compat.joint import LossOutputError, joint_program, random_ops, roles
 from compiler.errors import CheckFailed
 from compiler.options import TRAINING_INDUCTOR_CONFIGS, CompileOptions
@@ -113,6 +113,7 @@ def test_the_float64_second_opinion_passes_eagers_own_rounding_and_refuses_a_wro
     from compiler.traincheck import _second_opinion, grad_scales
 
     eager = seeded(TrainMLP, 5).train()
+    buffers = {n: b.clone() for n, b in eager.named_buffers()}
     flat = list(eager(*ARGS))
     flat[0].backward()
     params = dict(eager.named_parameters())
@@ -120,10 +121,13 @@ def test_the_float64_second_opinion_passes_eagers_own_rounding_and_refuses_a_wro
     scales = grad_scales({n: p.grad for n, p in params.items()})
     failed = {"what": "grad:l2.bias", "ok": False, "why": "output 0 (torch.float32) is off by 0.3 relative to eager"}
 
-    def judged(shift: float) -> dict:
+    def judged(shift: float, what: dict = failed, var_shift: float = 0.0) -> dict:
         got = [flat[0].detach(), flat[1].detach()] + [p.grad.clone() for p in params.values()]
         got[2 + list(params).index("l2.bias")] += shift
-        return _second_opinion([dict(failed)], eager, ARGS, {}, 0, flat, got, roles, scales, 0.0, 0)[0]
+        live = {n: b.clone() for n, b in eager.named_buffers()}  # the package's buffers after its step
+        live["bn.running_var"] += var_shift
+        return _second_opinion([dict(what)], eager, ARGS, {}, 0, flat, got, roles, scales, 0.0, 0, buffers, live,
+                               0.2)[0]
 
     same = judged(0.0)  # eager's own values: as far from float64 as eager is
     assert same["ok"] and same["fp64"]["package"] == pytest.approx(same["fp64"]["eager"])
@@ -132,6 +136,15 @@ def test_the_float64_second_opinion_passes_eagers_own_rounding_and_refuses_a_wro
     assert not wrong["ok"] and wrong["fp64"]["package"] > wrong["fp64"]["bound"]
     assert wrong["fp64"]["rmse"]["package"] > 100 * wrong["fp64"]["rmse"]["eager"]
     assert "root-mean-square: the package" in wrong["why"] and "against float64 the package is off by" in wrong["why"]
+    # A buffer the step updates is judged from the buffers as they were before the step: eager's own update passes
+    # (float64's running_var is eager's up to rounding), one 0.5 off (a tolerance of 0.2 at most 1) fails.
+    var = {"what": "buffer:bn.running_var", "ok": False, "why": "output 0 (torch.float32) is off by 0.3 relative"}
+    same = judged(0.0, var)
+    assert same["ok"] and same["fp64"]["package"] == pytest.approx(same["fp64"]["eager"])
+    assert same["fp64"]["eager"] < 1e-6
+    wrong = judged(0.0, var, var_shift=0.5)
+    assert not wrong["ok"] and wrong["fp64"]["package"] == pytest.approx(0.5 / max(1.0, float(
+        eager.bn.running_var.abs().max())), rel=1e-3)
 
 
 def test_training_options_key_and_shapes():
@@ -188,6 +201,40 @@ def test_a_package_that_freezes_a_parameter_fails_naming_it(mlp):
     frozen = r"does not read weight 'l2.bias' .*: scale\): it was frozen into the generated code"
     with pytest.raises(CheckFailed, match=frozen):
         check_training(str(mlp["path"]), package, SPEC, "cpu")
+
+
+@pytest.mark.slow
+def test_each_step_starts_from_eagers_state_and_a_package_that_writes_a_parameter_is_refused(mlp, monkeypatch):
+    """Two correct implementations differ by rounding, and when each steered its own weights a network amplified
+    that step after step: here gradients 5e-5 from eager's (half the float32 tolerance) at every step were refused
+    at step 2 with lr=1 (the loss 2e-4 off), as bf16 CNNs' were on H200s (bench/train_drift.py). Each step now
+    starts both sides from eager's weights and buffers, so every step passes. A package that writes to the caller's
+    parameters (it may write only the buffers its manifest names) is named."""
+    package = _broken_build(mlp, "good.pt2", {**(weightless_configs() or {}), **TRAINING_INDUCTOR_CONFIGS})
+    real_run, real_bind = LoadedPackage.run_flat, LoadedPackage.bind_constants
+    bound: dict[str, torch.Tensor] = {}
+
+    def bind(self: LoadedPackage, constants: dict[str, torch.Tensor]) -> None:
+        bound.update(constants)
+        real_bind(self, constants)
+
+    def rounded(self: LoadedPackage, flat: list[torch.Tensor]) -> list[torch.Tensor]:
+        out = real_run(self, flat)
+        return out[:2] + [g * (1 + 5e-5) for g in out[2:]]  # loss, logits, then a gradient per parameter
+
+    monkeypatch.setattr(LoadedPackage, "bind_constants", bind)
+    monkeypatch.setattr(LoadedPackage, "run_flat", rounded)
+    checked = check_training(str(mlp["path"]), package, SPEC, "cpu", lr=1.0, adversarial=False)
+    assert [s["max_grad_rel_err"] == pytest.approx(5e-5, rel=0.05) for s in checked["training"]["steps"]] == [True] * 3
+
+    def writes(self: LoadedPackage, flat: list[torch.Tensor]) -> list[torch.Tensor]:
+        out = real_run(self, flat)
+        bound["l2.weight"].add_(1e-3)  # the caller's own tensor: its weights moved by the package
+        return out
+
+    monkeypatch.setattr(LoadedPackage, "run_flat", writes)
+    with pytest.raises(CheckFailed, match=r"step 1 of 3: the package wrote to parameter\(s\) \['l2.weight'\] of the "):
+        check_training(str(mlp["path"]), package, SPEC, "cpu", adversarial=False)
 
 
 def test_a_train_step_is_never_served_as_a_model_nor_the_reverse():
