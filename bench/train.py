@@ -445,6 +445,13 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def finished(row: dict[str, Any], retry: list[str]) -> bool:
+    """A row `--append` does not run again: timed, covered, or refused for a reason not named by `--retry`."""
+    if not row.get("package"):
+        return not any(str(row.get("reason", "")).startswith(prefix) for prefix in retry)
+    return "speedup_vs_eager" in row or bool(row.get("coverage_only"))
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind, rest = sys.argv[2], sys.argv[3:]
@@ -479,6 +486,9 @@ def main() -> None:
                    help="compile workers (all models are queued at once; timing waits for a quiet device)")
     p.add_argument("--coverage", default="",
                    help="comma-separated: more models to make packages of after the timed ones (coverage, untimed)")
+    p.add_argument("--retry", action="append", default=[], metavar="PREFIX",
+                   help="with --append: run again the models refused with a reason that starts with PREFIX (e.g. "
+                        "'check:' after the check changed); the other rows stay finished")
     p.add_argument("--cpp", action="store_true", help="also time the first step from C++ (examples/cpp's aotc_run, "
                    "built here: g++ and OpenSSL's headers), in a fresh process")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile (cold and step)")
@@ -539,8 +549,7 @@ def run_lanes(a: argparse.Namespace) -> int:
         stale.unlink()
     out = Path(a.out)
     old = json.loads(out.read_text()) if a.append and out.exists() else {}
-    done = {r["model"] for r in old.get("rows", [])
-            if (not r.get("package")) or "speedup_vs_eager" in r or r.get("coverage_only")}
+    done = {r["model"] for r in old.get("rows", []) if finished(r, a.retry)}
     trainlanes.write_atomic(lane_dir / "prev.json", {
         "meta": {k: v for k, v in old.items() if k not in ("rows", "untimed", "lanes")},
         "rows": [r for r in old.get("rows", []) if r["model"] in done],
@@ -585,7 +594,7 @@ def run_lane(a: argparse.Namespace) -> None:
     base.mkdir(parents=True, exist_ok=True)
     old = json.loads(Path(a.out).read_text())["rows"] if a.append and a.out and Path(a.out).exists() else []
     # A rerun (a GPU call cut off) resumes: a model with a finished row is not run again.
-    done = {r["model"] for r in old if (not r.get("package")) or "speedup_vs_eager" in r or r.get("coverage_only")}
+    done = {r["model"] for r in old if finished(r, a.retry)}
     timed_names = [n for n in a.zoo.split(",") if n and n not in done]
     cover_names = [n for n in a.coverage.split(",") if n and n not in done and n not in timed_names]
     rows: list[dict[str, Any]] = [r for r in old if r["model"] in done]

@@ -14,15 +14,24 @@ TINY = ("train_mlp", "conv_bn", "mlp_deep")
 
 
 class Classify(torch.nn.Module):
-    """Cross-entropy of the body's logits against labels."""
+    """Cross-entropy of the body's logits against labels. A body that trains with auxiliary heads (torchvision's
+    Inception-v3 and GoogLeNet return a named tuple in training mode: the logits, then the aux logits) adds each
+    aux head's loss at AUX_WEIGHT, as torchvision's reference training script does for Inception-v3."""
+
+    AUX_WEIGHT = 0.4
 
     def __init__(self, body: torch.nn.Module) -> None:
         super().__init__()
         self.body = body
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.body(x)
-        return torch.nn.functional.cross_entropy(logits.float(), labels), logits.detach()
+        out = self.body(x)
+        logits, *aux = out if isinstance(out, tuple) else (out,)
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels)
+        for a in aux:
+            if isinstance(a, torch.Tensor):
+                loss = loss + self.AUX_WEIGHT * torch.nn.functional.cross_entropy(a.float(), labels)
+        return loss, logits.detach()
 
 
 class TextClassify(torch.nn.Module):
