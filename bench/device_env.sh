@@ -13,7 +13,13 @@ cp -a . "$run"
 cd "$run"
 PY=${PYTHON:-python3}
 if compgen -G '.whl/*.whl' >/dev/null; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    # Installed once per machine: a second run started beside a first (train_lanes.sh and farm.py on one machine)
+    # must not replace /tmp/site under the first's imports. The marker names the wheels it was installed from.
+    wheels=$(ls .whl/*.whl | xargs -n1 basename | sort | sha256sum | cut -c1-16)
+    if [[ $(cat /tmp/site/.aotc-wheels 2>/dev/null) != "$wheels" ]]; then
+        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+        echo "$wheels" >/tmp/site/.aotc-wheels
+    fi
     export PYTHONPATH=/tmp/site:$run
     # A wheel missing from .whl/ (httpx-sse, pyseccomp: fetch-wheels.sh's extras) fails here in a second, not
     # minutes later in a lane's log with a service half started.
