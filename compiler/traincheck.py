@@ -58,6 +58,13 @@ def live_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit equal (a NaN equals itself, where torch.equal says no)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.detach().contiguous().view(torch.uint8), b.detach().contiguous().view(torch.uint8))
+
+
 def sync(eager: torch.nn.Module, bound_params: dict[str, torch.nn.Parameter], live: dict[str, torch.Tensor],
          mutated: list[str]) -> None:
     """Set the bound parameters and the mutated buffers, in place (the tensors the package reads), to eager's."""
@@ -182,7 +189,7 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         got = package.run_flat(package.flat_inputs(args, kwargs))
         if len(got) != len(roles):
             raise fail(step, f"the package returned {len(got)} outputs; its manifest has {len(roles)} roles")
-        written = [name for name, p in bound_params.items() if not torch.equal(p, params[name])]
+        written = [name for name, p in bound_params.items() if not same_bits(p, params[name])]
         if written:  # eager's forward and backward leave them; the two sides start each step alike (`sync`)
             raise fail(step, f"the package wrote to parameter(s) {written[:5]} of the caller's model: a train step "
                              "returns gradients and updates only the buffers its manifest names")
