@@ -62,7 +62,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit for bit equal (a NaN equals itself, where torch.equal says no)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    return torch.equal(a.detach().contiguous().view(torch.uint8), b.detach().contiguous().view(torch.uint8))
+    return torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
 
 
 def sync(eager: torch.nn.Module, bound_params: dict[str, torch.nn.Parameter], live: dict[str, torch.Tensor],

@@ -203,6 +203,21 @@ def test_a_package_that_freezes_a_parameter_fails_naming_it(mlp):
         check_training(str(mlp["path"]), package, SPEC, "cpu")
 
 
+def test_the_parameter_write_check_compares_bits():
+    """A NaN weight is the same weight (torch.equal says no), a 0-d parameter and a transposed view compare, and one
+    bit moved is a write."""
+    from compiler.traincheck import same_bits
+
+    nan = torch.tensor([1.0, float("nan")])
+    assert same_bits(nan, nan.clone()) and not torch.equal(nan, nan.clone())
+    assert same_bits(torch.tensor(0.5), torch.tensor(0.5)) and not same_bits(torch.tensor(0.5), torch.tensor(0.25))
+    assert same_bits(torch.arange(6.0).view(2, 3).t(), torch.arange(6.0).view(2, 3).t().contiguous())
+    moved = torch.ones(4)
+    moved.view(torch.int32)[2] += 1  # the last bit of one element
+    assert not same_bits(torch.ones(4), moved)
+    assert not same_bits(torch.ones(4), torch.ones(4, dtype=torch.float64))
+
+
 @pytest.mark.slow
 def test_each_step_starts_from_eagers_state_and_a_package_that_writes_a_parameter_is_refused(mlp, monkeypatch):
     """Two correct implementations differ by rounding, and when each steered its own weights a network amplified
