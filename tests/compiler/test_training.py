@@ -224,7 +224,8 @@ def test_each_step_starts_from_eagers_state_and_a_package_that_writes_a_paramete
     that step after step: here gradients 5e-5 from eager's (half the float32 tolerance) at every step were refused
     at step 2 with lr=1 (the loss 2e-4 off), as bf16 CNNs' were on H200s (bench/train_drift.py). Each step now
     starts both sides from eager's weights and buffers, so every step passes. A package that writes to the caller's
-    parameters (it may write only the buffers its manifest names) is named."""
+    parameters (it may write only the buffers its manifest names) is named, and one that reads its own copy of the
+    weights (the caller's updates never reach it) fails the next step."""
     package = _broken_build(mlp, "good.pt2", {**(weightless_configs() or {}), **TRAINING_INDUCTOR_CONFIGS})
     real_run, real_bind = LoadedPackage.run_flat, LoadedPackage.bind_constants
     bound: dict[str, torch.Tensor] = {}
@@ -249,6 +250,17 @@ def test_each_step_starts_from_eagers_state_and_a_package_that_writes_a_paramete
 
     monkeypatch.setattr(LoadedPackage, "run_flat", writes)
     with pytest.raises(CheckFailed, match=r"step 1 of 3: the package wrote to parameter\(s\) \['l2.weight'\] of the "):
+        check_training(str(mlp["path"]), package, SPEC, "cpu", adversarial=False)
+
+    weights = {n for n, _ in TrainMLP().named_parameters()}
+
+    def copies(self: LoadedPackage, constants: dict[str, torch.Tensor]) -> None:  # its own copy of the weights
+        real_bind(self, {k: v.clone() if k in weights else v for k, v in constants.items()})
+
+    monkeypatch.setattr(LoadedPackage, "run_flat", real_run)
+    monkeypatch.setattr(LoadedPackage, "bind_constants", copies)
+    with pytest.raises(CheckFailed, match=r"step 2 of 3: .* disagrees with eager: .*step 1 agreed: a parameter the "
+                                          r"package does not read from the bound tensors"):
         check_training(str(mlp["path"]), package, SPEC, "cpu", adversarial=False)
 
 
