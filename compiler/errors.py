@@ -44,6 +44,7 @@ workers are not exceptions: each failed attempt becomes a `Failure` record.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +126,34 @@ class CompileError(Exception):
         self.message = message
         self.stage = stage
         self.excerpt = excerpt
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    """`e` and what it wraps: Inductor's `inner_exception`, then the cause or context, without cycles."""
+    seen: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and all(cur is not s for s in seen) and len(seen) < 16:
+        seen.append(cur)
+        inner = getattr(cur, "inner_exception", None)
+        cur = inner if isinstance(inner, BaseException) else (cur.__cause__ or cur.__context__)
+    return seen
+
+
+def described(e: BaseException) -> tuple[str, str]:
+    """(message, excerpt) of an exception a compile stage raised. A C++ compile error of generated code leads with
+    the compiler's own error lines: torch's message puts the whole command first, thousands of characters that
+    crowded them out of the job's capped message (4,000 characters). The compiler's output goes to the excerpt, its
+    tail where it is long."""
+    cpp = next((x for x in _chain(e) if type(x).__name__ == "CppCompileError"), None)
+    output = getattr(cpp, "output", None)
+    if not isinstance(output, str):
+        return f"{type(e).__name__}: {e}", ""
+    lines = list(dict.fromkeys(re.sub(r"^\S*/", "", line.strip()) for line in output.splitlines()
+                               if ": error: " in line))
+    first = "; ".join(lines[:3]) if lines else "no line says error (the output is in the excerpt)"
+    more = f" (and {len(lines) - 3} more)" if len(lines) > 3 else ""
+    return (f"{type(e).__name__}: C++ compile error in the generated code: {first}{more}",
+            output if len(output) <= 8000 else "...\n" + output[-8000:])
 
 
 class UnsafeModel(CompileError):

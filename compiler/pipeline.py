@@ -23,7 +23,7 @@ import torch
 from compiler import report as rep
 from compiler import stages
 from compiler import training as training_mod
-from compiler.errors import CompileError
+from compiler.errors import CompileError, described
 from compiler.inputs import Spec
 from compiler.loading import load_program
 from compiler.options import CompileOptions
@@ -66,7 +66,8 @@ def compile_model(
             e.stage = e.stage or stage
             raise
         except Exception as e:
-            raise CompileError(f"{type(e).__name__}: {e}", stage=stage) from e
+            message, excerpt = described(e)
+            raise CompileError(message, stage=stage, excerpt=excerpt) from e
         finally:
             timings[stage] = round(time.perf_counter() - t0, 3)
 
@@ -137,7 +138,8 @@ def compile_model(
         e.stage = e.stage or current[0]
         raise
     except Exception as e:
-        raise CompileError(f"{type(e).__name__}: {e}", stage=current[0]) from e
+        message, excerpt = described(e)
+        raise CompileError(message, stage=current[0], excerpt=excerpt) from e
     timings["compile"] = round(time.perf_counter() - t0, 3)
     # The second line after codegen: nothing has run the package yet, and nothing will if its sources make
     # calls no kernel makes (UnsafeCode, final; the package is removed).
