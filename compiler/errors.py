@@ -141,9 +141,9 @@ def _chain(e: BaseException) -> list[BaseException]:
 
 def described(e: BaseException) -> tuple[str, str]:
     """(message, excerpt) of an exception a compile stage raised. A C++ compile error of generated code leads with
-    the compiler's own error lines: torch's message puts the whole command first, thousands of characters that
-    crowded them out of the job's capped message (4,000 characters). The compiler's output goes to the excerpt, its
-    tail where it is long."""
+    the compiler's own error lines: torch's message puts the whole command first, then every note of the compiler,
+    and the job's message is capped at 4,000 characters (LeViT-128's first `error:` came 94,698 characters in). The
+    compiler's output goes to the excerpt, its tail where it is long."""
     cpp = next((x for x in _chain(e) if type(x).__name__ == "CppCompileError"), None)
     output = getattr(cpp, "output", None)
     if not isinstance(output, str):
