@@ -148,12 +148,18 @@ def described(e: BaseException) -> tuple[str, str]:
     output = getattr(cpp, "output", None)
     if not isinstance(output, str):
         return f"{type(e).__name__}: {e}", ""
-    lines = list(dict.fromkeys(re.sub(r"^\S*/", "", line.strip()) for line in output.splitlines()
-                               if ": error: " in line))
+    every = output.splitlines()
+    at = [i for i, line in enumerate(every) if ": error: " in line]
+    lines = list(dict.fromkeys(re.sub(r"^\S*/", "", every[i].strip()) for i in at))
     first = "; ".join(lines[:3]) if lines else "no line says error (the output is in the excerpt)"
     more = f" (and {len(lines) - 3} more)" if len(lines) > 3 else ""
-    return (f"{type(e).__name__}: C++ compile error in the generated code: {first}{more}",
-            output if len(output) <= 8000 else "...\n" + output[-8000:])
+    message = f"{type(e).__name__}: C++ compile error in the generated code: {first}{more}"
+    if len(output) <= 8000:
+        return message, output
+    if not at:
+        return message, "...\n" + output[-8000:]
+    near = "\n".join(every[i] for i in sorted({j for i in at[:10] for j in range(i, min(i + 4, len(every)))}))
+    return message, near[:8000]
 
 
 class UnsafeModel(CompileError):

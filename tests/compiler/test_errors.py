@@ -32,9 +32,15 @@ def test_a_cpp_compile_error_leads_with_the_compilers_error_lines():
                        "conflicting declaration 'auto at_BFloat16_tmp_acc0_vec'")
     assert excerpt == OUTPUT
 
-    long = CppCompileError(command, "x.cpp:1:1: error: one\n" * 5 + "y" * 20_000)
+    # A long output (LeViT's was over 94,000 characters before its first error): the excerpt is each error line
+    # with the three after it.
+    notes = "".join(f"k.cpp:{n}:1: note: candidate\n" for n in range(3000))
+    long = CppCompileError(command, notes + "k.cpp:9:9: error: one\n  9 | code\n    | ^\nk.cpp: more\nk.cpp: after\n")
     message, excerpt = described(long)
-    assert message.endswith("x.cpp:1:1: error: one") and len(excerpt) == 8004 and excerpt.startswith("...\n")
+    assert message.endswith("k.cpp:9:9: error: one")
+    assert excerpt == "k.cpp:9:9: error: one\n  9 | code\n    | ^\nk.cpp: more"
+    message, excerpt = described(CppCompileError(command, "y" * 20_000))
+    assert len(excerpt) == 8004 and excerpt.startswith("...\n")
 
 
 def test_any_other_failure_keeps_its_own_message():
