@@ -512,9 +512,9 @@ def main() -> None:
     if a.gpus or a.lanes > 1:
         sys.exit(run_lanes(a))
     if a.lane_cpus:  # a lane: pinned before torch starts a thread, so everything it starts inherits the cores
-        from bench.trainlanes import parse_cpus
+        from worker.cpus import parse  # a cpu list as taskset writes it, as AOTC_TIMING_CPUS is read
 
-        os.sched_setaffinity(0, parse_cpus(a.lane_cpus))
+        os.sched_setaffinity(0, parse(a.lane_cpus))
     if a.device == "cuda":
         a.device = "cuda:0"
     run_lane(a)

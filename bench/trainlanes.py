@@ -72,13 +72,6 @@ def cpu_spec(cpus: list[int] | set[int]) -> str:
     return ",".join(parts)
 
 
-def parse_cpus(spec: str) -> set[int]:
-    """A cpu list as taskset writes it (worker.cpus.parse, which AOTC_TIMING_CPUS reads too)."""
-    from worker.cpus import parse
-
-    return parse(spec)
-
-
 def lane_file(lane_dir: Path, k: int) -> Path:
     return lane_dir / f"lane-{k}.json"
 

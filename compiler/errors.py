@@ -128,6 +128,12 @@ class CompileError(Exception):
         self.excerpt = excerpt
 
 
+# What of a failure reaches the job record: the message and the excerpt are cut at these (worker.sandbox, for what a
+# child reports).
+MESSAGE_MAX = 4000
+EXCERPT_MAX = 8000
+
+
 def _chain(e: BaseException) -> list[BaseException]:
     """`e` and what it wraps: Inductor's `inner_exception`, then the cause or context, without cycles."""
     seen: list[BaseException] = []
@@ -142,8 +148,9 @@ def _chain(e: BaseException) -> list[BaseException]:
 def described(e: BaseException) -> tuple[str, str]:
     """(message, excerpt) of an exception a compile stage raised. A C++ compile error of generated code leads with
     the compiler's own error lines: torch's message puts the whole command first, then every note of the compiler,
-    and the job's message is capped at 4,000 characters (LeViT-128's first `error:` came 94,698 characters in). The
-    compiler's output goes to the excerpt, its tail where it is long."""
+    and the job's message is cut at MESSAGE_MAX (LeViT-128's first `error:` came 94,698 characters in). The
+    compiler's output goes to the excerpt: whole where it fits EXCERPT_MAX, else each error line with the three
+    after it (or the tail, where no line says error)."""
     cpp = next((x for x in _chain(e) if type(x).__name__ == "CppCompileError"), None)
     output = getattr(cpp, "output", None)
     if not isinstance(output, str):
@@ -154,12 +161,12 @@ def described(e: BaseException) -> tuple[str, str]:
     first = "; ".join(lines[:3]) if lines else "no line says error (the output is in the excerpt)"
     more = f" (and {len(lines) - 3} more)" if len(lines) > 3 else ""
     message = f"{type(e).__name__}: C++ compile error in the generated code: {first}{more}"
-    if len(output) <= 8000:
+    if len(output) <= EXCERPT_MAX:
         return message, output
     if not at:
-        return message, "...\n" + output[-8000:]
+        return message, "...\n" + output[-EXCERPT_MAX:]
     near = "\n".join(every[i] for i in sorted({j for i in at[:10] for j in range(i, min(i + 4, len(every)))}))
-    return message, near[:8000]
+    return message, near[:EXCERPT_MAX]
 
 
 class UnsafeModel(CompileError):

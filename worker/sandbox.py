@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compiler.errors import Failure
+from compiler.errors import EXCERPT_MAX, MESSAGE_MAX, Failure
 from worker import limits as limits_mod
 from worker.isolation import Cell, Sandbox
 from worker.limits import Limits
@@ -204,9 +204,9 @@ def _reported(error: Any, kind: str) -> Failure:
     kind_name = str(e.get("type") or "Error")
     return Failure.from_json({
         "type": kind_name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", kind_name) else "Error",
-        "message": str(e.get("message") or "")[:4000],
+        "message": str(e.get("message") or "")[:MESSAGE_MAX],
         "stage": str(e.get("stage") or kind)[:64],
-        "excerpt": str(e.get("excerpt") or "")[:8000],
+        "excerpt": str(e.get("excerpt") or "")[:EXCERPT_MAX],
     })
 
 
