@@ -8,6 +8,7 @@ Torch is imported only where a model is built or exported, so the service side s
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -83,7 +84,11 @@ class Service:
                                     env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
         self.workers: list[subprocess.Popen[bytes]] = []
         self.started: list[float] = []
-        self._wait_api()
+        try:
+            self._wait_api()
+        except RuntimeError:
+            self.stop()  # Redis, and the API if it still runs
+            raise
         for _ in range(workers):
             self.add_worker()
 
@@ -98,7 +103,7 @@ class Service:
             except httpx.TransportError:
                 pass
             if self.api.poll() is not None:
-                raise RuntimeError(f"the API exited: {self.log_path.read_text()[-3000:]}")
+                raise RuntimeError(f"the API exited ({self.exited()}): {self.errors()}")
             time.sleep(0.2)
         raise RuntimeError(f"the API did not answer in {timeout_s} s")
 
@@ -122,15 +127,26 @@ class Service:
         while time.monotonic() < deadline:
             if len(store.workers.live()) >= n:
                 return
-            if any(p.poll() is not None for p in [self.api, *self.workers]):
-                raise RuntimeError(f"the service exited: {self.log_path.read_text()[-3000:]}")
+            if gone := self.exited():
+                raise RuntimeError(f"the service exited ({gone}): {self.errors()}")
             time.sleep(0.3)
         raise RuntimeError(f"{n} workers did not register in {timeout_s} s")
 
+    def exited(self) -> str:
+        """Which of the API and the workers has exited, with its status ("" while all run)."""
+        procs = [("the API", self.api), *((f"worker {i}", w) for i, w in enumerate(self.workers))]
+        return ", ".join(f"{name}: exit status {p.returncode}" for name, p in procs if p.poll() is not None)
+
+    def errors(self, limit: int = 3000) -> str:
+        """The log's error lines and tracebacks' last lines, else its tail: a lane's log interleaves five workers'
+        start-up, so a failure printed first (the API's bind) is no longer in the tail when it is read."""
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        at = [i for i, line in enumerate(lines) if re.search(r"\b(ERROR|CRITICAL)\b|Error:|Errno", line)]
+        marked = sorted({j for i in at for j in range(i, min(i + 3, len(lines)))})  # with the two lines after
+        return "\n".join(lines[j] for j in marked or range(len(lines)))[-limit:]
+
     def wait_headers(self, n: int = 1, timeout_s: float = 1800) -> None:
         """Until `n` workers have their precompiled headers (found on disk or built)."""
-        import re
-
         found = re.compile(r"precompiled headers: (built )?\d+ files")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -162,6 +178,27 @@ class Service:
                 p.kill()
         self.redis.stop()
         self.log.close()
+
+
+def start_service(data_dir: Path, device: str, workers: int, extra_env: dict[str, str] | None = None,
+                  attempts: int = 2) -> Service:
+    """A Service with its `workers` registered. A start that fails at once (a process exited: on a GPU host a lane's
+    service died so in 2026-11-28's coverage run, its cause lost with the machine) is stopped and tried again in a
+    fresh directory with fresh ports, so one lane's bad start does not cost a quarter of a run."""
+    for attempt in range(attempts):
+        where = data_dir if attempt == 0 else data_dir.with_name(f"{data_dir.name}-retry{attempt}")
+        svc = None
+        try:
+            svc = Service(where, device, workers, extra_env)
+            svc.wait_registered(workers)
+            return svc
+        except RuntimeError as e:
+            if svc is not None:
+                svc.stop()
+            if attempt + 1 == attempts:
+                raise
+            print(f"the service in {where} did not start, trying again: {e}", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
 
 
 def ts(value: Any) -> float:

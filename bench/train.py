@@ -579,7 +579,7 @@ def run_lane(a: argparse.Namespace) -> None:
     it lands while no other job of the lane is checking. Without --lane this is the whole run."""
     import torch
 
-    from bench.farmkit import Service
+    from bench.farmkit import start_service
     from bench.trainlanes import cpu_spec, lane_file, merge, others, write_atomic
     from client import Client
 
@@ -706,11 +706,10 @@ def run_lane(a: argparse.Namespace) -> None:
         if workers_on:
             svc.stop_workers()
 
-    svc = Service(base / "svc", device, a.workers)
+    # A submit before any worker registered is refused (503: no live worker serves the target); a lane on a core or
+    # two starts its worker slowly.
+    svc = start_service(base / "svc", device, a.workers)
     try:
-        # A submit before any worker registered is refused (503: no live worker serves the target); a lane on a
-        # core or two starts its worker slowly.
-        svc.wait_registered(a.workers)
         with Client(svc.url, cache_dir=base / "client-cache", timeout=600) as c:
             run_timed(c, svc, submit_all(c, timed_names))
             if cover_names:

@@ -300,7 +300,8 @@ def _second_opinion(checks: list[dict[str, Any]], eager: torch.nn.Module, args: 
     root-mean-square). A buffer the step updates (a running variance, computed from activations that went through
     every bf16 layer before it) is judged the same way, the float64 run starting from the buffers as they were
     before the step. Where the float64 run cannot be made (an op without a float64 kernel, a dtype the graph
-    fixes), the first judgment stands."""
+    fixes), the first judgment stands and its message says why (EfficientViT-B1's refusal on the H200s gave no
+    second opinion and no reason)."""
     try:
         ref = drop_metadata_asserts(copy.deepcopy(eager).double())  # they assert float32 inputs
         ref.zero_grad(set_to_none=True)
@@ -313,8 +314,10 @@ def _second_opinion(checks: list[dict[str, Any]], eager: torch.nn.Module, args: 
         out = ref(*[fp64.double(a) for a in args], **{k: fp64.double(v) for k, v in kwargs.items()})
         flat = list(out) if isinstance(out, (tuple, list)) else [out]
         flat[loss_output].backward()
-    except Exception:  # noqa: BLE001 - no second opinion: the first stands
-        return checks
+    except Exception as e:  # noqa: BLE001 - no second opinion: the first stands, and says why
+        first_line = (str(e).splitlines() or [""])[0][:300]
+        missing = f"no float64 second opinion: {type(e).__name__}: {first_line}"
+        return [c if c["ok"] else {**c, "why": f"{c['why']}; {missing}"} for c in checks]
     user = [r for r in roles if r.role.startswith("output:")]
     # role -> (eager's value, the package's, float64's, the scale errors are divided by)
     values: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]] = {}

@@ -145,6 +145,21 @@ def test_the_float64_second_opinion_passes_eagers_own_rounding_and_refuses_a_wro
     wrong = judged(0.0, var, var_shift=0.5)
     assert not wrong["ok"] and wrong["fp64"]["package"] == pytest.approx(0.5 / max(1.0, float(
         eager.bn.running_var.abs().max())), rel=1e-3)
+    # Where the float64 run cannot be made, the first judgment stands and says why; a passed check is untouched.
+    eager.forward = float32_only(eager.forward)
+    passed = {"what": "loss", "ok": True, "why": None}
+    kept, stood = _second_opinion([passed, dict(failed)], eager, ARGS, {}, 0, flat, flat, roles, scales, 0.0, 0,
+                                  buffers, buffers, 0.2)
+    assert kept == passed and not stood["ok"] and "fp64" not in stood
+    assert stood["why"] == f"{failed['why']}; no float64 second opinion: TypeError: float32 inputs only"
+
+
+def float32_only(forward):
+    def guarded(x: torch.Tensor, y: torch.Tensor):
+        if x.dtype != torch.float32:  # as a model that casts with a fixed dtype, or an op without a float64 kernel
+            raise TypeError("float32 inputs only\n(second line)")
+        return forward(x, y)
+    return guarded
 
 
 def test_training_options_key_and_shapes():
