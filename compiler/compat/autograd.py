@@ -11,14 +11,15 @@ from typing import Any
 import torch
 
 from compiler.compat import pytree
+from compiler.compat.joint import training_decompositions
 
 
 def aot_joint_and_partition(module: torch.nn.Module, args: tuple[Any, ...],
                             kwargs: dict[str, Any]) -> dict[str, torch.fx.GraphModule]:
-    """Trace forward and backward of `module` through AOTAutograd with the core ATen decompositions; returns the
+    """Trace forward and backward of `module` through AOTAutograd with the core ATen decompositions (less the CPU
+    attention kernel's, compiler.compat.joint.training_decompositions); returns the
     joint graph and its forward/backward partition. Runs one forward and one backward (on sum of outputs) on
     `args`, because AOTAutograd compiles the backward when it is first needed."""
-    from torch._decomp import core_aten_decompositions
     from torch._functorch.aot_autograd import aot_module
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
@@ -40,7 +41,7 @@ def aot_joint_and_partition(module: torch.nn.Module, args: tuple[Any, ...],
         return run
 
     compiled = aot_module(module, fw_compiler=lambda gm, ex: boxed(gm), bw_compiler=lambda gm, ex: boxed(gm),
-                          partition_fn=partition, decompositions=core_aten_decompositions())
+                          partition_fn=partition, decompositions=training_decompositions())
     with torch.enable_grad():
         out = compiled(*args, **kwargs)
         leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]

@@ -174,7 +174,16 @@ def joint_program(ep: torch.export.ExportedProgram, loss_output: int) -> torch.e
     try:
         for v in marked:
             v.requires_grad_(False)
-        return _export_forward_backward(ep, joint_loss_index=loss_output)
+        joint = _fused_cpu_attention_joint(ep, loss_output)
+        if joint is None:
+            joint = _export_forward_backward(ep, joint_loss_index=loss_output)
+        misfed = misfed_cpu_attention(joint)
+        if misfed:
+            raise JointUnavailable(f"torch {torch.__version__}'s joint export hands the CPU attention kernel's backward "
+                                   f"the attention weights for its logsumexp (at {', '.join(misfed)}): its gradients "
+                                   "would be wrong. Build the train step on a torch whose joint export keeps that "
+                                   "kernel (compiler.compat.joint), or on CUDA", stage="autograd")
+        return joint
     except RuntimeError as e:
         if "requires gradients" in str(e):
             raise LossOutputError(f"an output other than the loss (output {loss_output}) needs a gradient: return "
@@ -184,6 +193,62 @@ def joint_program(ep: torch.export.ExportedProgram, loss_output: int) -> torch.e
     finally:
         for v in marked:
             v.requires_grad_(True)
+
+
+# torch/_decomp/decompositions.py decomposes `_scaled_dot_product_flash_attention_for_cpu` (what SDPA runs as on a
+# CPU) into its math form, for export, and returns the attention weights in the place of the kernel's logsumexp.
+# `_export_forward_backward` applies that decomposition to the forward but keeps the kernel's own derivative,
+# `..._for_cpu_backward`, which then reads the weights as a logsumexp. Every gradient through the attention is wrong
+# (a SegFormer-B0 train step on torch 2.13's CPU, float32: its stage-0 gradients 1e9 times their scale away from
+# eager's; the joint program itself, run op by op, before any Inductor), and in bf16 the backward refuses the bf16
+# weights (`expected scalar type Float but found BFloat16`). The check refused those packages; the joint is now built
+# with that one decomposition left out, so the kernel runs forward and backward as in eager (AOTInductor calls both
+# through its C shims). Its derivative needs the real logsumexp, of shape (batch, heads, queries).
+CPU_ATTENTION = "_scaled_dot_product_flash_attention_for_cpu"
+
+
+def training_decompositions() -> Any:
+    """Core ATen's decompositions less the CPU attention kernel's (above): for every trace that differentiates (this
+    joint, and compiler.compat.autograd's for the report)."""
+    from torch._decomp import core_aten_decompositions
+
+    table = core_aten_decompositions()
+    table.pop(getattr(torch.ops.aten, CPU_ATTENTION).default, None)
+    return table
+
+
+def _fused_cpu_attention_joint(ep: torch.export.ExportedProgram,
+                               loss_output: int) -> torch.export.ExportedProgram | None:
+    """`_export_forward_backward(ep, loss_output)` with core ATen's decompositions less the CPU attention kernel's;
+    None where this torch's private pieces differ (the caller then builds the stock joint, and checks it)."""
+    try:
+        from torch.export.experimental import _copy_graph_module_and_signature, _remove_detach_pass
+        from torch.export.exported_program import _decompose_exported_program
+    except ImportError:
+        return None
+    try:
+        decomposed = _decompose_exported_program(ep, cia_to_decomp={}, python_decomp_table=training_decompositions(),
+                                                 joint_loss_index=loss_output, decompose_custom_triton_ops=False)
+    except TypeError:  # another signature: this torch's stock joint, checked by the caller
+        return None
+    gm, signature = _copy_graph_module_and_signature(decomposed)
+    _remove_detach_pass(gm, signature)
+    return decomposed._update(gm, signature)
+
+
+def misfed_cpu_attention(joint: torch.export.ExportedProgram) -> list[str]:
+    """The joint's CPU attention backward nodes whose logsumexp argument is not a (batch, heads, queries) tensor:
+    torch's decomposed forward handed them the attention weights (above)."""
+    backward = getattr(torch.ops.aten, f"{CPU_ATTENTION}_backward").default
+    bad = []
+    for n in joint.graph.nodes:
+        if n.op == "call_function" and n.target is backward:
+            lse = n.args[5].meta.get("val") if isinstance(n.args[5], torch.fx.Node) else None
+            q = n.args[1].meta.get("val") if isinstance(n.args[1], torch.fx.Node) else None
+            if not (isinstance(lse, torch.Tensor) and isinstance(q, torch.Tensor) and lse.dim() == 3
+                    and lse.dtype == torch.float32 and list(lse.shape) == list(q.shape[:3])):
+                bad.append(n.name)
+    return bad
 
 
 def untrained(joint: torch.export.ExportedProgram) -> list[str]:

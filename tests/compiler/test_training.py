@@ -11,7 +11,7 @@ import torch
 from compiler import cachekey
 from compiler import weights as weights_mod
 from compiler.compat.aoti import TRAIN_METADATA, LoadedPackage, aoti_compile_and_package, weightless_configs
-from compiler.compat.joint import LossOutputError, joint_program, random_ops, roles
+from compiler.compat.joint import LossOutputError, joint_program, misfed_cpu_attention, random_ops, roles
 from compiler.errors import CheckFailed
 from compiler.options import TRAINING_INDUCTOR_CONFIGS, CompileOptions
 from compiler.shapes import training_refusal
@@ -333,6 +333,81 @@ def test_precision_bf16_is_autocast_checked_in_bf16_and_weights_stay_fp32(mlp):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             amp = ep.module()(x, y)[0]
     assert abs(float(loss) - float(fp32)) > 1e-5 and abs(float(loss) - float(amp)) < 5e-2 * max(abs(float(amp)), 1)
+
+
+
+class Attends(torch.nn.Module):
+    """Self-attention through scaled_dot_product_attention, two heads, its keys and values from every fourth token
+    (SegFormer's reduced sequence): (loss, output detached)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(16, 16) for _ in range(4))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, n, c = x.shape
+        kv = x[:, ::4]
+        q = self.q(x).view(b, n, 2, c // 2).transpose(1, 2)
+        k = self.k(kv).view(b, -1, 2, c // 2).transpose(1, 2)
+        v = self.v(kv).view(b, -1, 2, c // 2).transpose(1, 2)
+        out = self.o(torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c))
+        return torch.nn.functional.mse_loss(out, y), out.detach()
+
+
+ATTENDS_SPEC = [{"name": "x", "dtype": "float32", "shape": [2, 16, 16]},
+                {"name": "y", "dtype": "float32", "shape": [2, 16, 16]}]
+
+
+def _joint_gradients(joint: torch.export.ExportedProgram, args: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+    """The joint program's graph run op by op with ATen's kernels (no Inductor): its gradients by parameter."""
+    kinds = torch.export.graph_signature
+    user = iter(args)
+    flat = [next(user) if s.kind == kinds.InputKind.USER_INPUT else joint.state_dict[s.target]
+            for s in joint.graph_signature.input_specs]
+    with torch.no_grad():
+        outs = joint.graph_module(*flat)
+    return {str(s.target): o for o, s in zip(outs, joint.graph_signature.output_specs, strict=True)
+            if s.kind == kinds.OutputKind.GRADIENT_TO_PARAMETER}
+
+
+def test_attention_on_a_cpu_gets_eagers_gradients_from_the_joint_program():
+    """torch's export decomposes the CPU attention kernel's forward into its math form, with the attention weights
+    where the kernel returns its logsumexp, and keeps the kernel's derivative, which reads them as one
+    (compiler.compat.joint.CPU_ATTENTION): every gradient through the attention was wrong in float32 (a SegFormer-B0
+    train step's by 1e9 of their scale) and refused in bf16. The joint keeps the kernel: its gradients are eager's."""
+    from torch.export.experimental import _export_forward_backward
+
+    model = seeded(Attends, 3).train()
+    args = (torch.randn(2, 16, 16), torch.randn(2, 16, 16))
+    model(*args)[0].backward()
+    eager = {n: p.grad for n, p in model.named_parameters()}
+    ep = torch.export.export(model, args)
+
+    def worst(grads: dict[str, torch.Tensor]) -> float:
+        assert set(grads) == set(eager)
+        return max(float((grads[n] - g).abs().max() / g.abs().max()) for n, g in eager.items())
+
+    joint = joint_program(ep, 0)
+    assert misfed_cpu_attention(joint) == []
+    assert worst(_joint_gradients(joint, args)) < 1e-5
+    # torch's own joint, judged by the same detector: where it hands the kernel the weights, its gradients are far off
+    # (torch 2.13 does); where it does not (a later torch), they are eager's.
+    stock = _export_forward_backward(ep, joint_loss_index=0)
+    assert bool(misfed_cpu_attention(stock)) == (worst(_joint_gradients(stock, args)) > 1e-2)
+
+
+@pytest.mark.slow
+def test_a_bf16_attention_train_step_builds_and_passes_the_check_on_a_cpu(tmp_path):
+    """Refused before at the autograd stage (`expected scalar type Float but found BFloat16`: the same misfed
+    logsumexp, in bf16): now the report's trace, the package and its three-step check all go through."""
+    from compiler.pipeline import compile_model
+
+    path = export_train(seeded(Attends, 3), (torch.randn(2, 16, 16), torch.randn(2, 16, 16)), tmp_path / "att.pt2")
+    options = CompileOptions(mode="training", precision="bf16")
+    got = compile_model(str(path), ATTENDS_SPEC, ATTENDS_SPEC, options, "cpu", str(tmp_path / "artifact.pt2"))
+    summary = check_training(str(path), got["package"], ATTENDS_SPEC, "cpu", precision="bf16")
+    assert summary["training"]["autocast"] == "bfloat16" and len(summary["training"]["steps"]) == 3
+    assert all(s["max_grad_rel_err"] < 0.05 for s in summary["training"]["steps"]), summary["training"]["steps"]
 
 
 class TrainLookup(torch.nn.Module):
