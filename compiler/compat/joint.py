@@ -174,15 +174,15 @@ def joint_program(ep: torch.export.ExportedProgram, loss_output: int) -> torch.e
     try:
         for v in marked:
             v.requires_grad_(False)
-        joint = _fused_cpu_attention_joint(ep, loss_output)
+        joint = _fused_cpu_attention_joint(ep, loss_output) if attends_on_cpu(ep) else None
         if joint is None:
             joint = _export_forward_backward(ep, joint_loss_index=loss_output)
         misfed = misfed_cpu_attention(joint)
         if misfed:
-            raise JointUnavailable(f"torch {torch.__version__}'s joint export hands the CPU attention kernel's backward "
-                                   f"the attention weights for its logsumexp (at {', '.join(misfed)}): its gradients "
-                                   "would be wrong. Build the train step on a torch whose joint export keeps that "
-                                   "kernel (compiler.compat.joint), or on CUDA", stage="autograd")
+            raise JointUnavailable(f"torch {torch.__version__}'s joint export hands the CPU attention kernel's "
+                                   f"backward the attention weights for its logsumexp (at {', '.join(misfed)}): its "
+                                   "gradients would be wrong. Build the train step on a torch whose joint export "
+                                   "keeps that kernel (compiler.compat.joint), or on CUDA", stage="autograd")
         return joint
     except RuntimeError as e:
         if "requires gradients" in str(e):
@@ -215,6 +215,16 @@ def training_decompositions() -> Any:
     table = core_aten_decompositions()
     table.pop(getattr(torch.ops.aten, CPU_ATTENTION).default, None)
     return table
+
+
+def attends_on_cpu(ep: torch.export.ExportedProgram) -> bool:
+    """Whether the program calls scaled_dot_product_attention (or the CPU kernel) on CPU tensors, in its graph or a
+    subgraph (autocast's): only those take `_fused_cpu_attention_joint`; the rest keep torch's own joint, the path
+    the GPU runs proved."""
+    ops = {torch.ops.aten.scaled_dot_product_attention.default, getattr(torch.ops.aten, CPU_ATTENTION).default}
+    calls = (n for gm in ep.graph_module.modules() if isinstance(gm, torch.fx.GraphModule) for n in gm.graph.nodes
+             if n.op == "call_function" and n.target in ops and n.args and isinstance(n.args[0], torch.fx.Node))
+    return any(isinstance(q := n.args[0].meta.get("val"), torch.Tensor) and q.device.type == "cpu" for n in calls)
 
 
 def _fused_cpu_attention_joint(ep: torch.export.ExportedProgram,

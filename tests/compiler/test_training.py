@@ -11,7 +11,14 @@ import torch
 from compiler import cachekey
 from compiler import weights as weights_mod
 from compiler.compat.aoti import TRAIN_METADATA, LoadedPackage, aoti_compile_and_package, weightless_configs
-from compiler.compat.joint import LossOutputError, joint_program, misfed_cpu_attention, random_ops, roles
+from compiler.compat.joint import (
+    LossOutputError,
+    attends_on_cpu,
+    joint_program,
+    misfed_cpu_attention,
+    random_ops,
+    roles,
+)
 from compiler.errors import CheckFailed
 from compiler.options import TRAINING_INDUCTOR_CONFIGS, CompileOptions
 from compiler.shapes import training_refusal
@@ -370,12 +377,14 @@ def _joint_gradients(joint: torch.export.ExportedProgram, args: tuple[torch.Tens
             if s.kind == kinds.OutputKind.GRADIENT_TO_PARAMETER}
 
 
-def test_attention_on_a_cpu_gets_eagers_gradients_from_the_joint_program():
+def test_attention_on_a_cpu_gets_eagers_gradients_from_the_joint_program(monkeypatch):
     """torch's export decomposes the CPU attention kernel's forward into its math form, with the attention weights
     where the kernel returns its logsumexp, and keeps the kernel's derivative, which reads them as one
     (compiler.compat.joint.CPU_ATTENTION): every gradient through the attention was wrong in float32 (a SegFormer-B0
     train step's by 1e9 of their scale) and refused in bf16. The joint keeps the kernel: its gradients are eager's."""
     from torch.export.experimental import _export_forward_backward
+
+    from compiler.compat import joint as joint_mod
 
     model = seeded(Attends, 3).train()
     args = (torch.randn(2, 16, 16), torch.randn(2, 16, 16))
@@ -387,13 +396,19 @@ def test_attention_on_a_cpu_gets_eagers_gradients_from_the_joint_program():
         assert set(grads) == set(eager)
         return max(float((grads[n] - g).abs().max() / g.abs().max()) for n, g in eager.items())
 
+    assert attends_on_cpu(ep) and not attends_on_cpu(torch.export.export(seeded(TrainMLP, 5), ARGS))
     joint = joint_program(ep, 0)
     assert misfed_cpu_attention(joint) == []
     assert worst(_joint_gradients(joint, args)) < 1e-5
     # torch's own joint, judged by the same detector: where it hands the kernel the weights, its gradients are far off
     # (torch 2.13 does); where it does not (a later torch), they are eager's.
     stock = _export_forward_backward(ep, joint_loss_index=0)
-    assert bool(misfed_cpu_attention(stock)) == (worst(_joint_gradients(stock, args)) > 1e-2)
+    misfed = bool(misfed_cpu_attention(stock))
+    assert misfed == (worst(_joint_gradients(stock, args)) > 1e-2)
+    if misfed:  # a torch whose private pieces the fused path cannot use gets the stock joint, refused by name
+        monkeypatch.setattr(joint_mod, "_fused_cpu_attention_joint", lambda ep, loss_output: None)
+        with pytest.raises(joint_mod.JointUnavailable, match=r"attention weights for its logsumexp \(at "):
+            joint_program(ep, 0)
 
 
 @pytest.mark.slow
