@@ -314,9 +314,9 @@ def _second_opinion(checks: list[dict[str, Any]], eager: torch.nn.Module, args: 
         out = ref(*[fp64.double(a) for a in args], **{k: fp64.double(v) for k, v in kwargs.items()})
         flat = list(out) if isinstance(out, (tuple, list)) else [out]
         flat[loss_output].backward()
-    except Exception as e:  # noqa: BLE001 - no second opinion: the first stands, and says why
-        first_line = (str(e).splitlines() or [""])[0][:300]
-        missing = f"no float64 second opinion: {type(e).__name__}: {first_line}"
+    except Exception as err:  # noqa: BLE001 - no second opinion: the first stands, and says why
+        first_line = (str(err).splitlines() or [""])[0][:300]
+        missing = f"no float64 second opinion: {type(err).__name__}: {first_line}"
         return [c if c["ok"] else {**c, "why": f"{c['why']}; {missing}"} for c in checks]
     user = [r for r in roles if r.role.startswith("output:")]
     # role -> (eager's value, the package's, float64's, the scale errors are divided by)
