@@ -26,7 +26,7 @@ import torch
 from compiler.compat import pytree
 from compiler.specialize import drop_metadata_asserts
 
-__all__ = ["FP64_MULTIPLIER", "judge", "second_opinion", "double", "float64_run"]
+__all__ = ["FP64_MULTIPLIER", "judge", "second_opinion", "double", "float64_copy", "float64_run"]
 
 # How much farther from a float64 run the package may be than eager is (torchbench's accuracy check uses 2 to 3).
 FP64_MULTIPLIER = 3.0
@@ -96,12 +96,48 @@ def double(x: Any) -> Any:
     return x.detach().double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
 
+# The floating dtypes a cast or a factory in an exported graph may name, each made float64 in the reference.
+NARROW_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
+
+def float64_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `module` (an exported program's module, or any) computing in float64: its floating weights in
+    float64, its dtype asserts dropped, and every floating dtype its graph's ATen ops name widened to float64.
+
+    Export bakes what a model's source computes from a dtype: `.float()`, `.to(x.dtype)`, `torch.full(...,
+    dtype=...)` become casts and factories of float32 in the graph. Kept, they put float32 tensors back into the
+    float64 run: a mixed op then raises (EfficientViT-B1's attention, computed in float32 and cast back, then a
+    convolution of float64 weights: on the H200s its training check had no second opinion), or the reference is
+    rounded to float32 inside (Llama's RMSNorm). Widened, the reference is the same computation in float64, which is
+    what the second opinion means. `aten.view.dtype` reinterprets bits, not values, and higher-order ops (autocast's
+    regions) are left as they are."""
+    ref = drop_metadata_asserts(copy.deepcopy(module).double())
+    for gm in ref.modules():
+        if not isinstance(gm, torch.fx.GraphModule):
+            continue
+        changed = False
+        for n in gm.graph.nodes:
+            if (n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload)
+                    or n.target is torch.ops.aten.view.dtype):
+                continue
+            args, kwargs = pytree.tree_map(_widened, (n.args, n.kwargs))
+            if (args, kwargs) != (n.args, n.kwargs):
+                n.args, n.kwargs, changed = args, kwargs, True
+        if changed:
+            gm.recompile()
+    return ref
+
+
+def _widened(x: Any) -> Any:
+    return torch.float64 if isinstance(x, torch.dtype) and x in NARROW_FLOATS else x
+
+
 def float64_run(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """`module`'s output in float64: a copy of it with its floating weights, and the floating inputs, in float64
-    (an exported module's dtype asserts dropped), on the same device, outside any autocast or inference mode."""
+    """`module`'s output in float64 (`float64_copy`, with the floating inputs in float64), on the same device,
+    outside any autocast or inference mode."""
     device = next((x.device.type for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)), "cpu")
     with torch.inference_mode(False), torch.no_grad(), torch.autocast(device, enabled=False):
-        ref = drop_metadata_asserts(copy.deepcopy(module).double())
+        ref = float64_copy(module)
         try:
             return ref(*[double(a) for a in args], **{k: double(v) for k, v in kwargs.items()})
         finally:

@@ -303,7 +303,7 @@ def _second_opinion(checks: list[dict[str, Any]], eager: torch.nn.Module, args: 
     fixes), the first judgment stands and its message says why (EfficientViT-B1's refusal on the H200s gave no
     second opinion and no reason)."""
     try:
-        ref = drop_metadata_asserts(copy.deepcopy(eager).double())  # they assert float32 inputs
+        ref = fp64.float64_copy(eager)
         ref.zero_grad(set_to_none=True)
         with torch.no_grad():  # the buffers as they were before the step (eager's forward has updated its own)
             for fqn, t in buffers_before.items():

@@ -3,6 +3,8 @@ values whose distances from float64 are set by hand."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from compiler import fp64
@@ -82,3 +84,36 @@ def test_a_probe_whose_package_returns_other_values_is_still_refused_and_roundin
     failed = {"ok": False, "why": "output 1 (torch.bfloat16) is off by 0.2 relative to eager; tolerance 0.05"}
     passed = _judged_by_float64(failed, eager, (x,), {}, expected, near, 1, 0.05)
     assert passed["ok"] and passed["first_judgment"] == failed["why"], passed
+
+
+class CastsInside(torch.nn.Module):
+    """EfficientViT-B1's attention: computed in float32 whatever its input's dtype (`.float()`), cast back to the
+    input's dtype (`.to(dtype)`, baked into the export as float32), then a layer of the model's weights; and a
+    literal made in float32 (`torch.full(..., dtype=x.dtype)`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = self.a(x).float()
+        h = (h @ h.transpose(-1, -2) / 3).softmax(-1) @ h
+        return self.b(h.to(dtype)) + torch.full((8,), 1 / 3, dtype=x.dtype)
+
+
+def test_the_float64_run_widens_the_casts_and_factories_export_baked():
+    """Before, the float64 run of such a program raised (a float32 activation into float64 weights), so the check
+    kept its first judgment with no second opinion; now it is the computation in float64, to rounding."""
+    model = CastsInside().eval()
+    x = torch.randn(2, 4, 8)
+    ep = torch.export.export(model, (x,))
+    widened = {n.kwargs.get("dtype") for n in ep.graph.nodes if n.op == "call_function"} - {None}
+    assert widened == {torch.float32}  # what export baked: the casts and the factory name float32
+    got = float64_run(ep.module(), (x,), {})
+    with torch.no_grad():  # the same arithmetic, all of it in float64 (the model's own .float() would round)
+        a, b = copy.deepcopy(model.a).double(), copy.deepcopy(model.b).double()
+        h = a(x.double())
+        exact = b((h @ h.transpose(-1, -2) / 3).softmax(-1) @ h) + 1 / 3
+    assert got.dtype == torch.float64 and float((got - exact).abs().max()) < 1e-12
+    assert float((got - ep.module()(x).double()).abs().max()) > 1e-9  # not the float32 program's own result
