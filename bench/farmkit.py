@@ -182,9 +182,9 @@ class Service:
 
 def start_service(data_dir: Path, device: str, workers: int, extra_env: dict[str, str] | None = None,
                   attempts: int = 2) -> Service:
-    """A Service with its `workers` registered. A start that fails at once (a process exited: on a GPU host a lane's
-    service died so in 2026-11-28's coverage run, its cause lost with the machine) is stopped and tried again in a
-    fresh directory with fresh ports, so one lane's bad start does not cost a quarter of a run."""
+    """A Service with its `workers` registered. A start that fails at once (a process exited, as a lane's did on a
+    GPU host in the 2026-11-28 coverage run, its cause gone with the machine) is stopped and tried again in a fresh
+    directory with fresh ports, so one lane's bad start does not cost a quarter of a run."""
     for attempt in range(attempts):
         where = data_dir if attempt == 0 else data_dir.with_name(f"{data_dir.name}-retry{attempt}")
         svc = None
