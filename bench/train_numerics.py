@@ -59,23 +59,6 @@ def by_role(flat: list[torch.Tensor], roles: list[Any]) -> dict[str, torch.Tenso
     return {r.role: flat[r.index].detach() for r in roles if r.index < len(flat)}
 
 
-def run_joint(joint: torch.export.ExportedProgram, args: tuple[Any, ...]) -> list[torch.Tensor]:
-    """The joint program's graph run op by op on its own weights, flat: its outputs without the buffer mutations
-    (what a package returns; the module's `__call__` fails on the joint program's out-spec)."""
-    kinds = torch.export.graph_signature
-    user = iter(args)
-    flat = []
-    for s in joint.graph_signature.input_specs:
-        if s.kind == kinds.InputKind.USER_INPUT:
-            flat.append(next(user))
-        else:
-            flat.append(joint.state_dict[s.target] if s.target in joint.state_dict else joint.constants[s.target])
-    with torch.no_grad():
-        outs = joint.graph_module(*flat)
-    return [o for o, s in zip(outs, joint.graph_signature.output_specs, strict=True)
-            if s.kind != kinds.OutputKind.BUFFER_MUTATION]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="a bench/zoo.py name or a tiny model of bench/trainmodels.py")
@@ -93,7 +76,7 @@ def main() -> int:
         stub_torchvision_ops()
     from bench import trainmodels
     from compiler import stages
-    from compiler.compat.joint import joint_program, roles
+    from compiler.compat.joint import joint_program, roles, run_op_by_op
     from compiler.specialize import drop_metadata_asserts
     from compiler.traincheck import AUTOCAST, grad_scales, live_tensors
 
@@ -111,7 +94,7 @@ def main() -> int:
     captured = stages.capture(ep, spec, spec, a.device, "keep" if amp is None else a.amp, amp is not None, True)
     joint = joint_program(captured.program, 0)
     got_roles, _ = roles(joint)
-    ways["joint"] = by_role(run_joint(copy.deepcopy(joint), args), got_roles)
+    ways["joint"] = by_role(run_op_by_op(copy.deepcopy(joint), args), got_roles)
     if a.compile:
         ways["compile"] = run_module(torch.compile(copy.deepcopy(model)), args, amp, a.device)
     if a.aoti:

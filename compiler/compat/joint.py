@@ -261,6 +261,21 @@ def misfed_cpu_attention(joint: torch.export.ExportedProgram) -> list[str]:
     return bad
 
 
+def run_op_by_op(joint: torch.export.ExportedProgram, args: tuple[Any, ...]) -> list[torch.Tensor]:
+    """The joint program's graph run with ATen's kernels on its own weights, no Inductor: its outputs in
+    `output_specs` order less the buffer mutations (what a package returns; the module's `__call__` fails on the
+    joint's out-spec). What tells the export path's arithmetic from Inductor's (bench/train_numerics.py, tests)."""
+    kinds = torch.export.graph_signature
+    user = iter(args)
+    flat = [next(user) if s.kind == kinds.InputKind.USER_INPUT
+            else joint.state_dict[s.target] if s.target in joint.state_dict else joint.constants[s.target]
+            for s in joint.graph_signature.input_specs]
+    with torch.no_grad():
+        outs = joint.graph_module(*flat)
+    return [o for o, s in zip(outs, joint.graph_signature.output_specs, strict=True)
+            if s.kind != kinds.OutputKind.BUFFER_MUTATION]
+
+
 def untrained(joint: torch.export.ExportedProgram) -> list[str]:
     """The joint program's parameters with no gradient output (`no_gradient`'s), in input order."""
     kinds = torch.export.graph_signature.OutputKind

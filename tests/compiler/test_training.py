@@ -18,6 +18,7 @@ from compiler.compat.joint import (
     misfed_cpu_attention,
     random_ops,
     roles,
+    run_op_by_op,
 )
 from compiler.errors import CheckFailed
 from compiler.options import TRAINING_INDUCTOR_CONFIGS, CompileOptions
@@ -366,15 +367,10 @@ ATTENDS_SPEC = [{"name": "x", "dtype": "float32", "shape": [2, 16, 16]},
 
 
 def _joint_gradients(joint: torch.export.ExportedProgram, args: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
-    """The joint program's graph run op by op with ATen's kernels (no Inductor): its gradients by parameter."""
-    kinds = torch.export.graph_signature
-    user = iter(args)
-    flat = [next(user) if s.kind == kinds.InputKind.USER_INPUT else joint.state_dict[s.target]
-            for s in joint.graph_signature.input_specs]
-    with torch.no_grad():
-        outs = joint.graph_module(*flat)
-    return {str(s.target): o for o, s in zip(outs, joint.graph_signature.output_specs, strict=True)
-            if s.kind == kinds.OutputKind.GRADIENT_TO_PARAMETER}
+    """The joint program run op by op with ATen's kernels (no Inductor): its gradients by parameter."""
+    got, _ = roles(joint)
+    flat = run_op_by_op(joint, args)
+    return {r.role.removeprefix("grad:"): flat[r.index] for r in got if r.role.startswith("grad:")}
 
 
 def test_attention_on_a_cpu_gets_eagers_gradients_from_the_joint_program(monkeypatch):
