@@ -117,3 +117,9 @@ def test_the_float64_run_widens_the_casts_and_factories_export_baked():
         exact = b((h @ h.transpose(-1, -2) / 3).softmax(-1) @ h) + 1 / 3
     assert got.dtype == torch.float64 and float((got - exact).abs().max()) < 1e-12
     assert float((got - ep.module()(x).double()).abs().max()) > 1e-9  # not the float32 program's own result
+    # The wider reference passes nothing wrong: a package that returns another row's values is still refused.
+    with torch.no_grad():
+        expected = ep.module()(x)
+    wrong = expected.roll(1, dims=1)
+    verdict = fp64.second_opinion(compare(expected, wrong, 0.05), expected, wrong, got, 0.05)
+    assert not verdict["ok"] and "against float64 the package is off by" in verdict["why"]
