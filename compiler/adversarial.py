@@ -105,17 +105,79 @@ class _Partial(torch.fx.Interpreter):
 
 SKIPPED = object()  # a node a poisoned run does not run: nothing downstream of the poisoned input reads it
 
+# Ops that can raise on the values of floating-point tensors (a factorisation that fails, a probability out of
+# [0, 1], an assert): never skipped as "float arithmetic".
+_RAISES_ON_FLOATS = frozenset({"assert", "linalg", "cholesky", "bernoulli", "multinomial", "check", "errors", "lu",
+                               "inverse", "solve", "triangular"})
+
+
+def _may_raise_on_floats(target: Any) -> bool:
+    """Whether an op's name has a word of _RAISES_ON_FLOATS (aten::_linalg_check_errors, aten::bernoulli.p; not
+    aten::relu, whose name only ends in "lu")."""
+    schema = getattr(target, "_schema", None)
+    name = schema.name if schema is not None else str(getattr(target, "__name__", target))
+    return any(w in _RAISES_ON_FLOATS for w in re.split(r"[^a-z0-9]+", name.lower()))
+
+
+# Ops that cannot raise whatever the values of their integer or boolean inputs (masks, positions, casts, shapes):
+# a padding mask's poisoned values then run the ops that can raise on them, not every attention layer it reaches.
+# Integer division, remainder and powers are not here (a zero divisor, a negative exponent raise).
+_MASK_SAFE = frozenset(
+    getattr(torch.ops.aten, name) for name in (
+        "scaled_dot_product_attention where masked_fill mul add sub rsub neg abs sign eq ne lt le gt ge "
+        "logical_and logical_or logical_not logical_xor bitwise_and bitwise_or bitwise_not bitwise_xor "
+        "__and__ __or__ __xor__ to _to_copy type_as clone contiguous alias detach view reshape _unsafe_view expand "
+        "expand_as unsqueeze squeeze permute transpose t flatten unflatten cumsum sum mean any all amax amin max min "
+        "clamp clamp_min clamp_max minimum maximum cat stack full_like zeros_like ones_like empty_like softmax "
+        "_softmax log_softmax _log_softmax").split()
+    if hasattr(torch.ops.aten, name))
+
+
+def _floats(value: Any) -> bool:
+    """Whether a node's recorded value is floating-point tensors only (a tensor, or a tuple or list of them)."""
+    if isinstance(value, (tuple, list)):
+        return bool(value) and all(_floats(v) for v in value)
+    return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
+
+
+def _may_raise_cone(reached: set[torch.fx.Node]) -> set[torch.fx.Node]:
+    """Of the nodes a poisoned input reaches, those a poisoned run must run to see eager raise: every node that is
+    not float arithmetic (it reads or makes an integer, boolean or symbolic value, or is an op that can raise on
+    floats), and what such a node reads from the reached set. A text model's poisoned token ids then run its
+    embeddings and the integer work on the ids (positions from a padding mask), not the network after them.
+
+    Skipping float arithmetic decides nothing by itself: a case the poisoned run says eager returns on is run by
+    eager again in the probe, which records an exception there as eager refusing (see `_probe`). The CPU verdict
+    only orders the cases and spares the device an eager run that would end its context."""
+    def cannot_raise(n: torch.fx.Node) -> bool:
+        if n.op != "call_function":
+            return False
+        packet = getattr(n.target, "overloadpacket", None)
+        if n.target is torch.ops.aten._assert_tensor_metadata.default or packet in _MASK_SAFE:
+            return True
+        return (not _may_raise_on_floats(n.target) and _floats(n.meta.get("val"))
+                and all(_floats(i.meta.get("val")) for i in n.all_input_nodes if i in reached))
+    todo = [n for n in reached if n.op == "placeholder" or (n.op != "output" and not cannot_raise(n))]
+    cone: set[torch.fx.Node] = set()
+    while todo:
+        n = todo.pop()
+        if n not in cone:
+            cone.add(n)
+            todo.extend(i for i in n.all_input_nodes if i in reached)
+    return cone
+
 
 def partial_verdicts(ep: torch.export.ExportedProgram, module: Any, base: list[torch.Tensor],
                      flats: list[list[torch.Tensor]],
-                     poisoned_inputs: list[int]) -> tuple[list[str | None], int] | None:
+                     poisoned_inputs: list[int], may_raise_only: bool = True) -> tuple[list[str | None], int] | None:
     """`eager_verdicts` for cases that each poison one input (`poisoned_inputs[k]`, an index into the flat inputs)
     of an in-range `base` that eager returns on. Only the nodes downstream of the poisoned input run again: every
     other node's value is the base run's, and only those that a downstream node reads are kept (a classifier's
     labels run the loss again, not the network). An exception can only come from a node that runs again, as the
-    base run returned. Returns the verdicts and how many nodes ran in all (the base run's included); where the
-    module is not one graph whose placeholders are the flat inputs, every case runs whole (nodes: -1). None where
-    eager raises at `base` itself."""
+    base run returned. With `may_raise_only`, of those only the nodes that can raise and what they read
+    (`_may_raise_cone`: token ids run the embeddings, not the layers after them). Returns the verdicts and how many
+    nodes ran in all (the base run's included); where the module is not one graph whose placeholders are the flat
+    inputs, every case runs whole (nodes: -1). None where eager raises at `base` itself."""
     graph = getattr(module, "graph", None)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"] if isinstance(module, torch.fx.GraphModule) \
         and graph is not None else []
@@ -132,7 +194,7 @@ def partial_verdicts(ep: torch.export.ExportedProgram, module: Any, base: list[t
             if n not in seen:
                 seen.add(n)
                 todo.extend(n.users)
-        downstream[k] = seen
+        downstream[k] = _may_raise_cone(seen) if may_raise_only else seen
     frontier = {k: {i for n in nodes for i in n.all_input_nodes if i not in nodes and i.op != "placeholder"}
                 for k, nodes in downstream.items()}
     keep = set().union(*frontier.values())

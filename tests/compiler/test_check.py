@@ -413,6 +413,91 @@ def test_eager_verdicts_run_again_only_what_the_poisoned_input_reaches_and_agree
     assert ran < every / 3  # the network ran once; each case, the embedding's or the loss's few nodes
 
 
+class TextLike(torch.nn.Module):
+    """A text encoder's shape: token ids through an embedding, positions counted from the ids' padding mask (as
+    RoBERTa's are), a padding mask into attention, layers of float arithmetic, a loss at labels."""
+
+    def __init__(self, vocab: int = 50, d: int = 16, layers: int = 4) -> None:
+        super().__init__()
+        self.tok, self.pos = torch.nn.Embedding(vocab, d), torch.nn.Embedding(12, d)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(layers))
+        self.head = torch.nn.Linear(d, 10)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        positions = (ids != 0).long().cumsum(1) * (ids != 0).long() + 1
+        h = self.tok(ids) + self.pos(positions)
+        keep = (mask != 0)[:, None, None, :]
+        for layer in self.layers:
+            h = h + torch.nn.functional.scaled_dot_product_attention(h[:, None], h[:, None], h[:, None],
+                                                                     attn_mask=keep)[:, 0]
+            h = torch.nn.functional.gelu(layer(h))
+        return torch.nn.functional.cross_entropy(self.head(h.mean(1)), labels)
+
+
+class FloatIndex(torch.nn.Module):
+    """Hostile: an index computed from float activations of the token ids, so whether eager raises depends on
+    float arithmetic downstream of the ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = torch.nn.Embedding(50, 4)
+        self.table = torch.nn.Parameter(torch.randn(8))
+        with torch.no_grad():
+            self.tok.weight.copy_((torch.arange(50.0) + 1)[:, None].expand(50, 4) / 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.relu(self.tok(ids))
+        return self.table[h.sum(-1).long()].sum()  # id + 1: id 7 is past the table's 8, though the embedding's 50
+
+
+def _verdicts_three_ways(model: torch.nn.Module, args: tuple[torch.Tensor, ...], spec: list[dict[str, Any]],
+                         path: Path) -> tuple[list[Any], tuple[list[Any], int], tuple[list[Any], int]]:
+    from compiler import adversarial
+    from compiler import inputs as inputs_mod
+    from compiler.loading import load_program
+
+    ep = load_program(str(export(model, args, path)))
+    shapes, ranges = [s["shape"] for s in spec], inputs_mod.int_ranges(ep)
+    base = inputs_mod.random_inputs(spec, shapes, "cpu", ranges, 0)
+    poisons = inputs_mod.adversarial_cases(spec, shapes, ranges, inputs_mod.dim_sizes(ep, shapes),
+                                           adversarial.MAX_CASES)
+    flats, which = [inputs_mod.poisoned(base, p) for p in poisons], [p.input for p in poisons]
+    whole = adversarial.eager_verdicts(ep, ep.module(), flats)
+    reached = adversarial.partial_verdicts(ep, ep.module(), base, flats, which, may_raise_only=False)
+    cone = adversarial.partial_verdicts(ep, ep.module(), base, flats, which)
+    assert reached is not None and cone is not None
+    return whole, reached, cone
+
+
+def test_poisoned_token_ids_run_the_ops_that_can_raise_not_the_layers_after_them(tmp_path):
+    spec = [{"name": "ids", "dtype": "int64", "shape": [2, 6]}, {"name": "mask", "dtype": "int64", "shape": [2, 6]},
+            {"name": "labels", "dtype": "int64", "shape": [2]}]
+    args = (torch.randint(0, 50, (2, 6)), torch.ones(2, 6, dtype=torch.long), torch.randint(0, 10, (2,)))
+    whole, (reached, ran_reached), (cone, ran_cone) = _verdicts_three_ways(TextLike(), args, spec,
+                                                                          tmp_path / "text.pt2")
+    assert cone == reached == whole
+    assert any(whole) and not all(whole)  # out-of-range ids and labels refused, boundaries returned
+    assert ran_cone < ran_reached / 2  # ids and mask no longer run the four layers and the head per case
+
+    # An index computed from the float activations of the ids: the float work before it runs, and the verdicts are
+    # eager's, the out-of-range ones included.
+    spec = [{"name": "ids", "dtype": "int64", "shape": [3]}]
+    whole, (reached, _), (cone, _) = _verdicts_three_ways(FloatIndex(), (torch.tensor([0, 3, 6]),), spec,
+                                                         tmp_path / "float-index.pt2")
+    assert cone == reached == whole
+    assert any(v and "out of bounds for dimension 0 with size 8" in v for v in whole)  # the table's, at id 7
+
+
+def test_op_names_that_can_raise_on_floats_are_matched_by_word():
+    from compiler.adversarial import _may_raise_on_floats
+
+    aten = torch.ops.aten
+    assert all(map(_may_raise_on_floats, (aten._linalg_check_errors.default, aten.bernoulli.p,
+                                          aten._assert_async.msg, aten.linalg_lu_factor_ex.default)))
+    assert not any(map(_may_raise_on_floats, (aten.relu.default, aten.gelu.default, aten.silu.default,
+                                              aten.addmm.default)))
+
+
 def adversarial_inputs(path: str, spec: list[dict[str, Any]]) -> list[int]:
     from compiler import adversarial
     from compiler import inputs as inputs_mod
