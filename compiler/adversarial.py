@@ -23,7 +23,8 @@ Cost: at most `MAX_CASES` cases (a fixed count: 26 for one integer input), at th
 process runs them all where the package raises cleanly; one more starts after each case that ends a probe (a CPU
 kernel whose assert fires inside an OpenMP region, which compiler.ranges now forestalls for the indices it covers;
 every refused case on CUDA). A probe that only has refused cases
-left loads the package alone, not the program. Each probe is given `PROBE_TIMEOUT_S`, and none starts after
+left loads the package alone, not the program. On CUDA the refused cases are dealt to up to `CUDA_LANES` lanes
+of probes that run side by side (run_probe_lanes). Each probe is given `PROBE_TIMEOUT_S`, and none starts after
 `BUDGET_S`: the cases left then are recorded as not run (the summary's `outcomes` counts them).
 """
 
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,13 @@ BUDGET_S = 180.0
 # Probes are forked from a zygote that has imported torch (Zygote); False: each probe imports torch itself.
 ZYGOTE = True
 ZYGOTE_START_S = 120.0  # the zygote's import of torch, and each fork, must answer within this
+# On CUDA every case eager refuses costs a probe (the package's device-side assert ends its context), each a fresh
+# context and package load: those cases are split between this many lanes of probes run side by side (each its own
+# zygote), fewer where the package and its weights are large (LANE_BYTES of them at once, in host memory as they
+# load and on the device). On a CPU a refused case rarely ends a probe, and probes share the cores: one lane.
+CUDA_LANES = 3
+CPU_LANES = 1
+LANE_BYTES = 4 << 30
 RESTART = 3  # a probe's exit status: the CUDA context is gone, go on in a new probe
 UNKNOWN = "?"  # a case whose eager outcome the probe finds out on the device
 # How a package that touched memory it does not own ends, as opposed to refusing: a fault signal on a CPU (an assert
@@ -388,6 +397,47 @@ def run_probes(model_path: str, package_path: str, device: str, cases: list[dict
     return [results[k] for k in range(len(cases))], cost
 
 
+def probe_lanes(device: str, package_path: str, refused: int) -> int:
+    """How many lanes of probes run the `refused` cases (those eager refuses) side by side: see CUDA_LANES."""
+    from compiler.weightsfile import sidecar
+
+    size = sum(p.stat().st_size for p in (Path(package_path), sidecar(package_path)) if p.exists())
+    by_memory = max(1, LANE_BYTES // max(size, 1))
+    return max(1, min(CUDA_LANES if device.startswith("cuda") else CPU_LANES, refused, by_memory))
+
+
+def run_probe_lanes(model_path: str, package_path: str, device: str, cases: list[dict[str, Any]], tolerance: float,
+                    workdir: Path, autocast: str = "none") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """`run_probes` over `cases`, with the cases eager refuses dealt round-robin to `probe_lanes` lanes that run
+    side by side, each a `run_probes` of its own (its zygote, its probes, its budget, all starting together); the
+    first lane also runs the cases eager returns on (or that the probe decides), first, in its order. One result
+    per case, in `cases`' order; the cost adds the lanes' probes and says how many lanes ran."""
+    refused = [k for k, c in enumerate(cases) if c["eager"] not in (None, UNKNOWN)]
+    lanes = probe_lanes(device, package_path, len(refused))
+    if lanes <= 1:
+        alone, cost = run_probes(model_path, package_path, device, cases, tolerance, workdir, autocast)
+        return alone, {**cost, "lanes": 1}
+    taken = set(refused)
+    groups = [[k for k in range(len(cases)) if k not in taken] + refused[0::lanes]]
+    groups += [refused[i::lanes] for i in range(1, lanes)]
+    t0 = time.perf_counter()
+
+    def lane(i: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        (workdir / f"lane-{i}").mkdir()
+        return run_probes(model_path, package_path, device, [cases[k] for k in groups[i]], tolerance,
+                          workdir / f"lane-{i}", autocast)
+
+    with ThreadPoolExecutor(lanes, thread_name_prefix="aotc-probe-lane") as pool:
+        got = list(pool.map(lane, range(lanes)))
+    results: list[dict[str, Any]] = [{} for _ in cases]
+    for group, (found, _) in zip(groups, got, strict=True):
+        for k, r in zip(group, found, strict=True):
+            results[k] = {**r, "k": k}
+    cost = {"probes": sum(c["probes"] for _, c in got), "forked": sum(c["forked"] for _, c in got),
+            "seconds": round(time.perf_counter() - t0, 3), "lanes": lanes}
+    return results, cost
+
+
 def _death(rc: int) -> str:
     if rc < 0:
         try:
@@ -464,8 +514,8 @@ def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec,
     order = sorted(range(len(poisons)), key=lambda k: eager[k] not in (None, UNKNOWN))
     cases = [{"inputs": flats[k], "eager": eager[k]} for k in order]
     with tempfile.TemporaryDirectory(prefix="aotc-adversarial-") as tmp:
-        results, cost = run_probes(model_path, package_path, device, cases, tolerance, Path(tmp),
-                                   str(autocast).removeprefix("torch.") if autocast is not None else "none")
+        results, cost = run_probe_lanes(model_path, package_path, device, cases, tolerance, Path(tmp),
+                                        str(autocast).removeprefix("torch.") if autocast is not None else "none")
     numels = [t.numel() for t in base]
     rows: list[dict[str, Any]] = [{} for _ in poisons]
     for k, r in zip(order, results, strict=True):
@@ -479,6 +529,7 @@ def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec,
         counts[str(r["outcome"])] = counts.get(str(r["outcome"]), 0) + 1
     summary.update(
         oracle=oracle, outcomes=counts, probes=cost["probes"], forked=cost["forked"], probe_seconds=cost["seconds"],
+        probe_lanes=cost["lanes"],
         seconds=round(time.perf_counter() - t0, 3),
         inputs={spec[k]["name"]: sorted({p.value for p in poisons if p.input == k})
                 for k in inputs_mod.integer_inputs(spec)},

@@ -334,6 +334,29 @@ def test_probes_are_forked_from_a_zygote_and_are_processes_of_their_own_where_it
 
 
 @pytest.mark.slow
+def test_refused_cases_split_between_lanes_of_probes_give_one_lanes_verdicts(unsafe_index, monkeypatch):
+    from compiler import adversarial
+
+    one = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")["adversarial"]
+    assert one["probe_lanes"] == 1 and one["probes"] == 1
+    monkeypatch.setattr(adversarial, "CPU_LANES", 3)  # as on CUDA, where each refused case costs a probe
+    three = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")["adversarial"]
+    assert three["probe_lanes"] == 3 and three["probes"] == three["forked"] == 3  # a zygote and a probe a lane
+    assert three["results"] == one["results"] and three["failures"] == [] and three["outcomes"] == one["outcomes"]
+
+    # The package that returns where eager raises is refused whichever lane meets the case: every refused case of
+    # each lane is named.
+    with pytest.raises(CheckFailed) as info:
+        check_artifact(unsafe_index["path"], unsafe_index["unbounded"], INDEX_SPEC, "cpu")
+    assert info.value.message.endswith(f"; and {one['outcomes']['refused'] - 1} more case(s), in the excerpt")
+    monkeypatch.setattr(adversarial, "LANE_BYTES", 1)  # a package larger than the lanes' memory: one lane
+    assert adversarial.probe_lanes("cuda", unsafe_index["unbounded"], 12) == 1
+    monkeypatch.setattr(adversarial, "LANE_BYTES", 4 << 30)
+    assert adversarial.probe_lanes("cuda", unsafe_index["unbounded"], 12) == adversarial.CUDA_LANES
+    assert adversarial.probe_lanes("cuda", unsafe_index["unbounded"], 2) == 2
+
+
+@pytest.mark.slow
 def test_the_zygote_kills_a_probe_that_overruns_and_reports_one_that_raises(unsafe_index, tmp_path):
     from compiler.adversarial import Zygote
 
