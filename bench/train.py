@@ -365,7 +365,7 @@ def wait_model(c: Any, row: dict[str, Any]) -> dict[str, Any]:
     row["check_fp64_passed"] = passed
     row["check_seconds"] = check.get("seconds")  # by part: load, steps, timing, adversarial
     adv = check.get("adversarial") or {}
-    row["adversarial"] = {k: adv.get(k) for k in ("probes", "probe_seconds", "outcomes")}
+    row["adversarial"] = {k: adv.get(k) for k in ("probes", "probe_seconds", "probe_lanes", "outcomes")}
     if "_job" in row:
         row["job_timings"] = c.job(row["_job"]).get("timings")
     return row

@@ -1,0 +1,161 @@
+"""Which of the zoo's models compile and check at their serving batch, and the exact reason for each that does not
+(issue 24's wider corpus: the goal is >= 98 %). Resumable across device calls.
+
+    # a GPU host, detached (it outlasts one call), then polled; a later call resumes with --append
+    mkdir -p /tmp/cover-inf && LD_PRELOAD=... setsid nohup python3 bench/cover.py --device cuda:0 --workers 8 \
+        --work /tmp/cover-inf/work --out /tmp/cover-inf/cover.json --append \
+        > /tmp/cover-inf/cover.log 2>&1 < /dev/null &
+    # a CPU smoke test
+    python3 bench/cover.py --device cpu --models inplace_reduce,convnet --workers 2 --out /tmp/cover-cpu.json
+
+A service of `--workers` workers starts first (fresh workers: they build their headers in the background); then each
+model is exported at its serving batch (the zoo's dtype) and submitted as soon as it is exported, so the workers
+compile while the later models export. Each job's row is written as it ends: its state, the compile child's and
+the check's seconds, the check's worst error against eager and the tolerance it met, and for a failure the job's
+error (type, stage, message). A model whose export fails gets a row with stage "export". With `--append` the rows
+already in `--out` are kept and their models not run again (a row whose error matches a `--retry` text is run
+again); a model cut off by the end of a device call has no row, so the next call runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.farmkit import export, start_service, timeline  # noqa: E402
+
+ENDED = ("succeeded", "failed", "cancelled")
+
+
+def row_of(name: str, store: Any, job_id: str) -> dict[str, Any]:
+    line = timeline(store, job_id)
+    job = line["job"]
+    t, check = job.get("timings") or {}, job.get("check") or {}
+    row: dict[str, Any] = {"model": name, "state": job["state"], "job": job_id, "key": job.get("artifact"),
+                           "job_s": line["run_s"], "compile_s": t.get("compile_total"), "check_s": t.get("check"),
+                           "max_rel_err": check.get("max_rel_err"), "tolerance": check.get("tolerance"),
+                           "speedup": check.get("speedup"), "spans": line["spans"]}
+    error = job.get("error")
+    if isinstance(error, dict):
+        row["error"] = {k: (str(error.get(k))[:2000] if error.get(k) is not None else None)
+                        for k in ("type", "stage", "message")}
+    return row
+
+
+def summary(rows: list[dict[str, Any]], zoo: list[str]) -> dict[str, Any]:
+    tried = [r for r in rows if r["model"] in zoo]
+    ok = [r for r in tried if r["state"] == "succeeded"]
+    return {"zoo": len(zoo), "tried": len(tried), "compiled_and_checked": len(ok),
+            "share": round(len(ok) / len(tried), 4) if tried else None,
+            "not_tried": [m for m in zoo if m not in {r["model"] for r in tried}],
+            "failed": {r["model"]: f"{(r.get('error') or {}).get('stage')}: {(r.get('error') or {}).get('type')}: "
+                                   f"{str((r.get('error') or {}).get('message'))[:300]}"
+                       for r in tried if r["state"] != "succeeded"}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--models", default=None, help="comma-separated (default: the zoo's, in its order)")
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--env", action="append", default=[], help="AOTC_X=value for the workers (repeatable)")
+    ap.add_argument("--work", type=Path, default=None, help="the service's data and the exports (default: temp)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--append", action="store_true", help="keep --out's rows and skip their models")
+    ap.add_argument("--retry", action="append", default=[], help="with --append: run again a failed row whose "
+                    "error (type: message) contains this text (repeatable)")
+    a = ap.parse_args()
+    from bench.zoo import MODELS
+
+    names = a.models.split(",") if a.models else list(MODELS)
+    old = json.loads(a.out.read_text())["rows"] if a.append and a.out.exists() else []
+
+    def again(r: dict[str, Any]) -> bool:
+        text = f"{(r.get('error') or {}).get('type')}: {(r.get('error') or {}).get('message')}"
+        return r["state"] != "succeeded" and any(x in text for x in a.retry)
+
+    rows = [r for r in old if not again(r)]
+    todo = [n for n in names if n not in {r["model"] for r in rows}]
+    work = a.work or Path(f"/tmp/aotc-cover-{os.getpid()}")
+    work.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"device": a.device, "workers": a.workers, "cpus": os.cpu_count(), "rows": rows}
+
+    def save() -> None:
+        result["summary"] = summary(rows, names)
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = a.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(a.out)
+
+    print(f"{len(rows)} rows kept, {len(todo)} models to run on {a.workers} workers", flush=True)
+    extra = {"AOTC_COMPILE_TIMEOUT_S": "3600", **dict(e.split("=", 1) for e in a.env)}
+    svc = start_service(work / f"data-{int(time.time())}", a.device, a.workers,
+                        {**extra, "AOTC_HEADERS_DIR": str(work / "headers")})
+    try:
+        import torch
+
+        from client import Client
+
+        result["torch"] = torch.__version__
+        store = svc.store()
+        pending: dict[str, str] = {}  # job id -> model
+        target = "cuda" if a.device.startswith("cuda") else "cpu"
+
+        def collect() -> None:
+            for jid, name in list(pending.items()):
+                if (store.jobs.get(jid) or {}).get("state") in ENDED:
+                    rows.append(row_of(name, store, jid))
+                    del pending[jid]
+                    r = rows[-1]
+                    print(json.dumps({k: r.get(k) for k in ("model", "state", "compile_s", "check_s", "max_rel_err",
+                                                            "error")})[:600], flush=True)
+                    save()
+
+        with Client(svc.url, timeout=600) as c:
+            for name in todo:
+                path = work / f"{name}.pt2"
+                try:
+                    export(name, path, a.device)
+                    rec = c.upload(path)
+                    shapes = {i["name"]: i["shape"] for i in rec["inputs"]}
+                    answer = c.submit(rec["id"], shapes, target, priority="batch")
+                except Exception as e:  # noqa: BLE001 - a model that does not export or upload is a row too
+                    stage = "upload" if path.exists() else "export"
+                    rows.append({"model": name, "state": "failed",
+                                 "error": {"type": type(e).__name__, "stage": stage, "message": str(e)[:2000]}})
+                    print(f"{name}: {stage}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                    save()
+                    continue
+                if answer.get("status") == "cached":
+                    rows.append({"model": name, "state": "succeeded", "key": answer["artifact"]["key"],
+                                 "cached": True})
+                    save()
+                else:
+                    pending[answer["job"]["id"]] = name
+                    print(f"queued {name}", flush=True)
+                collect()
+            while pending:
+                time.sleep(2)
+                collect()
+    finally:
+        svc.stop()
+    save()
+    s = result["summary"]
+    print(f"{s['compiled_and_checked']} of {s['tried']} tried compiled and checked ({s['share']}); "
+          f"{len(s['not_tried'])} of the {s['zoo']} not tried")
+    for model, why in s["failed"].items():
+        print(f"  {model}: {why}")
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
