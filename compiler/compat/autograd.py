@@ -1,7 +1,8 @@
 """AOTAutograd for mode=training: the joint forward/backward graph and its partition.
 
-aot_module and min_cut_rematerialization_partition (the partitioner Inductor uses) are torch._functorch APIs,
-stable in name since torch 2.0. The joint graph is what the partitioner receives.
+aot_function and min_cut_rematerialization_partition (the partitioner Inductor uses) are torch._functorch APIs,
+stable in name since torch 2.0, and FakeTensorMode is what AOTAutograd itself traces with. The joint graph is what
+the partitioner receives.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from compiler.compat.joint import training_decompositions
 def aot_joint_and_partition(module: torch.nn.Module, args: tuple[Any, ...],
                             kwargs: dict[str, Any]) -> dict[str, torch.fx.GraphModule]:
     """Trace forward and backward of `module` through AOTAutograd with the core ATen decompositions (less the CPU
-    attention kernel's, compiler.compat.joint.training_decompositions); returns the
-    joint graph and its forward/backward partition. Runs one forward and one backward (on sum of outputs) on
-    `args`, because AOTAutograd compiles the backward when it is first needed."""
-    from torch._functorch.aot_autograd import aot_module
+    attention kernel's, compiler.compat.joint.training_decompositions); returns the joint graph and its
+    forward/backward partition. AOTAutograd compiles the backward when it is first needed, so one forward and one
+    backward (on the sum of the outputs) run, on fake copies of `args` and of the module's weights: nothing runs on
+    the device, and nothing of the module changes (a real run here updated BatchNorm's statistics, and was where
+    two models' CUDA errors surfaced, on a graph only the report shows). The graphs are those a real run traces."""
+    from torch._functorch.aot_autograd import aot_function
     from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     got: dict[str, torch.fx.GraphModule] = {}
 
@@ -40,10 +44,20 @@ def aot_joint_and_partition(module: torch.nn.Module, args: tuple[Any, ...],
         run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd's boxed calling convention
         return run
 
-    compiled = aot_module(module, fw_compiler=lambda gm, ex: boxed(gm), bw_compiler=lambda gm, ex: boxed(gm),
-                          partition_fn=partition, decompositions=training_decompositions())
-    with torch.enable_grad():
-        out = compiled(*args, **kwargs)
+    # allow_non_fake_inputs: the program's lifted constants are module attributes, neither parameters nor buffers
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    params = {k: mode.from_tensor(v) for k, v in module.named_parameters(remove_duplicate=False)}
+    buffers = {k: mode.from_tensor(v) for k, v in module.named_buffers(remove_duplicate=False)}
+    fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (tuple(args), dict(kwargs)))
+
+    def functional(named_params: dict[str, Any], named_buffers: dict[str, Any], *a: Any, **kw: Any) -> Any:
+        return torch.func.functional_call(module, {**named_params, **named_buffers}, a, kw)
+
+    compiled = aot_function(functional, fw_compiler=lambda gm, ex: boxed(gm), bw_compiler=lambda gm, ex: boxed(gm),
+                            partition_fn=partition, decompositions=training_decompositions(),
+                            num_params_buffers=len(params) + len(buffers))
+    with mode, torch.enable_grad():
+        out = compiled(params, buffers, *fake_args, **fake_kwargs)
         leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
         if leaves:
             torch.autograd.backward([t.sum() for t in leaves])

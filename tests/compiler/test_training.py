@@ -4,6 +4,7 @@ roles, the user's mistakes named, and the training check catching packages that 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -660,3 +661,49 @@ def test_with_negative_ids_moved_out_of_range_hostile_ids_and_labels_are_refused
     adversarial = checked["adversarial"]
     assert not adversarial["failures"] and adversarial["outcomes"].get("refused", 0) > 0, adversarial["outcomes"]
     assert {-1}.issubset(adversarial["inputs"]["ids"]) and {-1}.issubset(adversarial["inputs"]["labels"])
+
+
+def test_the_reports_autograd_trace_runs_on_fake_tensors_and_gives_a_real_runs_graphs():
+    """The report's AOTAutograd trace (forward, backward, the partition) runs nothing on the device and leaves the
+    module as it was, and its graphs are those AOTAutograd traces on a real run."""
+    from torch._functorch.aot_autograd import aot_module
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from compiler.compat.autograd import aot_joint_and_partition
+    from compiler.compat.joint import training_decompositions
+
+    class Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin, self.bn, self.emb = torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Embedding(10, 8)
+
+        def forward(self, x: torch.Tensor, i: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(self.bn(self.lin(x) + self.emb(i)), y)
+
+    args = (torch.randn(4, 8), torch.randint(0, 10, (4,)), torch.randint(0, 8, (4,)))
+    module = torch.export.export(Step().train(), args).module()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    fake = aot_joint_and_partition(module, args, {})
+    assert all(torch.equal(v, before[k]) for k, v in module.state_dict().items())  # BatchNorm's stats untouched
+
+    real: dict[str, torch.fx.GraphModule] = {}
+
+    def partition(joint: torch.fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
+        real["joint"] = joint
+        real["forward"], real["backward"] = min_cut_rematerialization_partition(joint, joint_inputs, **kw)
+        return real["forward"], real["backward"]
+
+    def boxed(gm: torch.fx.GraphModule) -> Any:
+        def run(a: list[Any]) -> Any:
+            got = list(a)
+            a.clear()
+            return gm(*got)
+
+        run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+    compiled = aot_module(module, fw_compiler=lambda gm, ex: boxed(gm), bw_compiler=lambda gm, ex: boxed(gm),
+                          partition_fn=partition, decompositions=training_decompositions())
+    compiled(*args).backward()
+    assert not all(torch.equal(v, before[k]) for k, v in module.state_dict().items())  # the real run did update them
+    assert {k: g.code for k, g in fake.items()} == {k: g.code for k, g in real.items()}
