@@ -159,7 +159,10 @@ def main() -> int:
                              "job_s": line["run_s"], "compile_s": t.get("compile_total"), "check_s": t.get("check"),
                              "timing_s": t.get("timing"), "lock_wait_s": t.get("check_wait"),
                              "key": job.get("artifact"), "path": str(path), "spans": line["spans"],
-                             "check": {k: (job.get("check") or {}).get(k) for k in FIGURES}})
+                             "check": {k: (job.get("check") or {}).get(k) for k in FIGURES},
+                             "error": {k: str(v)[:1000] for k, v in job["error"].items() if k in ("type", "stage",
+                                                                                                   "message")}
+                             if isinstance(job.get("error"), dict) else None})
             ok = [r for r in rows if r["state"] == "succeeded"]
             compiles = [r["compile_s"] for r in ok if r["compile_s"] is not None]
             waits = [r["lock_wait_s"] or 0.0 for r in ok]
