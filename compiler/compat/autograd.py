@@ -56,7 +56,9 @@ def aot_joint_and_partition(module: torch.nn.Module, args: tuple[Any, ...],
     compiled = aot_function(functional, fw_compiler=lambda gm, ex: boxed(gm), bw_compiler=lambda gm, ex: boxed(gm),
                             partition_fn=partition, decompositions=training_decompositions(),
                             num_params_buffers=len(params) + len(buffers))
-    with mode, torch.enable_grad():
+    # Not inside the mode: fake tensors dispatch to it by themselves, and AOTAutograd deep-copies the backward graph
+    # with the program's real constants in it when it compiles it, which a real tensor cannot do inside a fake mode.
+    with torch.enable_grad():
         out = compiled(params, buffers, *fake_args, **fake_kwargs)
         leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
         if leaves:

@@ -676,9 +676,11 @@ def test_the_reports_autograd_trace_runs_on_fake_tensors_and_gives_a_real_runs_g
         def __init__(self) -> None:
             super().__init__()
             self.lin, self.bn, self.emb = torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Embedding(10, 8)
+            self.register_buffer("shift", torch.linspace(0, 1, 8), persistent=False)
 
         def forward(self, x: torch.Tensor, i: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.cross_entropy(self.bn(self.lin(x) + self.emb(i)), y)
+            scale = torch.tensor([1.0, 2.0] * 4)  # a constant export lifts: a real tensor in the backward graph
+            return torch.nn.functional.cross_entropy(self.bn(self.lin(x) * scale + self.emb(i)) + self.shift, y)
 
     args = (torch.randn(4, 8), torch.randint(0, 10, (4,)), torch.randint(0, 8, (4,)))
     module = torch.export.export(Step().train(), args).module()
