@@ -198,7 +198,7 @@ class TrainingTraceError(CompileError):
 
 def _training_facts(c: Captured) -> tuple[dict[str, Any], dict[str, str]]:
     try:
-        got = aot_joint_and_partition(c.program.module(), c.args, c.kwargs)
+        got, traced_on = aot_joint_and_partition(c.program.module(), c.args, c.kwargs)
     except Exception as e:
         raise TrainingTraceError(f"tracing forward and backward failed: {type(e).__name__}: {str(e)[:1500]}",
                                  stage="autograd") from e
@@ -223,6 +223,7 @@ def _training_facts(c: Captured) -> tuple[dict[str, Any], dict[str, str]]:
         "saved": [n.name for n in saved],
         "tangents": sum(1 for n in got["backward"].graph.nodes
                         if n.op == "placeholder" and n.name.startswith("tangents")),
+        "traced_on": traced_on,
         "traced_at": {k: list(v.shape) for k, v in zip([f"arg{i}" for i in range(len(c.args))], c.args)
                       if isinstance(v, torch.Tensor)},
     }

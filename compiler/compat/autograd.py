@@ -16,13 +16,24 @@ from compiler.compat.joint import training_decompositions
 
 
 def aot_joint_and_partition(module: torch.nn.Module, args: tuple[Any, ...],
-                            kwargs: dict[str, Any]) -> dict[str, torch.fx.GraphModule]:
+                            kwargs: dict[str, Any]) -> tuple[dict[str, torch.fx.GraphModule], str]:
     """Trace forward and backward of `module` through AOTAutograd with the core ATen decompositions (less the CPU
     attention kernel's, compiler.compat.joint.training_decompositions); returns the joint graph and its
-    forward/backward partition. AOTAutograd compiles the backward when it is first needed, so one forward and one
-    backward (on the sum of the outputs) run, on fake copies of `args` and of the module's weights: nothing runs on
-    the device, and nothing of the module changes (a real run here updated BatchNorm's statistics, and was where
-    two models' CUDA errors surfaced, on a graph only the report shows). The graphs are those a real run traces."""
+    forward/backward partition, and where the trace ran. AOTAutograd compiles the backward when it is first needed,
+    so one forward and one backward (on the sum of the outputs) run: on fake copies of `args` and of the module's
+    weights, so that nothing runs on the device and nothing of the module changes (a real run here updated
+    BatchNorm's statistics, and was where two models' CUDA errors surfaced, on graphs only the report shows). The
+    graphs are those a real run traces. Where the fake trace fails (an op whose output size depends on values,
+    which fake tensors cannot know without a shape environment), the real run traces them, as before."""
+    try:
+        return _trace(module, args, kwargs, fake=True), "fake tensors"
+    except Exception as e:  # noqa: BLE001 - any failure of the fake trace: the real run is the old, proven path
+        why = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+    return _trace(module, args, kwargs, fake=False), f"the inputs' device (fake tensors failed: {why})"
+
+
+def _trace(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+           fake: bool) -> dict[str, torch.fx.GraphModule]:
     from torch._functorch.aot_autograd import aot_function
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -44,11 +55,14 @@ def aot_joint_and_partition(module: torch.nn.Module, args: tuple[Any, ...],
         run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd's boxed calling convention
         return run
 
-    # allow_non_fake_inputs: the program's lifted constants are module attributes, neither parameters nor buffers
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    params = {k: mode.from_tensor(v) for k, v in module.named_parameters(remove_duplicate=False)}
-    buffers = {k: mode.from_tensor(v) for k, v in module.named_buffers(remove_duplicate=False)}
-    fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (tuple(args), dict(kwargs)))
+    params: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
+    buffers: dict[str, torch.Tensor] = dict(module.named_buffers(remove_duplicate=False))
+    if fake:
+        # allow_non_fake_inputs: the program's lifted constants are module attributes, neither parameters nor buffers
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        params = {k: mode.from_tensor(v) for k, v in params.items()}
+        buffers = {k: mode.from_tensor(v) for k, v in buffers.items()}
+        args, kwargs = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (tuple(args), dict(kwargs)))
 
     def functional(named_params: dict[str, Any], named_buffers: dict[str, Any], *a: Any, **kw: Any) -> Any:
         return torch.func.functional_call(module, {**named_params, **named_buffers}, a, kw)
@@ -56,10 +70,10 @@ def aot_joint_and_partition(module: torch.nn.Module, args: tuple[Any, ...],
     compiled = aot_function(functional, fw_compiler=lambda gm, ex: boxed(gm), bw_compiler=lambda gm, ex: boxed(gm),
                             partition_fn=partition, decompositions=training_decompositions(),
                             num_params_buffers=len(params) + len(buffers))
-    # Not inside the mode: fake tensors dispatch to it by themselves, and AOTAutograd deep-copies the backward graph
-    # with the program's real constants in it when it compiles it, which a real tensor cannot do inside a fake mode.
+    # Not inside the fake mode: fake tensors dispatch to it by themselves, and AOTAutograd deep-copies the backward
+    # graph with the program's real constants in it when it compiles it, which a real tensor cannot do inside it.
     with torch.enable_grad():
-        out = compiled(params, buffers, *fake_args, **fake_kwargs)
+        out = compiled(params, buffers, *args, **kwargs)
         leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
         if leaves:
             torch.autograd.backward([t.sum() for t in leaves])

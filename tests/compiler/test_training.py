@@ -685,7 +685,8 @@ def test_the_reports_autograd_trace_runs_on_fake_tensors_and_gives_a_real_runs_g
     args = (torch.randn(4, 8), torch.randint(0, 10, (4,)), torch.randint(0, 8, (4,)))
     module = torch.export.export(Step().train(), args).module()
     before = {k: v.clone() for k, v in module.state_dict().items()}
-    fake = aot_joint_and_partition(module, args, {})
+    fake, traced_on = aot_joint_and_partition(module, args, {})
+    assert traced_on == "fake tensors"
     assert all(torch.equal(v, before[k]) for k, v in module.state_dict().items())  # BatchNorm's stats untouched
 
     real: dict[str, torch.fx.GraphModule] = {}
@@ -709,3 +710,21 @@ def test_the_reports_autograd_trace_runs_on_fake_tensors_and_gives_a_real_runs_g
     compiled(*args).backward()
     assert not all(torch.equal(v, before[k]) for k, v in module.state_dict().items())  # the real run did update them
     assert {k: g.code for k, g in fake.items()} == {k: g.code for k, g in real.items()}
+
+
+def test_where_the_fake_trace_fails_the_report_traces_on_the_device_and_says_so(monkeypatch):
+    from compiler.compat import autograd
+
+    real_trace = autograd._trace
+
+    def no_fake(module: Any, args: Any, kwargs: Any, fake: bool) -> Any:
+        if fake:
+            raise RuntimeError("no fake kernel for this op\nmore")
+        return real_trace(module, args, kwargs, fake)
+
+    args = (torch.randn(4, 8),)
+    module = torch.export.export(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), args).module()
+    monkeypatch.setattr(autograd, "_trace", no_fake)
+    got, traced_on = autograd.aot_joint_and_partition(module, args, {})
+    assert traced_on == "the inputs' device (fake tensors failed: RuntimeError: no fake kernel for this op)"
+    assert set(got) == {"joint", "forward", "backward"}
