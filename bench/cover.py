@@ -96,6 +96,10 @@ def main() -> int:
         tmp.replace(a.out)
 
     print(f"{len(rows)} rows kept, {len(todo)} models to run on {a.workers} workers", flush=True)
+    if not todo:
+        save()
+        print(json.dumps(result["summary"], indent=1))
+        return 0
     extra = {"AOTC_COMPILE_TIMEOUT_S": "3600", **dict(e.split("=", 1) for e in a.env)}
     svc = start_service(work / f"data-{int(time.time())}", a.device, a.workers,
                         {**extra, "AOTC_HEADERS_DIR": str(work / "headers")})

@@ -151,9 +151,11 @@ def _floats(value: Any) -> bool:
 
 def _may_raise_cone(reached: set[torch.fx.Node]) -> set[torch.fx.Node]:
     """Of the nodes a poisoned input reaches, those a poisoned run must run to see eager raise: every node that is
-    not float arithmetic (it reads or makes an integer, boolean or symbolic value, or is an op that can raise on
-    floats), and what such a node reads from the reached set. A text model's poisoned token ids then run its
-    embeddings and the integer work on the ids (positions from a padding mask), not the network after them.
+    neither float arithmetic nor one of _MASK_SAFE's ops (so: one that reads or makes an integer, boolean or
+    symbolic value other than as a mask, cast, comparison or shape, an op that can raise on floats, or anything
+    that is not a plain op call), and what such a node reads from the reached set. A text model's poisoned token
+    ids then run its embeddings and the integer work on the ids (positions from a padding mask), not the network
+    after them.
 
     Skipping float arithmetic decides nothing by itself: a case the poisoned run says eager returns on is run by
     eager again in the probe, which records an exception there as eager refusing (see `_probe`). The CPU verdict
