@@ -13,7 +13,6 @@ On an H200 the training check's adversarial part took 100-363 s on text models w
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import sys
@@ -31,11 +30,7 @@ def measure(name: str, batch: int, rounds: int) -> dict[str, Any]:
     from compiler import adversarial
     from compiler import inputs as inputs_mod
 
-    model, args = trainmodels.build(name, batch, "cpu")
-    ep = torch.export.export(copy.deepcopy(model), args)
-    names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    spec = [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
-            for n, t in zip(names, args, strict=True)]
+    _, _, ep, spec = trainmodels.exported(name, batch, "cpu")
     shapes, ranges = [s["shape"] for s in spec], inputs_mod.int_ranges(ep)
     base = inputs_mod.random_inputs(spec, shapes, "cpu", ranges, 0)
     poisons = inputs_mod.adversarial_cases(spec, shapes, ranges, inputs_mod.dim_sizes(ep, shapes),

@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.farmkit import export, start_service, timeline  # noqa: E402
+from bench.farmkit import export, job_error, start_service, timeline  # noqa: E402
 
 ENDED = ("succeeded", "failed", "cancelled")
 
@@ -43,10 +43,8 @@ def row_of(name: str, store: Any, job_id: str) -> dict[str, Any]:
                            "job_s": line["run_s"], "compile_s": t.get("compile_total"), "check_s": t.get("check"),
                            "max_rel_err": check.get("max_rel_err"), "tolerance": check.get("tolerance"),
                            "speedup": check.get("speedup"), "spans": line["spans"]}
-    error = job.get("error")
-    if isinstance(error, dict):
-        row["error"] = {k: (str(error.get(k))[:2000] if error.get(k) is not None else None)
-                        for k in ("type", "stage", "message")}
+    if (error := job_error(job)) is not None:
+        row["error"] = error
     return row
 
 

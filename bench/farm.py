@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.farmkit import Service, export, median, table, timeline  # noqa: E402
+from bench.farmkit import Service, export, job_error, median, table, timeline  # noqa: E402
 
 QUIET = """
 import json, statistics, sys, time
@@ -160,9 +160,7 @@ def main() -> int:
                              "timing_s": t.get("timing"), "lock_wait_s": t.get("check_wait"),
                              "key": job.get("artifact"), "path": str(path), "spans": line["spans"],
                              "check": {k: (job.get("check") or {}).get(k) for k in FIGURES},
-                             "error": {k: str(v)[:1000] for k, v in job["error"].items() if k in ("type", "stage",
-                                                                                                   "message")}
-                             if isinstance(job.get("error"), dict) else None})
+                             "error": job_error(job, 1000)})
             ok = [r for r in rows if r["state"] == "succeeded"]
             compiles = [r["compile_s"] for r in ok if r["compile_s"] is not None]
             waits = [r["lock_wait_s"] or 0.0 for r in ok]

@@ -222,6 +222,14 @@ def timeline(store: Any, job_id: str) -> dict[str, Any]:
             "run_s": round(ts(job["finished"]) - start, 3) if start is not None else None}
 
 
+def job_error(job: dict[str, Any], limit: int = 2000) -> dict[str, str | None] | None:
+    """A failed job's error as a bench row keeps it: its type, stage and message (cut at `limit`); None if none."""
+    error = job.get("error")
+    if not isinstance(error, dict):
+        return None
+    return {k: str(error[k])[:limit] if error.get(k) is not None else None for k in ("type", "stage", "message")}
+
+
 def median(xs: list[float]) -> float | None:
     xs = [x for x in xs if x is not None]
     return round(statistics.median(xs), 3) if xs else None

@@ -81,11 +81,7 @@ def main() -> int:
     from compiler.traincheck import AUTOCAST, grad_scales, live_tensors
 
     amp = AUTOCAST.get(a.amp)
-    model, args = trainmodels.build(a.model, a.batch, a.device)
-    ep = torch.export.export(copy.deepcopy(model), args)
-    names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    spec = [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
-            for n, t in zip(names, args)]
+    model, args, ep, spec = trainmodels.exported(a.model, a.batch, a.device)
     t0 = time.perf_counter()
     ways: dict[str, dict[str, torch.Tensor]] = {}
     ref = run_module(drop_metadata_asserts(copy.deepcopy(model).double()),

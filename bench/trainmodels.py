@@ -4,6 +4,7 @@ returns (loss, its output detached), fp32 weights, in training mode. Imported af
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -129,3 +130,15 @@ def build(name: str, batch: int | None, device: str) -> tuple[torch.nn.Module, t
             m = TextClassify(body, hidden_size(body)) if text else Classify(body)
             args = (*inputs, torch.randint(0, 10 if text else 1000, (b,), generator=gen))
     return m.to(device).train(), tuple(t.to(device) for t in args)
+
+
+def exported(name: str, batch: int | None, device: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...],
+                                                                  torch.export.ExportedProgram, list[dict[str, Any]]]:
+    """`build`'s model and inputs, the train program exported from a copy of the model, and its input spec (name,
+    dtype, shape per user input), as an upload would declare it."""
+    model, args = build(name, batch, device)
+    ep = torch.export.export(copy.deepcopy(model), args)
+    names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    spec = [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+            for n, t in zip(names, args, strict=True)]
+    return model, args, ep, spec

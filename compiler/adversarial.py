@@ -49,6 +49,7 @@ import torch
 
 from compiler import inputs as inputs_mod
 from compiler.errors import CheckFailed
+from compiler.weightsfile import sidecar
 
 MAX_CASES = 48
 MAX_PROBES = 2 * MAX_CASES + 1  # a probe per case at worst, twice for a case whose eager ends the context
@@ -401,8 +402,6 @@ def run_probes(model_path: str, package_path: str, device: str, cases: list[dict
 
 def probe_lanes(device: str, package_path: str, refused: int) -> int:
     """How many lanes of probes run the `refused` cases (those eager refuses) side by side: see CUDA_LANES."""
-    from compiler.weightsfile import sidecar
-
     size = sum(p.stat().st_size for p in (Path(package_path), sidecar(package_path)) if p.exists())
     by_memory = max(1, LANE_BYTES // max(size, 1))
     return max(1, min(CUDA_LANES if device.startswith("cuda") else CPU_LANES, refused, by_memory))

@@ -401,7 +401,9 @@ class Classifier(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits, labels)
 
 
-def _verdicts_both_ways(path: str, spec: list[dict[str, Any]]) -> tuple[list[Any], tuple[list[Any], int], int]:
+def _poisoned_cases(path: str, spec: list[dict[str, Any]]) -> tuple[Any, list[torch.Tensor], list[Any], list[int]]:
+    """The program at `path`, its in-range base inputs at the spec's first shape point, and the adversarial cases
+    there (each case's inputs and the input it poisons), as check_adversarial builds them."""
     from compiler import adversarial
     from compiler import inputs as inputs_mod
     from compiler.loading import load_program
@@ -411,9 +413,15 @@ def _verdicts_both_ways(path: str, spec: list[dict[str, Any]]) -> tuple[list[Any
     base = inputs_mod.random_inputs(spec, shapes, "cpu", ranges, 0)
     poisons = inputs_mod.adversarial_cases(spec, shapes, ranges, inputs_mod.dim_sizes(ep, shapes),
                                            adversarial.MAX_CASES)
-    flats = [inputs_mod.poisoned(base, p) for p in poisons]
+    return ep, base, [inputs_mod.poisoned(base, p) for p in poisons], [p.input for p in poisons]
+
+
+def _verdicts_both_ways(path: str, spec: list[dict[str, Any]]) -> tuple[list[Any], tuple[list[Any], int], int]:
+    from compiler import adversarial
+
+    ep, base, flats, which = _poisoned_cases(path, spec)
     whole = adversarial.eager_verdicts(ep, ep.module(), flats)
-    partial = adversarial.partial_verdicts(ep, ep.module(), base, flats, [p.input for p in poisons])
+    partial = adversarial.partial_verdicts(ep, ep.module(), base, flats, which)
     assert partial is not None
     return whole, partial, len(ep.module().graph.nodes) * (len(flats) + 1)
 
@@ -476,15 +484,8 @@ class FloatIndex(torch.nn.Module):
 def _verdicts_three_ways(model: torch.nn.Module, args: tuple[torch.Tensor, ...], spec: list[dict[str, Any]],
                          path: Path) -> tuple[list[Any], tuple[list[Any], int], tuple[list[Any], int]]:
     from compiler import adversarial
-    from compiler import inputs as inputs_mod
-    from compiler.loading import load_program
 
-    ep = load_program(str(export(model, args, path)))
-    shapes, ranges = [s["shape"] for s in spec], inputs_mod.int_ranges(ep)
-    base = inputs_mod.random_inputs(spec, shapes, "cpu", ranges, 0)
-    poisons = inputs_mod.adversarial_cases(spec, shapes, ranges, inputs_mod.dim_sizes(ep, shapes),
-                                           adversarial.MAX_CASES)
-    flats, which = [inputs_mod.poisoned(base, p) for p in poisons], [p.input for p in poisons]
+    ep, base, flats, which = _poisoned_cases(str(export(model, args, path)), spec)
     whole = adversarial.eager_verdicts(ep, ep.module(), flats)
     reached = adversarial.partial_verdicts(ep, ep.module(), base, flats, which, may_raise_only=False)
     cone = adversarial.partial_verdicts(ep, ep.module(), base, flats, which)
@@ -522,14 +523,7 @@ def test_op_names_that_can_raise_on_floats_are_matched_by_word():
 
 
 def adversarial_inputs(path: str, spec: list[dict[str, Any]]) -> list[int]:
-    from compiler import adversarial
-    from compiler import inputs as inputs_mod
-    from compiler.loading import load_program
-
-    ep = load_program(path)
-    shapes, ranges = next(iter(inputs_mod.points(spec).values())), inputs_mod.int_ranges(ep)
-    return [p.input for p in inputs_mod.adversarial_cases(spec, shapes, ranges, inputs_mod.dim_sizes(ep, shapes),
-                                                         adversarial.MAX_CASES)]
+    return _poisoned_cases(path, spec)[3]
 
 
 @pytest.mark.slow
