@@ -38,6 +38,9 @@ workers are not exceptions: each failed attempt becomes a `Failure` record.
                                    hands the job back without spending an attempt (at most max_attempts times;
                                    then it is charged like any retryable failure) and claims nothing while its
                                    disks are below AOTC_DISK_LOW_WATER_MB
+      DeviceLost                   a child that failed after its work started, where a fresh child then could not
+                                   use the device (a GPU that fell off the bus): handed back as DiskFull is (at
+                                   most max_attempts times), and the worker is unhealthy until its device answers
       Cancelled, ToolchainMismatch, NotFound, any CompileError  final
     A job that has used its attempts fails with its last failure's type, marked not retryable.
 """
@@ -207,7 +210,7 @@ class BadSignature(Exception):
 # Failure kinds that another attempt may fix: the machine or the process failed, not the model. Everything else
 # (a CompileError, a cancel, a toolchain mismatch, an unexpected exception in the compile) is final.
 RETRYABLE = frozenset({"Timeout", "Crashed", "OutOfMemory", "WorkerLost", "WorkerError", "BrokenEnvironment",
-                       "DiskFull"})
+                       "DiskFull", "DeviceLost"})
 
 
 @dataclass(frozen=True)
@@ -299,6 +302,15 @@ class Failure:
         the job's, so the worker hands the job back with its attempt refunded (worker.job)."""
         return cls("DiskFull", f"the {stage} ran out of disk space on this worker, not through the job's fault: "
                    f"{cause}", stage, excerpt)
+
+    @classmethod
+    def device_lost(cls, kind: str, device: str, cause: str, failed: Failure) -> Failure:
+        """A `kind` child that failed after its work started, after which a fresh child could not use `device`
+        (`cause`: how that probe failed): the device stopped working under the job, so its failure (`failed`) says
+        nothing of the model; the worker hands the job back with its attempt refunded (worker.job)."""
+        return cls("DeviceLost", f"the {kind} failed and then a fresh child could not use {device}, so the device "
+                   f"stopped working under the job, not through the job's fault: {cause}; the {kind}'s own error: "
+                   f"{failed.type}: {failed.message[:500]}", kind, failed.excerpt, {"device": device})
 
     @classmethod
     def limit_exceeded(cls, stage: str, what: str, setting: str, excerpt: str = "") -> Failure:

@@ -19,6 +19,21 @@ of the model, whose bytes it had not yet read. Then:
 A child that got through the handshake resets the count, whatever became of its job. A child cancelled before it
 does not count.
 
+A device can also stop working under a child that got through its handshake (a GPU that falls off the bus
+mid-check: the check's own error is then "CUDA error: unknown error", or a probe's "CUDA-capable device(s) is/are
+busy or unavailable"). Such a failure would be charged to the model, and a CheckFailed verdict read from a dying
+device would be wrong. So after a child fails once its work started, on a device AOTC_WORKER_DEVICE_RECHECK covers
+(CUDA, by default), a probe child tries the device at once. Where the probe fails:
+
+- the failure becomes `DeviceLost`, naming the probe's error and the child's own; the job goes back with its
+  attempt refunded (at most max_attempts times, so that an upload that breaks every device it runs on still
+  ends: worker.job);
+- the worker is unhealthy at once (the evidence is the device failing now, not a count), and the reprobes above
+  bring it back.
+
+Where the probe gets through, the child's failure stands. The decision rests on the probe, never on the words of
+an error a hostile package could print.
+
 A full disk (worker.disk) is the other way a worker is unhealthy: before every claim it measures its work dir and
 its file blob store, and while one has less free than AOTC_DISK_LOW_WATER_MB it claims nothing and says so
 (`unhealthy_reason`: which path, its free bytes, the setting, and the last job that ran out of space), re-measuring
@@ -28,6 +43,7 @@ so, or a disk is below the mark when it dies) fails with `DiskFull` rather than 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -46,6 +62,7 @@ log = logging.getLogger("aotc.worker")
 REASON_MAX_CHARS = 4000  # unhealthy_reason: the message, then the tail of the child's stderr
 RESULT_SCAN_BYTES = 4 * 2**20  # how much of a failed child's result.json is searched for a full disk
 STDERR_TAIL_CHARS = 2000
+RECHECK_TIMEOUT_S = 300.0  # the device probe after a failed child: importing torch on a loaded host, a context
 
 
 def printable(text: str) -> str:
@@ -78,8 +95,9 @@ class Health:
     """Counts children in a row that failed before their work started, watches the disks (`disk`, when given), and
     says when the worker is unhealthy."""
 
-    def __init__(self, max_early_crashes: int, disk: DiskWatch | None = None) -> None:
+    def __init__(self, max_early_crashes: int, disk: DiskWatch | None = None, device_recheck: str = "auto") -> None:
         self.max_early_crashes = max_early_crashes
+        self.device_recheck = device_recheck  # AOTC_WORKER_DEVICE_RECHECK
         self.early_crashes = 0  # in a row
         self.reason: str | None = None  # set while the environment is broken
         self.since: float | None = None
@@ -157,8 +175,42 @@ class Health:
         """worker.sandbox.run_child, watching for the handshake: a failure before it is a BrokenEnvironment."""
         handshake = Handshake(on_stage)
         outcome = run_child(task, jobdir, on_stage=handshake, **kwargs)
-        return self.judge(task["kind"], outcome, handshake.seen, jobdir / f"{task['kind']}.log",
-                          jobdir / task["kind"])
+        outcome = self.judge(task["kind"], outcome, handshake.seen, jobdir / f"{task['kind']}.log",
+                             jobdir / task["kind"])
+        if handshake.seen and self._recheck(task["kind"], str(task.get("device") or "cpu"), outcome):
+            return self.recheck(task, outcome, jobdir, **kwargs)
+        return outcome
+
+    def _recheck(self, kind: str, device: str, outcome: Outcome) -> bool:
+        """Whether a failed child's device is tried again: a failure the job could owe to a device that stopped
+        working, on a device AOTC_WORKER_DEVICE_RECHECK covers."""
+        if outcome.ok or outcome.cancelled or outcome.failure is None or kind == "probe":
+            return False
+        if outcome.failure.type in ("LimitExceeded", "DiskFull", "BrokenEnvironment", "Cancelled"):
+            return False
+        return self.device_recheck == "always" or (self.device_recheck == "auto" and device.startswith("cuda"))
+
+    def recheck(self, task: dict[str, Any], outcome: Outcome, jobdir: Path, **kwargs: Any) -> Outcome:
+        """`task`'s child failed after its handshake: run a probe child on its device (in a dir of its own under
+        `jobdir`). If the probe gets through, `outcome` stands; if it fails, the device stopped working under the
+        job: DeviceLost, and this worker is unhealthy until a reprobe gets through."""
+        assert outcome.failure is not None
+        kind, device = task["kind"], str(task.get("device") or "cpu")
+        probe_kwargs = {**kwargs, "timeout_s": min(float(kwargs.get("timeout_s") or RECHECK_TIMEOUT_S),
+                                                   RECHECK_TIMEOUT_S)}
+        probed = run_child({"kind": "probe", "device": device}, jobdir / f"{kind}-device-probe", **probe_kwargs)
+        if probed.ok or probed.cancelled or probed.failure is None:
+            log.info("the %s child failed (%s) and %s still works: the failure stands", kind, outcome.failure.type,
+                     device)
+            return outcome
+        cause = cause_of(probed.failure)
+        failure = Failure.device_lost(kind, device, cause, outcome.failure)
+        self.since = self.since or time.time()
+        self.reason = printable(f"{device} stopped working under a {kind}: a probe child right after it failed "
+                                f"({cause}), so this worker claims no jobs until a reprobe gets through "
+                                f"(AOTC_WORKER_REPROBE_S)")[:REASON_MAX_CHARS]
+        log.error("worker unhealthy: %s; the %s's own error: %s", self.reason, kind, outcome.failure.message[:500])
+        return dataclasses.replace(outcome, failure=failure)
 
     def judge(self, kind: str, outcome: Outcome, started: bool, log_path: Path | None = None,
               childdir: Path | None = None) -> Outcome:

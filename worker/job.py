@@ -73,7 +73,8 @@ class JobRunner:
         self.jobs_done = 0
         self._blob_root: Path | None = None
         # Children that fail before their work starts, and disks without room (the work dir, a file blob store).
-        self.health = Health(settings.worker_max_early_crashes, DiskWatch(self._disk_paths, settings.disk_low_water_mb))
+        self.health = Health(settings.worker_max_early_crashes, DiskWatch(self._disk_paths, settings.disk_low_water_mb),
+                             settings.worker_device_recheck)
         self.stage = ""  # the current job's stage, as last recorded
         self.signer: Signer | None = None  # set at start (worker.main): the key that signs each published manifest
         # The timing pass's own cores and every other child's (AOTC_TIMING_CPUS): a quiet device is not a quiet host.
@@ -132,19 +133,24 @@ class JobRunner:
                 log.debug("blob store not known yet: %s", e)
         return [self.settings.work_dir, *([self._blob_root] if self._blob_root is not None else [])]
 
-    def _disk_full(self, job: dict[str, Any], lease: Lease, failure: Failure) -> None:
-        """A full disk is not the job's fault: hand it back, refunded, unless it has been refunded for one as often
-        as it may be attempted; then charge it like any retryable failure, so that a job that fills every disk by
-        itself still ends."""
-        refunds, max_attempts = int(job.get("disk_full_refunds") or 0), int(job.get("max_attempts", 3))
+    # The machine's faults, each refunded at most max_attempts times (the job record's counter), then charged like
+    # any retryable failure: a job that fills every disk, or breaks every device it runs on, by itself still ends.
+    REFUNDED = {"DiskFull": ("disk_full_refunds", "a full disk"),
+                "DeviceLost": ("device_lost_refunds", "a lost device")}
+
+    def _refund(self, job: dict[str, Any], lease: Lease, failure: Failure) -> None:
+        """A full disk or a device that stopped working is not the job's fault: hand it back, refunded, unless it
+        has been refunded for that as often as it may be attempted; then charge it like any retryable failure."""
+        counter, what_for = self.REFUNDED[failure.type]
+        refunds, max_attempts = int(job.get(counter) or 0), int(job.get("max_attempts", 3))
         if refunds < max_attempts:
-            self.hand_back(job["id"], lease, failure.message, disk_full_refunds=refunds + 1)
+            self.hand_back(job["id"], lease, failure.message, **{counter: refunds + 1})
             return
         attempt = int(job["attempt"])
         delay = retry_delay(attempt, self.settings.retry_backoff_s, self.settings.retry_backoff_max_s)
         what = self.store.jobs.retry_or_fail(job, lease, failure, delay_s=delay)
-        log.info("job %s attempt %d: %s (refunded %d times for a full disk already: %s)", job["id"], attempt,
-                 failure.message, refunds, what)
+        log.info("job %s attempt %d: %s (refunded %d times for %s already: %s)", job["id"], attempt,
+                 failure.message, refunds, what_for, what)
 
     # -- one job ------------------------------------------------------------------------------------------------
 
@@ -225,8 +231,8 @@ class JobRunner:
                     check=result["check"]), f"record job {job_id} succeeded")
             elif outcome.failure is not None and outcome.failure.type == "BrokenEnvironment":  # not the job's fault
                 self.hand_back(job_id, lease, outcome.failure.message)
-            elif outcome.failure is not None and outcome.failure.type == "DiskFull":  # the machine's fault
-                self._disk_full(job, lease, outcome.failure)
+            elif outcome.failure is not None and outcome.failure.type in self.REFUNDED:  # the machine's fault
+                self._refund(job, lease, outcome.failure)
             else:
                 assert outcome.failure is not None
                 cap = (self.settings.verify_backoff_max_s if job.get("kind") == "verify"

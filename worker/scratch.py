@@ -69,8 +69,10 @@ def _mounts() -> list[tuple[str, str]]:
 
 
 def can_mount(probe_dir: Path) -> str | None:
-    """None if this process can mount a tmpfs (tried in `probe_dir`), else why not."""
-    target = probe_dir / "tmpfs-probe"
+    """None if this process can mount a tmpfs (tried in `probe_dir`), else why not. The probe's mount point is this
+    process's own: workers started together share a work dir, and one's unmount under another's mount made that
+    one's rmdir fail with EBUSY (seen on an H200: a service's start failed)."""
+    target = probe_dir / f"tmpfs-probe-{os.getpid()}"
     target.mkdir(parents=True, exist_ok=True)
     try:
         mount(target, 1 << 20, os.getuid(), os.getgid())

@@ -99,6 +99,11 @@ class WorkerSettings(StorageSettings):
         default=3, ge=1, description="After this many compile or check children in a row fail before their work "
         "starts (while importing torch, or before), the worker stops claiming jobs and reports itself unhealthy; "
         "the jobs it failed that way go back without spending an attempt.")
+    worker_device_recheck: Literal["auto", "always", "off"] = Field(
+        default="auto", description="After a compile, check or timing child fails once its work started, a probe "
+        "child (import torch, touch the device) tells whether the device still works: where it does not (a GPU "
+        "that fell off the bus mid-check), the failure is the device's, so the job goes back unspent and the "
+        "worker is unhealthy until a reprobe gets through. auto: on CUDA devices; always: on the CPU too; off.")
     worker_reprobe_s: float = Field(
         default=300.0, ge=0, description="An unhealthy worker runs a probe child (import torch, touch the device) "
         "this often and serves again once one passes; 0: it stays unhealthy until restarted.")

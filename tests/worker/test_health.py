@@ -29,6 +29,7 @@ from worker.settings import WorkerSettings
 pytestmark = pytest.mark.slow
 
 LOADER_ERROR = "libtorch_cpu.so: cannot open shared object file: No such file or directory (planted by test_health)"
+DEVICE_ERROR = "CUDA error: unknown error (planted by test_health: the device fell off the bus mid-check)"
 
 SITECUSTOMIZE = f'''
 """Breaks `import torch` in aotc's compile and check children (never in the worker) while BROKEN is beside it."""
@@ -57,8 +58,40 @@ class _BrokenTorch:
         return None
 
 
+class _LoseDevice:
+    """While LOSE is beside this file: a check child's check, once it runs (after the handshake), breaks `import
+    torch` for every child after it (BROKEN, "raise") and raises the error CUDA gives when the device fell off the
+    bus mid-check."""
+
+    def find_spec(self, name, path=None, target=None):
+        here = os.path.dirname(__file__)
+        if name != "compiler.check" or not os.path.exists(os.path.join(here, "LOSE")):
+            return None
+        sys.meta_path.remove(self)
+        try:
+            import importlib.util
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+
+            def lost(*args, **kwargs):
+                with open(os.path.join(here, "BROKEN"), "w") as f:
+                    f.write("raise")
+                raise RuntimeError({DEVICE_ERROR!r})
+
+            module.check_artifact = lost
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 if _in_child():
     sys.meta_path.insert(0, _BrokenTorch())
+    sys.meta_path.insert(0, _LoseDevice())
 '''
 
 MAX_EARLY_CRASHES = 2
@@ -72,10 +105,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def _broken_env(tmp_path: Path, how: str = "abort") -> Path:
+    """The sitecustomize's folder: BROKEN holds `how`; "lose" writes LOSE instead (the check breaks the device)."""
     d = tmp_path / "broken-env"
     d.mkdir()
     (d / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    (d / "BROKEN").write_text(how)
+    (d / ("LOSE" if how == "lose" else "BROKEN")).write_text(how)
     return d
 
 
@@ -183,3 +217,94 @@ def test_a_child_that_raises_importing_torch_counts_a_cancelled_one_does_not_and
     assert health.probe(tmp_path / "probe-4", sandbox=sandbox, device="cpu", timeout_s=120)
     assert health.describe() == {"healthy": True, "unhealthy_reason": None, "unhealthy_since": None,
                                  "early_crashes": 0}
+
+
+def _check_task(tmp_path: Path) -> dict[str, Any]:
+    """A check child's task: its check never reads the paths (the planted device loss comes first)."""
+    return {"kind": "check", "device": "cpu", "model_path": str(tmp_path / "model.pt2"),
+            "package_path": str(tmp_path / "package.pt2"), "spec": [], "options": {}}
+
+
+def test_a_device_that_stops_working_under_a_check_is_its_failure_not_the_models(tmp_path, monkeypatch):
+    """A check child that fails after its handshake, on a device that then fails a fresh child (a GPU that fell off
+    the bus mid-check), is DeviceLost: the probe's error and the check's own in the message, retryable, and the
+    worker unhealthy at once until a probe gets through. A device that still works leaves the failure standing,
+    and AOTC_WORKER_DEVICE_RECHECK=auto does not try a CPU again. Real children, unconfined."""
+    broken = _broken_env(tmp_path, "lose")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), str(broken)]))
+    sandbox = setup(WorkerSettings(sandbox="off", work_dir=tmp_path / "work", data_dir=tmp_path / "data"), "cpu")
+    run = {"sandbox": sandbox, "device": "cpu", "timeout_s": 120}
+
+    # auto: a CPU is not tried again, so the check's failure stands, though the device is broken now.
+    auto = Health(MAX_EARLY_CRASHES, device_recheck="auto")
+    out = auto.run_child(_check_task(tmp_path), tmp_path / "auto", **run)
+    assert out.failure is not None and (out.failure.type, out.failure.message) == ("RuntimeError", DEVICE_ERROR)
+    assert auto.healthy and not (tmp_path / "auto" / "check-device-probe").exists()
+    (broken / "BROKEN").unlink()
+
+    # always: the probe after it fails importing torch, so the device, not the model, failed the check.
+    health = Health(MAX_EARLY_CRASHES, device_recheck="always")
+    out = health.run_child(_check_task(tmp_path), tmp_path / "lost", **run)
+    assert out.failure is not None and out.failure.type == "DeviceLost" and out.failure.retryable
+    assert out.failure.message == (
+        "the check failed and then a fresh child could not use cpu, so the device stopped working under the job, "
+        f"not through the job's fault: ImportError: {LOADER_ERROR}; the check's own error: RuntimeError: "
+        f"{DEVICE_ERROR}")
+    assert out.failure.to_json()["device"] == "cpu" and out.failure.stage == "check"
+    assert not health.healthy and health.since is not None and health.early_crashes == 0
+    assert health.reason == (f"cpu stopped working under a check: a probe child right after it failed (ImportError: "
+                             f"{LOADER_ERROR}), so this worker claims no jobs until a reprobe gets through "
+                             "(AOTC_WORKER_REPROBE_S)")
+
+    # The device works again: the reprobe gets through and the worker serves. Then a check that fails on a device
+    # that still works (its model is not there) keeps its own failure, after the probe.
+    (broken / "BROKEN").unlink()
+    assert health.probe(tmp_path / "reprobe", **run) and health.healthy
+    (broken / "LOSE").unlink()
+    out = health.run_child(_check_task(tmp_path), tmp_path / "stands", **run)
+    assert out.failure is not None and out.failure.type != "DeviceLost", out.failure
+    assert "model.pt2" in out.failure.message  # the check's own error: the model it could not read
+    assert (tmp_path / "stands" / "check-device-probe").exists() and health.healthy
+
+
+def test_a_job_whose_device_stopped_working_mid_check_goes_back_unspent_and_runs_once_it_answers(tmp_path):
+    """The worker's side over HTTP: the check breaks the device (LOSE), the job goes back with its attempt refunded
+    and the refund counted, the worker says why it is unhealthy, and once the device answers again (the files gone)
+    its reprobe gets through and it runs the job to the end on its first attempt. Unconfined: the planted fault
+    writes beside its sitecustomize, which the sandbox keeps read-only."""
+    broken = _broken_env(tmp_path, "lose")
+    cluster = Cluster(tmp_path / "cluster")  # of its own: the module's cluster keeps a healthy worker running
+    proc, wid = cluster.start_worker(PYTHONPATH=os.pathsep.join([str(ROOT), str(broken)]), AOTC_SANDBOX="off",
+                                     AOTC_WORKER_DEVICE_RECHECK="always", AOTC_WORKER_REPROBE_S="3")
+    try:
+        torch.manual_seed(0)
+        model = export(seeded(MLP, 1, d_in=4, hidden=8, d_out=4).eval(), (torch.randn(2, 4),), tmp_path / "mlp.pt2")
+        up = api.post(f"{cluster.url}/v1/models", content=model.read_bytes(), timeout=60)
+        assert up.status_code in (200, 201), up.text
+        r = api.post(f"{cluster.url}/v1/compilations", json={"model_id": up.json()["id"], "shapes": {"x": [2, 4]}},
+                     timeout=30)
+        assert r.status_code == 202, r.text
+        job = r.json()["job"]
+
+        w = cluster.wait_worker(wid, healthy=False, timeout=300)
+        assert w["unhealthy_reason"].startswith(f"cpu stopped working under a check: a probe child right after it "
+                                                f"failed (ImportError: {LOADER_ERROR})")
+        deadline = time.monotonic() + 30
+        while (queued := cluster.job(job["id"]))["state"] != "queued" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (queued["state"], queued["attempts"], queued.get("failures")) == ("queued", 0, None)
+        assert int(queued["device_lost_refunds"]) == 1  # a field of the Redis hash
+        reasons = [ev["reason"] for _, ev in cluster.store.jobs.events(job["id"]) if ev.get("reason")]
+        assert reasons == [f"handed back by {wid} (the check failed and then a fresh child could not use cpu, so the "
+                           f"device stopped working under the job, not through the job's fault: ImportError: "
+                           f"{LOADER_ERROR}; the check's own error: RuntimeError: {DEVICE_ERROR})"]
+
+        (broken / "LOSE").unlink()
+        (broken / "BROKEN").unlink()
+        done = cluster.wait_end(job["id"], timeout=300)
+        assert done["state"] == "succeeded", done.get("error")
+        assert (done["attempts"], done["worker"], done.get("failures")) == (1, wid, None)
+        assert cluster.workers()[wid]["healthy"] is True
+    finally:
+        stop(proc)
+        cluster.close()
