@@ -65,13 +65,22 @@ class MeanSquare(torch.nn.Module):
         return loss, outs[0].detach()
 
 
-def kind_of(name: str, entry: Any, inputs: tuple[torch.Tensor, ...]) -> str:
-    """`classify` (a torchvision or timm classifier: logits, cross-entropy over 1000 classes), `text` (token ids and
-    a mask: a linear head over the mean hidden state) or `regress` (MeanSquare)."""
+def kind_of(name: str, entry: Any, inputs: tuple[torch.Tensor, ...], body: torch.nn.Module | None = None) -> str:
+    """`classify` (a torchvision or timm classifier: logits, cross-entropy over its classes), `text` (token ids and
+    a mask: a linear head over the mean hidden state) or `regress` (MeanSquare). A timm body built without a
+    classifier head (`num_classes` 0: EVA02-Tiny, a masked-image-modelling checkpoint, returns its 192 features)
+    regresses: labels over 1000 classes against 192 features are out of range, which eager refuses on a CPU and
+    asserts on in a CUDA kernel (that was EVA02's "device-side assert" on an H200)."""
     if len(inputs) == 2 and not any(t.is_floating_point() for t in inputs):
         return "text"
     dense = any(k in name for k in ("fcn_", "deeplab", "lraspp", "_backbone"))
-    return "classify" if entry.family in ("torchvision", "timm") and not dense else "regress"
+    headless = body is not None and getattr(body, "num_classes", None) == 0
+    return "classify" if entry.family in ("torchvision", "timm") and not dense and not headless else "regress"
+
+
+def classes(body: torch.nn.Module) -> int:
+    """How many classes a classifier's labels range over: its `num_classes` (timm), at most 1000; torchvision's 1000."""
+    return min(int(getattr(body, "num_classes", 1000) or 1000), 1000)
 
 
 def hidden_size(model: Any) -> int:
@@ -122,13 +131,13 @@ def build(name: str, batch: int | None, device: str) -> tuple[torch.nn.Module, t
         inputs = tuple(t.float() if t.is_floating_point() else t for t in inputs)
         b = int(inputs[0].shape[0])
         no_dropout(body)
-        kind = kind_of(name, entry, inputs)
+        kind = kind_of(name, entry, inputs, body)
         if kind == "regress":
             m, args = MeanSquare(body), inputs
         else:
             text = kind == "text"
             m = TextClassify(body, hidden_size(body)) if text else Classify(body)
-            args = (*inputs, torch.randint(0, 10 if text else 1000, (b,), generator=gen))
+            args = (*inputs, torch.randint(0, 10 if text else classes(body), (b,), generator=gen))
     return m.to(device).train(), tuple(t.to(device) for t in args)
 
 

@@ -171,7 +171,9 @@ def report_notes(key: str, report: dict[str, Any]) -> list[str]:
         lines.append("in-place ops removed by functionalisation: "
                      + ", ".join(f"{op} x{n}" for op, n in ag["inplace_ops"].items()))
     tr = ag.get("training")
-    if tr:
+    if tr and tr.get("unavailable"):
+        lines.append(f"training: {str(tr['unavailable'])[:300]}")
+    elif tr:
         lines.append(f"training: joint graph {tr['joint']['nodes']} nodes -> forward {tr['forward']['nodes']} + "
                      f"backward {tr['backward']['nodes']} ({tr['partitioner']}); {tr['saved_for_backward']} tensors "
                      f"saved for backward, {tr['saved_activations']} of them activations")

@@ -88,7 +88,9 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 before, after = _nodes(st.get("capture", {}), "graph"), _nodes(s, "graph")
                 detail = f"{s.get('inplace_removed', 0)} in-place op(s) functionalised"
                 tr = s.get("training")
-                if tr:
+                if tr and tr.get("unavailable"):
+                    detail += "; the joint graph's trace failed (its facts say why)"
+                elif tr:
                     detail += (f"; joint {tr['joint']['nodes']} -> fw {tr['forward']['nodes']} + bw "
                                f"{tr['backward']['nodes']}, {tr['saved_activations']} saved")
             elif name == "lowering":

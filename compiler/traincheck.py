@@ -113,6 +113,16 @@ def autocast(device: str, precision: str) -> Any:
     return torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=AUTOCAST[precision])
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
+
+
+def _sync_device(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
 def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, loss_output: int = 0,
                    seed: int = 0, steps: int = STEPS, lr: float = LR, precision: str = "keep",
                    adversarial: bool = True) -> dict[str, Any]:
@@ -179,14 +189,25 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         torch.manual_seed(seed * 1009 + step)
         eager_before = {fqn: t.detach().clone() for fqn in mutated
                         if (t := weights_mod.module_tensor(eager, fqn)) is not None}
-        with autocast(device, precision):
-            expected = eager(*args, **kwargs)
-        flat_expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
-        loss = flat_expected[loss_output]
-        loss.backward()
+        try:
+            with autocast(device, precision):
+                expected = eager(*args, **kwargs)
+            flat_expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+            loss = flat_expected[loss_output]
+            loss.backward()
+            _sync_device(device)  # a CUDA kernel's assert surfaces here, not in the package's run after it
+        except Exception as err:
+            raise fail(step, f"the uploaded program's own forward and backward (eager, on {device}) raised on the "
+                             f"check's inputs, drawn as its samples are (integers within the samples' range): "
+                             f"{_first_line(err)}; a train step cannot be checked against a program that fails at "
+                             "its own inputs (labels beyond the classes its head has?)") from err
         torch.manual_seed(seed * 1009 + step)
         before = {fqn: live[fqn].detach().clone() for fqn in mutated if fqn in live}
-        got = package.run_flat(package.flat_inputs(args, kwargs))
+        try:
+            got = package.run_flat(package.flat_inputs(args, kwargs))
+            _sync_device(device)
+        except Exception as err:
+            raise fail(step, f"the package raised on inputs eager's step accepted: {_first_line(err)}") from err
         if len(got) != len(roles):
             raise fail(step, f"the package returned {len(got)} outputs; its manifest has {len(roles)} roles")
         written = [name for name, p in bound_params.items() if not same_bits(p, params[name])]

@@ -24,11 +24,17 @@ def aot_joint_and_partition(module: torch.nn.Module, args: tuple[Any, ...],
     weights, so that nothing runs on the device and nothing of the module changes (a real run here updated
     BatchNorm's statistics, and was where two models' CUDA errors surfaced, on graphs only the report shows). The
     graphs are those a real run traces. Where the fake trace fails (an op whose output size depends on values,
-    which fake tensors cannot know without a shape environment), the real run traces them, as before."""
+    which fake tensors cannot know without a shape environment), the real run traces them on a CPU, as before. On
+    CUDA it does not: that would run the upload's step on the device in the compile's own process, where a
+    device-side assert (EVA02's, on an H200) ends the CUDA context that the compile's later stages need; the
+    fake trace's error is raised instead, and the report says its graphs are unavailable."""
     try:
         return _trace(module, args, kwargs, fake=True), "fake tensors"
     except Exception as e:  # noqa: BLE001 - any failure of the fake trace: the real run is the old, proven path
         why = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+        if any(isinstance(t, torch.Tensor) and t.is_cuda for t in (*args, *kwargs.values())):
+            raise RuntimeError(f"the fake-tensor trace failed ({why}); on CUDA the report does not run the step on "
+                               "the device instead") from e
     return _trace(module, args, kwargs, fake=False), f"the inputs' device (fake tensors failed: {why})"
 
 

@@ -728,3 +728,45 @@ def test_where_the_fake_trace_fails_the_report_traces_on_the_device_and_says_so(
     got, traced_on = autograd.aot_joint_and_partition(module, args, {})
     assert traced_on == "the inputs' device (fake tensors failed: RuntimeError: no fake kernel for this op)"
     assert set(got) == {"joint", "forward", "backward"}
+
+
+@pytest.mark.slow
+def test_a_program_whose_own_step_fails_at_its_sample_inputs_is_refused_naming_eager(tmp_path):
+    """Ids sampled beyond the table (an upload whose labels run past its classes, as EVA02-Tiny's did: 1000-class
+    labels against a head of 192 features): the check's inputs are drawn within the samples' range, eager's own
+    step raises, and the check says so rather than passing the exception on bare (on CUDA a device-side assert)."""
+    ids = torch.arange(6) * 3  # 0..15 against a table of 10 rows
+    path = export_train(seeded(TrainLookup, 1), (ids, torch.randn(6, 4)), tmp_path / "past.pt2")
+    spec = [{"name": "ids", "dtype": "int64", "shape": [6]}, {"name": "y", "dtype": "float32", "shape": [6, 4]}]
+    configs = {**(weightless_configs() or {}), **TRAINING_INDUCTOR_CONFIGS}
+    configs["aot_inductor.metadata"] = {**configs.get("aot_inductor.metadata", {}), TRAIN_METADATA: "0"}
+    package = _broken_build({"dir": tmp_path, "path": path}, "past-package.pt2", configs)
+    with pytest.raises(CheckFailed, match=r"^training check, step 1 of 3: the uploaded program's own forward and "
+                                          r"backward \(eager, on cpu\) raised on the check's inputs, drawn as its "
+                                          r"samples are .*: IndexError: index 1\d is out of bounds"):
+        check_training(str(path), package, spec, "cpu", adversarial=False)
+
+
+def test_a_report_trace_that_fails_is_said_in_the_report_and_the_job_goes_on(mlp, monkeypatch):
+    """The report's AOTAutograd trace is the report's only: where it fails (DeBERTa-v3's bf16 overflow on an H200),
+    the autograd stage records why and returns, and the report's renderings say it, rather than refusing a model
+    whose package was never built."""
+    from client.render import report_notes
+    from compiler import report as rep
+    from compiler import stages
+
+    def overflow(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("value cannot be converted to type c10::BFloat16 without overflow")
+
+    monkeypatch.setattr(stages, "aot_joint_and_partition", overflow)
+    captured = stages.capture(mlp["ep"], SPEC, SPEC, "cpu", "keep", training=True)
+    got = stages.autograd(captured, training=True)
+    assert got.program is not None and got.facts["training"]["unavailable"] == (
+        "tracing forward and backward for the report failed: RuntimeError: value cannot be converted to type "
+        "c10::BFloat16 without overflow")
+    assert "graphs/joint.py" not in got.graphs
+    report = {"stages": {"capture": captured.facts, "autograd": got.facts}}
+    row = next(r for r in rep.summary_rows(report) if r["stage"] == "autograd")
+    assert row["detail"].endswith("; the joint graph's trace failed (its facts say why)")
+    assert ("training: tracing forward and backward for the report failed: RuntimeError: value cannot be converted "
+            "to type c10::BFloat16 without overflow") in report_notes("k", report)
