@@ -41,8 +41,13 @@ def row_of(name: str, store: Any, job_id: str) -> dict[str, Any]:
     t, check = job.get("timings") or {}, job.get("check") or {}
     row: dict[str, Any] = {"model": name, "state": job["state"], "job": job_id, "key": job.get("artifact"),
                            "job_s": line["run_s"], "compile_s": t.get("compile_total"), "check_s": t.get("check"),
-                           "max_rel_err": check.get("max_rel_err"), "tolerance": check.get("tolerance"),
-                           "speedup": check.get("speedup"), "spans": line["spans"]}
+                           "max_rel_err": check.get("max_rel_err"),
+                           # per point in the check's record; the row keeps the largest (the looser dtype's)
+                           "tolerance": max((p["tolerance"] for p in check.get("points") or []
+                                             if isinstance(p.get("tolerance"), (int, float))), default=None),
+                           "speedup": check.get("speedup"), "spans": line["spans"],
+                           "adversarial": {k: (check.get("adversarial") or {}).get(k)
+                                           for k in ("cases", "probes", "probe_seconds", "probe_lanes")}}
     if (error := job_error(job)) is not None:
         row["error"] = error
     return row
