@@ -14,7 +14,10 @@ compile while the later models export. Each job's row is written as it ends: its
 the check's seconds, the check's worst error against eager and the tolerance it met, and for a failure the job's
 error (type, stage, message). A model whose export fails gets a row with stage "export". With `--append` the rows
 already in `--out` are kept and their models not run again (a row whose error matches a `--retry` text is run
-again); a model cut off by the end of a device call has no row, so the next call runs it.
+again); a model cut off by the end of a device call has no row, so the next call runs it. A device that stops
+working ends the run the same way: an export that fails where a fresh process cannot use the device either, or
+no healthy worker for NO_WORKER_S (the workers' jobs go back as DeviceLost), leaves the models not yet ended
+without a row, and `stopped` in the JSON says why.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +37,16 @@ sys.path.insert(0, str(ROOT))
 from bench.farmkit import export, job_error, start_service, timeline  # noqa: E402
 
 ENDED = ("succeeded", "failed", "cancelled")
+NO_WORKER_S = 120.0  # how long the run waits with no healthy worker before it stops
+
+
+def device_lost(device: str) -> str | None:
+    """None if a fresh process can still use `device` (always, for a CPU), else its error."""
+    if not device.startswith("cuda"):
+        return None
+    probe = subprocess.run([sys.executable, "-c", f"import torch; torch.zeros(1, device={device!r}).sum().item()"],
+                           capture_output=True, text=True, timeout=300)
+    return None if probe.returncode == 0 else (probe.stderr.strip().splitlines() or ["exit status"])[-1][:300]
 
 
 def row_of(name: str, store: Any, job_id: str) -> dict[str, Any]:
@@ -135,6 +149,11 @@ def main() -> int:
                     shapes = {i["name"]: i["shape"] for i in rec["inputs"]}
                     answer = c.submit(rec["id"], shapes, target, priority="batch")
                 except Exception as e:  # noqa: BLE001 - a model that does not export or upload is a row too
+                    if (lost := device_lost(a.device)) is not None:  # the device's failure, not the model's: no row
+                        print(f"{name}: {type(e).__name__}: {str(e)[:300]}; and {a.device} no longer works in a "
+                              f"fresh process ({lost}): stopping, {name} and the rest without a row", flush=True)
+                        result["stopped"] = {"why": f"{a.device} lost: {lost}", "at": name}
+                        break
                     stage = "upload" if path.exists() else "export"
                     rows.append({"model": name, "state": "failed",
                                  "error": {"type": type(e).__name__, "stage": stage, "message": str(e)[:2000]}})
@@ -149,9 +168,21 @@ def main() -> int:
                     pending[answer["job"]["id"]] = name
                     print(f"queued {name}", flush=True)
                 collect()
+            none_since: float | None = None
             while pending:
                 time.sleep(2)
                 collect()
+                # Every worker unhealthy (a GPU that fell off the bus: the jobs go back, DeviceLost, and wait): end
+                # the run with the rows it has, so that a device call ends in time and `--append` runs the rest.
+                healthy = [w for w in store.workers.live() if w.get("healthy", True)]
+                none_since = None if healthy else (none_since or time.monotonic())
+                if none_since is not None and time.monotonic() - none_since > NO_WORKER_S:
+                    why = {w["id"]: str(w.get("unhealthy_reason"))[:300] for w in store.workers.live()}
+                    print(f"no healthy worker for {NO_WORKER_S:.0f} s; {len(pending)} model(s) left without a row "
+                          f"({', '.join(sorted(pending.values()))}): {json.dumps(why)}", flush=True)
+                    result["stopped"] = {"why": "no healthy worker", "workers": why,
+                                         "left": sorted(pending.values())}
+                    break
     finally:
         svc.stop()
     save()
