@@ -39,8 +39,9 @@ workers are not exceptions: each failed attempt becomes a `Failure` record.
                                    then it is charged like any retryable failure) and claims nothing while its
                                    disks are below AOTC_DISK_LOW_WATER_MB
       DeviceLost                   a child that failed after its work started, where a fresh child then could not
-                                   use the device (a GPU that fell off the bus): handed back as DiskFull is (at
-                                   most max_attempts times), and the worker is unhealthy until its device answers
+                                   use the device (a GPU that fell off the bus): handed back once without spending
+                                   an attempt, and the worker is unhealthy until its device answers; a second one
+                                   under the same job fails it, final (the job likely breaks devices)
       Cancelled, ToolchainMismatch, NotFound, any CompileError  final
     A job that has used its attempts fails with its last failure's type, marked not retryable.
 """
@@ -307,7 +308,7 @@ class Failure:
     def device_lost(cls, kind: str, device: str, cause: str, failed: Failure) -> Failure:
         """A `kind` child that failed after its work started, after which a fresh child could not use `device`
         (`cause`: how that probe failed): the device stopped working under the job, so its failure (`failed`) says
-        nothing of the model; the worker hands the job back with its attempt refunded (worker.job)."""
+        nothing of the model; the worker hands the job back with its attempt refunded, once (worker.job)."""
         return cls("DeviceLost", f"the {kind} failed and then a fresh child could not use {device}, so the device "
                    f"stopped working under the job, not through the job's fault: {cause}; the {kind}'s own error: "
                    f"{failed.type}: {failed.message[:500]}", kind, failed.excerpt, {"device": device})

@@ -26,8 +26,8 @@ device would be wrong. So after a child fails once its work started, on a device
 (CUDA, by default), a probe child tries the device at once. Where the probe fails:
 
 - the failure becomes `DeviceLost`, naming the probe's error and the child's own; the job goes back with its
-  attempt refunded (at most max_attempts times, so that an upload that breaks every device it runs on still
-  ends: worker.job);
+  attempt refunded, once: a second device lost under the same job fails it, final, since an upload that takes
+  GPUs down would otherwise take one more each try (worker.job);
 - the worker is unhealthy at once (the evidence is the device failing now, not a count), and the reprobes above
   bring it back.
 

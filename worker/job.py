@@ -14,6 +14,7 @@ someone else's now.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -133,18 +134,27 @@ class JobRunner:
                 log.debug("blob store not known yet: %s", e)
         return [self.settings.work_dir, *([self._blob_root] if self._blob_root is not None else [])]
 
-    # The machine's faults, each refunded at most max_attempts times (the job record's counter), then charged like
-    # any retryable failure: a job that fills every disk, or breaks every device it runs on, by itself still ends.
-    REFUNDED = {"DiskFull": ("disk_full_refunds", "a full disk"),
-                "DeviceLost": ("device_lost_refunds", "a lost device")}
+    # The machine's faults, refunded (the job record's counter) up to a limit: a full disk as often as the job may be
+    # attempted (None), then charged like any retryable failure, so that a job that fills every disk still ends; a
+    # lost device once. A device lost under the same job twice is more likely the job's doing (a package that
+    # takes the GPU down) than chance, and every try takes a device out of service: the job fails, final.
+    REFUNDED: dict[str, tuple[str, str, int | None]] = {"DiskFull": ("disk_full_refunds", "a full disk", None),
+                                                       "DeviceLost": ("device_lost_refunds", "a lost device", 1)}
 
     def _refund(self, job: dict[str, Any], lease: Lease, failure: Failure) -> None:
-        """A full disk or a device that stopped working is not the job's fault: hand it back, refunded, unless it
-        has been refunded for that as often as it may be attempted; then charge it like any retryable failure."""
-        counter, what_for = self.REFUNDED[failure.type]
+        """A full disk or a device that stopped working is not (at first) the job's fault: hand it back, refunded,
+        unless it has been refunded for that as often as REFUNDED allows; then charge it."""
+        counter, what_for, limit = self.REFUNDED[failure.type]
         refunds, max_attempts = int(job.get(counter) or 0), int(job.get("max_attempts", 3))
-        if refunds < max_attempts:
+        if refunds < (max_attempts if limit is None else limit):
             self.hand_back(job["id"], lease, failure.message, **{counter: refunds + 1})
+            return
+        if failure.type == "DeviceLost":
+            final = dataclasses.replace(failure, retry=False, message=(
+                f"the device stopped working under this job on {refunds + 1} attempts, so it is not tried again "
+                f"(each took a device out of service); the last: {failure.message}"))
+            self.store.jobs.finish(job["id"], "failed", lease=lease, error=final)
+            log.error("job %s failed: %s", job["id"], final.message[:500])
             return
         attempt = int(job["attempt"])
         delay = retry_delay(attempt, self.settings.retry_backoff_s, self.settings.retry_backoff_max_s)

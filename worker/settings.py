@@ -102,7 +102,7 @@ class WorkerSettings(StorageSettings):
     worker_device_recheck: Literal["auto", "always", "off"] = Field(
         default="auto", description="After a compile, check or timing child fails once its work started, a probe "
         "child (import torch, touch the device) tells whether the device still works: where it does not (a GPU "
-        "that fell off the bus mid-check), the failure is the device's, so the job goes back unspent and the "
+        "that fell off the bus mid-check), the failure is the device's, so the job goes back unspent (once) and the "
         "worker is unhealthy until a reprobe gets through. auto: on CUDA devices; always: on the CPU too; off.")
     worker_reprobe_s: float = Field(
         default=300.0, ge=0, description="An unhealthy worker runs a probe child (import torch, touch the device) "

@@ -267,25 +267,35 @@ def test_a_device_that_stops_working_under_a_check_is_its_failure_not_the_models
     assert (tmp_path / "stands" / "check-device-probe").exists() and health.healthy
 
 
-def test_a_job_whose_device_stopped_working_mid_check_goes_back_unspent_and_runs_once_it_answers(tmp_path):
-    """The worker's side over HTTP: the check breaks the device (LOSE), the job goes back with its attempt refunded
-    and the refund counted, the worker says why it is unhealthy, and once the device answers again (the files gone)
-    its reprobe gets through and it runs the job to the end on its first attempt. Unconfined: the planted fault
-    writes beside its sitecustomize, which the sandbox keeps read-only."""
+def _submit(cluster: Cluster, tmp_path: Path, seed: int) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    model = export(seeded(MLP, seed, d_in=4, hidden=8, d_out=4).eval(), (torch.randn(2, 4),),
+                   tmp_path / f"mlp-{seed}.pt2")
+    up = api.post(f"{cluster.url}/v1/models", content=model.read_bytes(), timeout=60)
+    assert up.status_code in (200, 201), up.text
+    r = api.post(f"{cluster.url}/v1/compilations", json={"model_id": up.json()["id"], "shapes": {"x": [2, 4]}},
+                 timeout=30)
+    assert r.status_code == 202, r.text
+    return r.json()["job"]
+
+
+def test_a_job_whose_device_stopped_working_goes_back_once_fails_the_second_time_and_the_worker_serves_again(
+        tmp_path):
+    """The worker's side over HTTP. The check breaks the device (LOSE): the job goes back with its attempt refunded
+    and the refund counted, and the worker says why it is unhealthy. The device answers again (BROKEN gone), the
+    reprobe gets through, the worker takes the job again, and its check breaks the device again: a device lost
+    twice under one job is the job's doing, so it fails, final, rather than take more devices down. Mended (LOSE
+    gone too), the worker serves the next job. Unconfined: the planted fault writes beside its sitecustomize,
+    which the sandbox keeps read-only."""
     broken = _broken_env(tmp_path, "lose")
     cluster = Cluster(tmp_path / "cluster")  # of its own: the module's cluster keeps a healthy worker running
     proc, wid = cluster.start_worker(PYTHONPATH=os.pathsep.join([str(ROOT), str(broken)]), AOTC_SANDBOX="off",
                                      AOTC_WORKER_DEVICE_RECHECK="always", AOTC_WORKER_REPROBE_S="3")
+    lost = (f"the check failed and then a fresh child could not use cpu, so the device stopped working under the job, "
+            f"not through the job's fault: ImportError: {LOADER_ERROR}; the check's own error: RuntimeError: "
+            f"{DEVICE_ERROR}")
     try:
-        torch.manual_seed(0)
-        model = export(seeded(MLP, 1, d_in=4, hidden=8, d_out=4).eval(), (torch.randn(2, 4),), tmp_path / "mlp.pt2")
-        up = api.post(f"{cluster.url}/v1/models", content=model.read_bytes(), timeout=60)
-        assert up.status_code in (200, 201), up.text
-        r = api.post(f"{cluster.url}/v1/compilations", json={"model_id": up.json()["id"], "shapes": {"x": [2, 4]}},
-                     timeout=30)
-        assert r.status_code == 202, r.text
-        job = r.json()["job"]
-
+        job = _submit(cluster, tmp_path, 1)
         w = cluster.wait_worker(wid, healthy=False, timeout=300)
         assert w["unhealthy_reason"].startswith(f"cpu stopped working under a check: a probe child right after it "
                                                 f"failed (ImportError: {LOADER_ERROR})")
@@ -295,16 +305,21 @@ def test_a_job_whose_device_stopped_working_mid_check_goes_back_unspent_and_runs
         assert (queued["state"], queued["attempts"], queued.get("failures")) == ("queued", 0, None)
         assert int(queued["device_lost_refunds"]) == 1  # a field of the Redis hash
         reasons = [ev["reason"] for _, ev in cluster.store.jobs.events(job["id"]) if ev.get("reason")]
-        assert reasons == [f"handed back by {wid} (the check failed and then a fresh child could not use cpu, so the "
-                           f"device stopped working under the job, not through the job's fault: ImportError: "
-                           f"{LOADER_ERROR}; the check's own error: RuntimeError: {DEVICE_ERROR})"]
+        assert reasons == [f"handed back by {wid} ({lost})"]
+
+        (broken / "BROKEN").unlink()  # the device answers; the job still breaks it
+        failed = cluster.wait_end(job["id"], timeout=300)
+        assert (failed["state"], failed["attempts"], failed["worker"]) == ("failed", 1, wid)
+        assert failed["error"]["type"] == "DeviceLost" and failed["error"]["retryable"] is False
+        assert failed["error"]["message"] == ("the device stopped working under this job on 2 attempts, so it is not "
+                                              "tried again (each took a device out of service); the last: " + lost)
 
         (broken / "LOSE").unlink()
         (broken / "BROKEN").unlink()
-        done = cluster.wait_end(job["id"], timeout=300)
+        cluster.wait_worker(wid, healthy=True, timeout=90)
+        done = cluster.wait_end(_submit(cluster, tmp_path, 2)["id"], timeout=300)
         assert done["state"] == "succeeded", done.get("error")
         assert (done["attempts"], done["worker"], done.get("failures")) == (1, wid, None)
-        assert cluster.workers()[wid]["healthy"] is True
     finally:
         stop(proc)
         cluster.close()
