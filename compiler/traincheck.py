@@ -197,10 +197,12 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
             loss.backward()
             _sync_device(device)  # a CUDA kernel's assert surfaces here, not in the package's run after it
         except Exception as err:
-            raise fail(step, f"the uploaded program's own forward and backward (eager, on {device}) raised on the "
-                             f"check's inputs, drawn as its samples are (integers within the samples' range): "
+            dtype = str(AUTOCAST.get(precision, "")).removeprefix("torch.")
+            under = f", under {dtype} autocast" if precision in AUTOCAST else ""
+            raise fail(step, f"the uploaded program's own forward and backward (eager on {device}{under}) raised on "
+                             f"the check's inputs, drawn as its samples are (integers within the samples' range): "
                              f"{_first_line(err)}; a train step cannot be checked against a program that fails at "
-                             "its own inputs (labels beyond the classes its head has?)") from err
+                             "its own inputs") from err
         torch.manual_seed(seed * 1009 + step)
         before = {fqn: live[fqn].detach().clone() for fqn in mutated if fqn in live}
         try:
