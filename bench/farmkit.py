@@ -24,9 +24,9 @@ if str(ROOT) not in sys.path:
 SMALL = ("inplace_reduce", "convnet", "transformer")
 
 
-def build(name: str, device: str, seed: int = 0) -> tuple[Any, tuple[Any, ...]]:
-    """The model (weights drawn from `seed`) and its inputs: the zoo's at its serving batch, or a small CPU
-    model's at a small batch."""
+def build(name: str, device: str, seed: int = 0, batch: int | None = None) -> tuple[Any, tuple[Any, ...]]:
+    """The model (weights drawn from `seed`) and its inputs: the zoo's at its serving batch (or `batch`), or a small
+    CPU model's at a small batch."""
     import torch
 
     if name in SMALL:
@@ -37,15 +37,15 @@ def build(name: str, device: str, seed: int = 0) -> tuple[Any, tuple[Any, ...]]:
         return cls().eval().to(device), (torch.randn(*shape, device=device),)
     from bench.zoo import build as zoo_build
 
-    return zoo_build(name, seed=seed, device=device)
+    return zoo_build(name, seed=seed, device=device, batch=batch)
 
 
-def export(name: str, path: Path, device: str, seed: int = 0) -> Path:
+def export(name: str, path: Path, device: str, seed: int = 0, batch: int | None = None) -> Path:
     """Export `name` at a static shape: the same program goes to the plain compile and to aotc. `seed` draws new
     weights (a new model to aotc). Its inputs go beside it (PATH.inputs.pt, written here, read by this bench)."""
     import torch
 
-    model, inputs = build(name, device, seed)
+    model, inputs = build(name, device, seed, batch)
     with torch.no_grad():
         torch.export.save(torch.export.export(model, inputs), str(path))
     torch.save(tuple(t.cpu() for t in inputs), str(path) + ".inputs.pt")

@@ -49,21 +49,16 @@ print("FAULT-CASE " + json.dumps(out, default=str))
 
 def build(name: str, batch: int | None, device: str, work: Path) -> tuple[Path, Path, list[dict[str, Any]]]:
     """Export `name` and compile it as a worker does; returns the program, the package and the spec."""
-    import torch
-
-    from bench.zoo import build as zoo_build
+    from bench.farmkit import export
     from compiler.archive.inspect import inspect_archive
     from compiler.options import CompileOptions
     from compiler.pipeline import compile_model
     from compiler.shapes import canonical_spec
 
     model_path, package_path = work / f"{name}.pt2", work / f"{name}-package.pt2"
-    model, inputs = zoo_build(name, device=device, batch=batch)
-    with torch.no_grad():
-        torch.export.save(torch.export.export(model, inputs), str(model_path))
-    del model
+    export(name, model_path, device, batch=batch)
     program_inputs = inspect_archive(str(model_path))["inputs"]
-    spec = canonical_spec(program_inputs, {i["name"]: list(t.shape) for i, t in zip(program_inputs, inputs)})
+    spec = canonical_spec(program_inputs, {i["name"]: i["shape"] for i in program_inputs})
     t0 = time.perf_counter()
     compile_model(str(model_path), spec, program_inputs, CompileOptions(), device, str(package_path))
     print(f"compiled {name} in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from compiler import inputs as inputs_mod
-from compiler.errors import CheckFailed
+from compiler.errors import CheckFailed, first_line
 from compiler.weightsfile import sidecar
 
 MAX_CASES = 48
@@ -76,11 +76,6 @@ FAULT_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS})
 CUDA_FAULT = re.compile(r"illegal memory access|misaligned address|unspecified launch failure|illegal address")
 
 
-def _raised(e: BaseException) -> str:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {first[:200]}" if first else type(e).__name__
-
-
 def eager_verdicts(ep: torch.export.ExportedProgram, module: Any, flats: list[list[torch.Tensor]]) -> list[str | None]:
     """For each input list, None if eager `module` (on the CPU) returns, else what it raised."""
     out: list[str | None] = []
@@ -91,7 +86,7 @@ def eager_verdicts(ep: torch.export.ExportedProgram, module: Any, flats: list[li
                 module(*args, **kwargs)
             out.append(None)
         except Exception as e:  # noqa: BLE001 - any exception is eager refusing the input
-            out.append(_raised(e))
+            out.append(first_line(e))
     return out
 
 
@@ -230,7 +225,7 @@ def partial_verdicts(ep: torch.export.ExportedProgram, module: Any, base: list[t
                 runner.run(*args, initial_env=env, **kwargs)
             out.append(None)
         except Exception as e:  # noqa: BLE001 - any exception is eager refusing the input
-            out.append(_raised(e))
+            out.append(first_line(e))
         ran += runner.ran
     return out, ran
 
@@ -612,7 +607,7 @@ def _probe(model_path: str, package_path: str, device: str, cases_path: str, out
                         if cuda:
                             torch.cuda.synchronize()
                 except Exception as e:  # noqa: BLE001
-                    refused = _raised(e)
+                    refused = first_line(e)
                     if _context_lost(device):
                         write(k=k, event="eager lost the context", eager=refused)
                         return RESTART  # the case runs again in a new probe, as one eager refuses
@@ -623,7 +618,7 @@ def _probe(model_path: str, package_path: str, device: str, cases_path: str, out
                     if cuda:
                         torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001
-                raised = _raised(e)
+                raised = first_line(e)
                 outcome = "package faulted" if CUDA_FAULT.search(str(e)) else "refused" if refused else "package raised"
                 write(k=k, eager=refused, package=raised, outcome=outcome)
                 if _context_lost(device):

@@ -52,7 +52,7 @@ PRECISION_TOLERANCE: dict[str, float] = {"keep": 0.0, "bf16": TOLERANCE[torch.bf
                                           "fp16": TOLERANCE[torch.float16]}
 
 
-def _sync(device: str) -> None:
+def sync_device(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
@@ -92,12 +92,12 @@ def measure(fn: Callable[[], Any], device: str, *, warmup_ms: float = 100.0, rep
     if _UNTIMED.get():
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        sync_device(device)
         one = round((time.perf_counter() - t0) * 1e3, 5)
         return {"median_ms": one, "p25_ms": one, "p75_ms": one, "iqr_ms": 0.0, "min_ms": one, "max_ms": one,
                 "reps": 1, "warmup_reps": 0, "method": METHOD_UNTIMED}
     fn()
-    _sync(device)
+    sync_device(device)
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device) if cuda else None
 
     def timed(n: int, within_s: float | None = None) -> list[float]:

@@ -149,6 +149,12 @@ def _chain(e: BaseException) -> list[BaseException]:
     return seen
 
 
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """`Type: the first line of its message` (at most `limit` characters of it), or the type alone."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:limit]}" if text else type(e).__name__
+
+
 def described(e: BaseException) -> tuple[str, str]:
     """(message, excerpt) of an exception a compile stage raised. A C++ compile error of generated code leads with
     the compiler's own error lines: torch's message puts the whole command first, then every note of the compiler,

@@ -34,10 +34,10 @@ from compiler import fp64, training
 from compiler import inputs as inputs_mod
 from compiler import weights as weights_mod
 from compiler.adversarial import check_adversarial, refuse_failures
-from compiler.check import TOLERANCE, compare, device_info, measure
+from compiler.check import TOLERANCE, compare, device_info, measure, sync_device
 from compiler.compat import joint as joint_mod
 from compiler.compat.aoti import LoadedPackage
-from compiler.errors import CheckFailed
+from compiler.errors import CheckFailed, first_line
 from compiler.loading import load_program
 from compiler.specialize import drop_metadata_asserts
 
@@ -113,16 +113,6 @@ def autocast(device: str, precision: str) -> Any:
     return torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=AUTOCAST[precision])
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
-
-
-def _sync_device(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-
-
 def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, loss_output: int = 0,
                    seed: int = 0, steps: int = STEPS, lr: float = LR, precision: str = "keep",
                    adversarial: bool = True) -> dict[str, Any]:
@@ -195,21 +185,21 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
             flat_expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
             loss = flat_expected[loss_output]
             loss.backward()
-            _sync_device(device)  # a CUDA kernel's assert surfaces here, not in the package's run after it
+            sync_device(device)  # a CUDA kernel's assert surfaces here, not in the package's run after it
         except Exception as err:
             dtype = str(AUTOCAST.get(precision, "")).removeprefix("torch.")
             under = f", under {dtype} autocast" if precision in AUTOCAST else ""
             raise fail(step, f"the uploaded program's own forward and backward (eager on {device}{under}) raised on "
                              f"the check's inputs, drawn as its samples are (integers within the samples' range): "
-                             f"{_first_line(err)}; a train step cannot be checked against a program that fails at "
+                             f"{first_line(err, 300)}; a train step cannot be checked against a program that fails at "
                              "its own inputs") from err
         torch.manual_seed(seed * 1009 + step)
         before = {fqn: live[fqn].detach().clone() for fqn in mutated if fqn in live}
         try:
             got = package.run_flat(package.flat_inputs(args, kwargs))
-            _sync_device(device)
+            sync_device(device)
         except Exception as err:
-            raise fail(step, f"the package raised on inputs eager's step accepted: {_first_line(err)}") from err
+            raise fail(step, f"the package raised on inputs eager's step accepted: {first_line(err, 300)}") from err
         if len(got) != len(roles):
             raise fail(step, f"the package returned {len(got)} outputs; its manifest has {len(roles)} roles")
         written = [name for name, p in bound_params.items() if not same_bits(p, params[name])]

@@ -149,7 +149,7 @@ class JobRunner:
         if refunds < (max_attempts if limit is None else limit):
             self.hand_back(job["id"], lease, failure.message, **{counter: refunds + 1})
             return
-        if failure.type == "DeviceLost":
+        if limit is not None:  # a fixed limit (a lost device): past it, the job's doing, final
             final = dataclasses.replace(failure, retry=False, message=(
                 f"the device stopped working under this job on {refunds + 1} attempts, so it is not tried again "
                 f"(each took a device out of service); the last: {failure.message}"))

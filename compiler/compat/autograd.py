@@ -13,6 +13,7 @@ import torch
 
 from compiler.compat import pytree
 from compiler.compat.joint import training_decompositions
+from compiler.errors import first_line
 
 
 def aot_joint_and_partition(module: torch.nn.Module, args: tuple[Any, ...],
@@ -31,7 +32,7 @@ def aot_joint_and_partition(module: torch.nn.Module, args: tuple[Any, ...],
     try:
         return _trace(module, args, kwargs, fake=True), "fake tensors"
     except Exception as e:  # noqa: BLE001 - any failure of the fake trace: the real run is the old, proven path
-        why = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+        why = first_line(e)
         if any(isinstance(t, torch.Tensor) and t.is_cuda for t in (*args, *kwargs.values())):
             raise RuntimeError(f"the fake-tensor trace failed ({why}); on CUDA the report does not run the step on "
                                "the device instead") from e

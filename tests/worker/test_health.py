@@ -113,6 +113,18 @@ def _broken_env(tmp_path: Path, how: str = "abort") -> Path:
     return d
 
 
+def _submit(cluster: Cluster, tmp_path: Path, seed: int) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    model = export(seeded(MLP, seed, d_in=4, hidden=8, d_out=4).eval(), (torch.randn(2, 4),),
+                   tmp_path / f"mlp-{seed}.pt2")
+    up = api.post(f"{cluster.url}/v1/models", content=model.read_bytes(), timeout=60)
+    assert up.status_code in (200, 201), up.text
+    r = api.post(f"{cluster.url}/v1/compilations", json={"model_id": up.json()["id"], "shapes": {"x": [2, 4]}},
+                 timeout=30)
+    assert r.status_code == 202, r.text
+    return r.json()["job"]
+
+
 def test_a_worker_whose_children_cannot_import_torch_stops_claiming_and_its_jobs_keep_their_attempts(
         cluster, tmp_path):
     broken = _broken_env(tmp_path)
@@ -121,14 +133,7 @@ def test_a_worker_whose_children_cannot_import_torch_stops_claiming_and_its_jobs
                                      AOTC_WORKER_REPROBE_S="4")
     try:
         assert cluster.workers()[wid]["healthy"] is True
-        torch.manual_seed(0)
-        model = export(seeded(MLP, 0, d_in=4, hidden=8, d_out=4).eval(), (torch.randn(2, 4),), tmp_path / "mlp.pt2")
-        up = api.post(f"{cluster.url}/v1/models", content=model.read_bytes(), timeout=60)
-        assert up.status_code in (200, 201), up.text
-        r = api.post(f"{cluster.url}/v1/compilations", json={"model_id": up.json()["id"], "shapes": {"x": [2, 4]}},
-                     timeout=30)
-        assert r.status_code == 202, r.text
-        job = r.json()["job"]
+        job = _submit(cluster, tmp_path, 0)
 
         # After MAX_EARLY_CRASHES children in a row died importing torch, the worker says so over HTTP, with the
         # cause: how the child died and its stderr, where the loader error and the path of the code that aborted are.
@@ -265,18 +270,6 @@ def test_a_device_that_stops_working_under_a_check_is_its_failure_not_the_models
     assert out.failure is not None and out.failure.type != "DeviceLost", out.failure
     assert "model.pt2" in out.failure.message  # the check's own error: the model it could not read
     assert (tmp_path / "stands" / "check-device-probe").exists() and health.healthy
-
-
-def _submit(cluster: Cluster, tmp_path: Path, seed: int) -> dict[str, Any]:
-    torch.manual_seed(seed)
-    model = export(seeded(MLP, seed, d_in=4, hidden=8, d_out=4).eval(), (torch.randn(2, 4),),
-                   tmp_path / f"mlp-{seed}.pt2")
-    up = api.post(f"{cluster.url}/v1/models", content=model.read_bytes(), timeout=60)
-    assert up.status_code in (200, 201), up.text
-    r = api.post(f"{cluster.url}/v1/compilations", json={"model_id": up.json()["id"], "shapes": {"x": [2, 4]}},
-                 timeout=30)
-    assert r.status_code == 202, r.text
-    return r.json()["job"]
 
 
 def test_a_job_whose_device_stopped_working_goes_back_once_fails_the_second_time_and_the_worker_serves_again(
