@@ -61,7 +61,7 @@ def row_of(name: str, store: Any, job_id: str) -> dict[str, Any]:
                                              if isinstance(p.get("tolerance"), (int, float))), default=None),
                            "speedup": check.get("speedup"), "spans": line["spans"],
                            "adversarial": {k: (check.get("adversarial") or {}).get(k)
-                                           for k in ("cases", "probes", "probe_seconds", "probe_lanes")}}
+                                           for k in ("cases", "probes", "probe_seconds", "probe_lanes", "run_again")}}
     if (error := job_error(job)) is not None:
         row["error"] = error
     return row

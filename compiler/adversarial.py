@@ -25,7 +25,9 @@ kernel whose assert fires inside an OpenMP region, which compiler.ranges now for
 every refused case on CUDA). A probe that only has refused cases
 left loads the package alone, not the program. On CUDA the refused cases are dealt to up to `CUDA_LANES` lanes
 of probes that run side by side (run_probe_lanes). Each probe is given `PROBE_TIMEOUT_S`, and none starts after
-`BUDGET_S`: the cases left then are recorded as not run (the summary's `outcomes` counts them).
+`BUDGET_S`: the cases left then are recorded as not run (the summary's `outcomes` counts them). A case whose package
+ended in CUDA's "unspecified launch failure", which a context reset under a shared GPU answers as well as a fault,
+runs again after the lanes (AMBIGUOUS_FAULT): at most AMBIGUOUS_CASES cases, AMBIGUOUS_RETRIES times.
 """
 
 from __future__ import annotations
@@ -74,6 +76,20 @@ UNKNOWN = "?"  # a case whose eager outcome the probe finds out on the device
 # is SIGABRT, from std::terminate), an error of these words on CUDA (an assert is "device-side assert triggered").
 FAULT_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS})
 CUDA_FAULT = re.compile(r"illegal memory access|misaligned address|unspecified launch failure|illegal address")
+# Of those words, "unspecified launch failure" (cudaErrorLaunchFailure) does not say that memory was touched: the
+# driver also answers it to a context it reset because it could not switch it out in time (Xid 109, CTX SWITCH
+# TIMEOUT), which a package trapping on its own device-side assert meets where other processes share the GPU. On
+# an H200 shared by 8 workers' checks, GPT-2's, Llama's, ELECTRA's and OPT's packages ended so at an int64-max token
+# id, each beside an Xid 109 in the kernel's log, while the same GPT-2 package refused that id cleanly in 4 of 4
+# checks run alone. A case that ends with these words runs again, each time in a fresh probe after the lanes (none
+# of this check's other probes beside it), up to AMBIGUOUS_RETRIES times: the first run that ends otherwise (a
+# clean refusal, a return, another fault) is its verdict, and the fault stands where every run ended the same way.
+# At most AMBIGUOUS_CASES cases are run again, within AMBIGUOUS_BUDGET_S a round: the rest keep their fault, which
+# fails the check as before.
+AMBIGUOUS_FAULT = re.compile(r"unspecified launch failure")
+AMBIGUOUS_RETRIES = 2
+AMBIGUOUS_CASES = 4
+AMBIGUOUS_BUDGET_S = 90.0
 
 
 def eager_verdicts(ep: torch.export.ExportedProgram, module: Any, flats: list[list[torch.Tensor]]) -> list[str | None]:
@@ -319,10 +335,13 @@ def _exec_probe(cmd: list[str], log_path: Path) -> int | None:
 
 
 def run_probes(model_path: str, package_path: str, device: str, cases: list[dict[str, Any]], tolerance: float,
-               workdir: Path, autocast: str = "none") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+               workdir: Path, autocast: str = "none", budget: float | None = None,
+               ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run `cases` (each {"inputs": flat CPU tensors, "eager": None | what eager raised | UNKNOWN}) in probe
     children, in order; returns one result per case and what the probes cost. `autocast` ("bfloat16", "float16"
-    or "none"): the dtype eager's forward runs under in the probes, a train step's precision (the check's own)."""
+    or "none"): the dtype eager's forward runs under in the probes, a train step's precision (the check's own).
+    No probe starts after `budget` seconds (BUDGET_S by default)."""
+    budget = BUDGET_S if budget is None else budget
     cases_path = workdir / "cases.pt"
     torch.save([{"inputs": c["inputs"], "eager": c["eager"]} for c in cases], cases_path)
     results: dict[int, dict[str, Any]] = {}
@@ -333,9 +352,9 @@ def run_probes(model_path: str, package_path: str, device: str, cases: list[dict
     try:
         while start < len(cases):
             spent = time.perf_counter() - t0
-            if probes >= MAX_PROBES or spent > BUDGET_S:
+            if probes >= MAX_PROBES or spent > budget:
                 why = (f"the check starts at most {MAX_PROBES} probes" if probes >= MAX_PROBES
-                       else f"the adversarial budget of {BUDGET_S:.0f} s was spent ({spent:.0f} s)")
+                       else f"the adversarial budget of {budget:.0f} s was spent ({spent:.0f} s)")
                 for k in range(start, len(cases)):
                     results[k] = {"k": k, "outcome": "not run", "why": why}
                 break
@@ -412,7 +431,8 @@ def run_probe_lanes(model_path: str, package_path: str, device: str, cases: list
     lanes = probe_lanes(device, package_path, len(refused))
     if lanes <= 1:
         alone, cost = run_probes(model_path, package_path, device, cases, tolerance, workdir, autocast)
-        return alone, {**cost, "lanes": 1}
+        return _run_ambiguous_again(model_path, package_path, device, cases, tolerance, workdir, autocast, alone,
+                                    {**cost, "lanes": 1})
     taken = set(refused)
     groups = [[k for k in range(len(cases)) if k not in taken] + refused[0::lanes]]
     groups += [refused[i::lanes] for i in range(1, lanes)]
@@ -431,6 +451,41 @@ def run_probe_lanes(model_path: str, package_path: str, device: str, cases: list
             results[k] = {**r, "k": k}
     cost = {"probes": sum(c["probes"] for _, c in got), "forked": sum(c["forked"] for _, c in got),
             "seconds": round(time.perf_counter() - t0, 3), "lanes": lanes}
+    return _run_ambiguous_again(model_path, package_path, device, cases, tolerance, workdir, autocast, results, cost)
+
+
+def ambiguous(result: dict[str, Any]) -> bool:
+    """Whether a case's result is a fault whose words do not say that memory was touched (see AMBIGUOUS_FAULT)."""
+    package = str(result.get("package") or "")
+    return (result.get("outcome") == "package faulted" and AMBIGUOUS_FAULT.search(package) is not None
+            and CUDA_FAULT.search(AMBIGUOUS_FAULT.sub("", package)) is None)
+
+
+def _run_ambiguous_again(model_path: str, package_path: str, device: str, cases: list[dict[str, Any]],
+                         tolerance: float, workdir: Path, autocast: str, results: list[dict[str, Any]],
+                         cost: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The cases of `results` that ended in an ambiguous fault, run again (see AMBIGUOUS_FAULT). A case's new
+    result keeps what the earlier runs' package said ("earlier"); the cost counts the new probes and the cases run
+    again ("again")."""
+    t0, again_total = time.perf_counter(), 0
+    for round_ in range(1, AMBIGUOUS_RETRIES + 1):
+        again = [k for k, r in enumerate(results) if ambiguous(r)][:AMBIGUOUS_CASES]
+        if not again:
+            break
+        again_total = max(again_total, len(again))
+        (workdir / f"again-{round_}").mkdir()
+        found, spent = run_probes(model_path, package_path, device, [cases[k] for k in again], tolerance,
+                                  workdir / f"again-{round_}", autocast, budget=AMBIGUOUS_BUDGET_S)
+        cost["probes"] += spent["probes"]
+        cost["forked"] += spent["forked"]
+        for k, r in zip(again, found, strict=True):
+            if r.get("outcome") == "not run":  # the round's budget was spent before it: the fault stands
+                continue
+            earlier = [*results[k].get("earlier", []), results[k].get("package")]
+            results[k] = {**r, "k": results[k].get("k", k), "earlier": earlier}
+    if again_total:
+        cost["again"] = again_total
+        cost["seconds"] = round(cost["seconds"] + time.perf_counter() - t0, 3)
     return results, cost
 
 
@@ -459,7 +514,10 @@ def verdict(poison: inputs_mod.Poison, numel: int, result: dict[str, Any]) -> st
         return f"{what}: {result.get('package')} where eager returns"
     if outcome == "package faulted":
         eager = f"eager raises {result['eager']}" if result.get("eager") else "eager returns"
-        return f"{what}: {eager}, the package touched memory it does not own ({result.get('package')})"
+        runs = len(result.get("earlier", [])) + 1
+        again = (f"; it ended so in {runs} runs, {runs - 1} of them after the check's other probes had ended"
+                 if runs > 1 else "")
+        return f"{what}: {eager}, the package touched memory it does not own ({result.get('package')}{again})"
     return f"{what}: {outcome}: {result.get('why') or result.get('eager') or ''}".rstrip(": ")
 
 
@@ -516,7 +574,8 @@ def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec,
     rows: list[dict[str, Any]] = [{} for _ in poisons]
     for k, r in zip(order, results, strict=True):
         p = poisons[k]
-        rows[k] = {**asdict(p), "eager": r.get("eager"), "package": r.get("package"), "outcome": r.get("outcome")}
+        rows[k] = {**asdict(p), "eager": r.get("eager"), "package": r.get("package"), "outcome": r.get("outcome"),
+                   **({"earlier": r["earlier"]} if r.get("earlier") else {})}
         message = verdict(p, numels[p.input], r)
         if message:
             summary["failures"].append(message)
@@ -525,7 +584,7 @@ def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec,
         counts[str(r["outcome"])] = counts.get(str(r["outcome"]), 0) + 1
     summary.update(
         oracle=oracle, outcomes=counts, probes=cost["probes"], forked=cost["forked"], probe_seconds=cost["seconds"],
-        probe_lanes=cost["lanes"],
+        probe_lanes=cost["lanes"], run_again=cost.get("again", 0),
         seconds=round(time.perf_counter() - t0, 3),
         inputs={spec[k]["name"]: sorted({p.value for p in poisons if p.input == k})
                 for k in inputs_mod.integer_inputs(spec)},

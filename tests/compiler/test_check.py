@@ -526,6 +526,110 @@ def adversarial_inputs(path: str, spec: list[dict[str, Any]]) -> list[int]:
     return _poisoned_cases(path, spec)[3]
 
 
+# Planted in the probes (a sitecustomize on their PYTHONPATH, as tests/worker plants faults in the children): while
+# the file AOTC_TEST_FAULT_COUNT names holds a count above 0, a package call that raises (a clean refusal) raises
+# AOTC_TEST_FAULT_WORDS instead, and the count goes down by one. On a shared GPU the driver answers "unspecified
+# launch failure" to a context it reset while the package trapped on its own assert (Xid 109).
+PLANTED_FAULT = """
+import os
+_count = os.environ.get("AOTC_TEST_FAULT_COUNT")
+if _count:
+    from compiler.compat import aoti as _aoti
+
+    _load = _aoti.aoti_load_package
+
+    def _planted(*args, **kwargs):
+        package = _load(*args, **kwargs)
+
+        class Planted:
+            def __getattr__(self, name):
+                return getattr(package, name)
+
+            def __call__(self, *a, **kw):
+                try:
+                    return package(*a, **kw)
+                except Exception:
+                    with open(_count) as f:
+                        n = int(f.read())
+                    if n <= 0:
+                        raise
+                    with open(_count, "w") as f:
+                        f.write(str(n - 1))
+                    raise RuntimeError(os.environ["AOTC_TEST_FAULT_WORDS"]) from None
+
+        return Planted()
+
+    _aoti.aoti_load_package = _planted
+"""
+LAUNCH_FAILURE = "CUDA error: unspecified launch failure (planted by test_check)"
+
+
+def _plant_fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int, words: str = LAUNCH_FAILURE) -> Path:
+    d = tmp_path / "planted"
+    d.mkdir()
+    (d / "sitecustomize.py").write_text(PLANTED_FAULT)
+    (d / "count").write_text(str(count))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(d), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("AOTC_TEST_FAULT_COUNT", str(d / "count"))
+    monkeypatch.setenv("AOTC_TEST_FAULT_WORDS", words)
+    return d / "count"
+
+
+def test_only_a_launch_failure_without_words_of_a_touched_address_is_ambiguous():
+    from compiler.adversarial import ambiguous
+
+    def fault(words: str) -> dict[str, str]:
+        return {"outcome": "package faulted", "package": f"AcceleratorError: CUDA error: {words}"}
+
+    assert ambiguous(fault("unspecified launch failure"))
+    assert not ambiguous(fault("an illegal memory access was encountered"))
+    assert not ambiguous(fault("misaligned address"))
+    assert not ambiguous(fault("unspecified launch failure after an illegal address"))  # positive words stand
+    assert not ambiguous({"outcome": "refused", "package": "unspecified launch failure"})
+
+
+@pytest.mark.slow
+def test_a_launch_failure_runs_again_alone_and_a_clean_refusal_then_is_the_verdict(unsafe_index, tmp_path,
+                                                                                  monkeypatch):
+    clean = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")["adversarial"]
+    count = _plant_fault(tmp_path, monkeypatch, 1)  # the first refusal only: the device reset its context
+    adv = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")["adversarial"]
+    assert count.read_text() == "0"  # the plant fired
+    assert adv["failures"] == [] and adv["outcomes"] == clean["outcomes"] and adv["run_again"] == 1
+    again = [r for r in adv["results"] if "earlier" in r]
+    assert len(again) == 1 and again[0]["outcome"] == "refused"
+    assert again[0]["earlier"] == [f"RuntimeError: {LAUNCH_FAILURE}"]
+    assert adv["probes"] == clean["probes"] + 1  # one probe more, for the one case
+
+
+@pytest.mark.slow
+def test_a_launch_failure_in_every_run_fails_the_check_and_words_of_a_touched_address_are_not_run_again(
+        unsafe_index, tmp_path, monkeypatch):
+    from compiler import adversarial
+
+    refused = 12  # of the 26 cases, those eager refuses (test_probes_are_forked_...)
+    count = _plant_fault(tmp_path, monkeypatch, 1000)
+    with pytest.raises(CheckFailed) as info:
+        check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")
+    failures = info.value.excerpt.splitlines()
+    assert len(failures) == refused and all(LAUNCH_FAILURE in f for f in failures)
+    # At most AMBIGUOUS_CASES cases run again, AMBIGUOUS_RETRIES times each; the others keep their first fault.
+    runs = adversarial.AMBIGUOUS_RETRIES + 1
+    again = [f for f in failures if f.endswith(f"; it ended so in {runs} runs, {runs - 1} of them after the "
+                                               "check's other probes had ended)")]
+    assert len(again) == adversarial.AMBIGUOUS_CASES
+    assert int(count.read_text()) == 1000 - refused - adversarial.AMBIGUOUS_CASES * adversarial.AMBIGUOUS_RETRIES
+
+    # An illegal address says memory was touched: the first run is the verdict.
+    count.write_text("1")
+    monkeypatch.setenv("AOTC_TEST_FAULT_WORDS", "CUDA error: an illegal memory access was encountered (planted)")
+    with pytest.raises(CheckFailed) as info:
+        check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")
+    assert info.value.message.endswith("the package touched memory it does not own (RuntimeError: CUDA error: an "
+                                       "illegal memory access was encountered (planted))")
+    assert count.read_text() == "0" and len(info.value.excerpt.splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_cases_left_when_the_adversarial_budget_is_spent_are_recorded_as_not_run(unsafe_index, monkeypatch):
     from compiler import adversarial
