@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -183,22 +184,27 @@ end
 
 
 def run_wrk(url: str, key: str, paths: list[str], concurrency: int, seconds: float, warmup_s: float,
-            tmp: Path, meter: Callable[[], tuple[float, float]]) -> dict[str, Any]:
+            tmp: Path, meter: Callable[[], tuple[float, float]], api_pids: list[int]) -> dict[str, Any]:
     """One cell with wrk: a warm-up run, then the measured one. Latency percentiles are wrk's own (HdrHistogram)."""
     import resource
 
     script = tmp / "paths.lua"
     script.write_text(_WRK_SCRIPT % (",".join(json.dumps(p) for p in paths), json.dumps(key)))
 
-    def wrk(duration: float) -> dict[str, Any]:
-        out = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(duration))}s", "--timeout", "10s",
-                              "-s", str(script), url], capture_output=True, text=True, check=True).stdout
-        return dict(json.loads(next(ln for ln in out.splitlines() if ln.startswith("WRKJSON "))[8:]))
+    def wrk(duration: float) -> tuple[dict[str, Any], list[int]]:
+        proc = subprocess.Popen(["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(duration))}s", "--timeout",
+                                 "10s", "-s", str(script), url], stdout=subprocess.PIPE, text=True)
+        time.sleep(min(1.0, duration / 2))
+        spread = connections(api_pids, int(url.rsplit(":", 1)[1]))  # wrk's connections, each API process's share
+        out, _ = proc.communicate()
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, proc.args, out)
+        return dict(json.loads(next(ln for ln in out.splitlines() if ln.startswith("WRKJSON "))[8:])), spread
 
     if warmup_s > 0:
         wrk(warmup_s)
     r0, server0 = resource.getrusage(resource.RUSAGE_CHILDREN), meter()
-    m = wrk(seconds)
+    m, spread = wrk(seconds)
     r1, server1 = resource.getrusage(resource.RUSAGE_CHILDREN), meter()
     elapsed = m["duration_us"] / 1e6
     errors = m["non2xx"] + m["socket_errors"]
@@ -208,7 +214,29 @@ def run_wrk(url: str, key: str, paths: list[str], concurrency: int, seconds: flo
             "p50_ms": round(m["p50_us"] / 1000, 3), "p99_ms": round(m["p99_us"] / 1000, 3),
             "mean_ms": round(m["mean_us"] / 1000, 3),
             "client_cpu_s": round((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), 2),
-            **_server_cpu(server0, server1, m["requests"])}
+            "connections_per_api": spread, **_server_cpu(server0, server1, m["requests"])}
+
+
+def connections(pids: list[int], port: int) -> list[int]:
+    """How many established connections to `port` each of `pids` holds (Linux /proc): how the kernel spread a
+    closed-loop client's keep-alive connections over API processes that accept on one socket."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # ESTABLISHED, our side
+                    inodes.add(fields[9])
+    counts = []
+    for pid in pids:
+        n = 0
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    n += link.startswith("socket:[") and link[8:-1] in inodes
+        counts.append(n)
+    return counts
 
 
 def _family(pid: int) -> list[int]:
@@ -344,7 +372,7 @@ def main() -> None:
 
                             if args.client == "wrk":
                                 cell = run_wrk(f"http://127.0.0.1:{port}", key, paths[route], c, args.seconds,
-                                               args.warmup_s, tmp, meter)
+                                               args.warmup_s, tmp, meter, api_pids[1:] or api_pids)
                             else:
                                 cell = asyncio.run(run_cell("127.0.0.1", port, key, paths[route], c, args.seconds,
                                                             args.warmup_s, args.max_requests, meter))
