@@ -84,8 +84,8 @@ CUDA_FAULT = re.compile(r"illegal memory access|misaligned address|unspecified l
 # checks run alone. A case that ends with these words runs again, each time in a fresh probe after the lanes (none
 # of this check's other probes beside it), up to AMBIGUOUS_RETRIES times: the first run that ends otherwise (a
 # clean refusal, a return, another fault) is its verdict, and the fault stands where every run ended the same way.
-# At most AMBIGUOUS_CASES cases are run again, within AMBIGUOUS_BUDGET_S a round: the rest keep their fault, which
-# fails the check as before.
+# At most AMBIGUOUS_CASES cases are run again, and no probe for them starts after AMBIGUOUS_BUDGET_S (all rounds
+# together): the rest keep their fault, which fails the check as before.
 AMBIGUOUS_FAULT = re.compile(r"unspecified launch failure")
 AMBIGUOUS_RETRIES = 2
 AMBIGUOUS_CASES = 4
@@ -470,12 +470,13 @@ def _run_ambiguous_again(model_path: str, package_path: str, device: str, cases:
     t0, again_total = time.perf_counter(), 0
     for round_ in range(1, AMBIGUOUS_RETRIES + 1):
         again = [k for k, r in enumerate(results) if ambiguous(r)][:AMBIGUOUS_CASES]
-        if not again:
+        left = AMBIGUOUS_BUDGET_S - (time.perf_counter() - t0)
+        if not again or left <= 0:
             break
         again_total = max(again_total, len(again))
         (workdir / f"again-{round_}").mkdir()
         found, spent = run_probes(model_path, package_path, device, [cases[k] for k in again], tolerance,
-                                  workdir / f"again-{round_}", autocast, budget=AMBIGUOUS_BUDGET_S)
+                                  workdir / f"again-{round_}", autocast, budget=left)
         cost["probes"] += spent["probes"]
         cost["forked"] += spent["forked"]
         for k, r in zip(again, found, strict=True):

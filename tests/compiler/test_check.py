@@ -629,6 +629,15 @@ def test_a_launch_failure_in_every_run_fails_the_check_and_words_of_a_touched_ad
                                        "illegal memory access was encountered (planted))")
     assert count.read_text() == "0" and len(info.value.excerpt.splitlines()) == 1
 
+    # The runs again have a budget of their own (AMBIGUOUS_BUDGET_S, all rounds together): spent, the fault stands.
+    count.write_text("1")
+    monkeypatch.setenv("AOTC_TEST_FAULT_WORDS", LAUNCH_FAILURE)
+    monkeypatch.setattr(adversarial, "AMBIGUOUS_BUDGET_S", 0.0)
+    with pytest.raises(CheckFailed) as info:
+        check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")
+    assert info.value.message.endswith(f"the package touched memory it does not own (RuntimeError: {LAUNCH_FAILURE})")
+    assert count.read_text() == "0"
+
 
 @pytest.mark.slow
 def test_cases_left_when_the_adversarial_budget_is_spent_are_recorded_as_not_run(unsafe_index, monkeypatch):
