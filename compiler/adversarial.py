@@ -483,7 +483,7 @@ def _run_ambiguous_again(model_path: str, package_path: str, device: str, cases:
             if r.get("outcome") == "not run":  # the round's budget was spent before it: the fault stands
                 continue
             earlier = [*results[k].get("earlier", []), results[k].get("package")]
-            results[k] = {**r, "k": results[k].get("k", k), "earlier": earlier}
+            results[k] = {**r, "k": k, "earlier": earlier}
     if again_total:
         cost["again"] = again_total
         cost["seconds"] = round(cost["seconds"] + time.perf_counter() - t0, 3)
