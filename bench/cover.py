@@ -99,7 +99,7 @@ def main() -> int:
         text = f"{(r.get('error') or {}).get('type')}: {(r.get('error') or {}).get('message')}"
         return r["state"] != "succeeded" and any(x in text for x in a.retry)
 
-    rows = [r for r in old if not again(r)]
+    rows = [r for r in old if not (again(r) and r["model"] in names)]  # a row of a model not asked for stays
     todo = [n for n in names if n not in {r["model"] for r in rows}]
     work = a.work or Path(f"/tmp/aotc-cover-{os.getpid()}")
     work.mkdir(parents=True, exist_ok=True)

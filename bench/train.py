@@ -550,12 +550,15 @@ def run_lanes(a: argparse.Namespace) -> int:
     out = Path(a.out)
     old = json.loads(out.read_text()) if a.append and out.exists() else {}
     done = {r["model"] for r in old.get("rows", []) if finished(r, a.retry)}
-    trainlanes.write_atomic(lane_dir / "prev.json", {
-        "meta": {k: v for k, v in old.items() if k not in ("rows", "untimed", "lanes")},
-        "rows": [r for r in old.get("rows", []) if r["model"] in done],
-        "untimed": [r for r in old.get("untimed", []) if r["model"] not in done]})
     names = [n for n in a.zoo.split(",") if n and n not in done]
     cover = [n for n in a.coverage.split(",") if n and n not in done and n not in names]
+    # Every earlier row stays but those of the models this run runs: a row `--retry` names, of a model not asked
+    # for, is kept as it is (it was dropped, and HRNet's refusal with it, when only EVA02 and LeViT ran again).
+    running = set(names) | set(cover)
+    trainlanes.write_atomic(lane_dir / "prev.json", {
+        "meta": {k: v for k, v in old.items() if k not in ("rows", "untimed", "lanes")},
+        "rows": [r for r in old.get("rows", []) if r["model"] not in running],
+        "untimed": [r for r in old.get("untimed", []) if r["model"] not in done]})
     print(f"{len(done)} models done in {out}; {len(names)} to time, {len(cover)} for coverage, on {len(gpus)} lanes",
           flush=True)
     t0 = time.perf_counter()
@@ -597,7 +600,7 @@ def run_lane(a: argparse.Namespace) -> None:
     done = {r["model"] for r in old if finished(r, a.retry)}
     timed_names = [n for n in a.zoo.split(",") if n and n not in done]
     cover_names = [n for n in a.coverage.split(",") if n and n not in done and n not in timed_names]
-    rows: list[dict[str, Any]] = [r for r in old if r["model"] in done]
+    rows: list[dict[str, Any]] = [r for r in old if r["model"] not in timed_names + cover_names]
     device = "cuda" if a.device.startswith("cuda") else "cpu"
     cores = sorted(os.sched_getaffinity(0))
 

@@ -5,8 +5,9 @@ the smallest shape point, whatever the uploader's samples held. Each case must e
 package: if eager raises, the package must not return (it raises, or the process it runs in dies: Inductor's
 index asserts throw from inside an OpenMP region on a CPU, which ends the process, and are device-side asserts on
 CUDA, which end the context); if eager returns, the package must return the same values (non-finite values in the
-same places are accepted here). A package that faults (SIGSEGV or SIGBUS; an illegal memory access on CUDA) has read
-or written out of bounds, and fails whatever eager did.
+same places are accepted here, and, where a value such as int64's largest drives the computation to the edge of its
+dtype's range, a disagreement on where it overflows: BEYOND_RANGE). A package that faults (SIGSEGV or SIGBUS; an
+illegal memory access on CUDA) has read or written out of bounds, and fails whatever eager did.
 
 Where it runs. The package never runs in the check's own process for these cases: each run happens in a probe
 child, which writes one line per case as it goes. Probes are forked from a zygote that has imported torch (Zygote),
@@ -72,6 +73,9 @@ CPU_LANES = 1
 LANE_BYTES = 4 << 30
 RESTART = 3  # a probe's exit status: the CUDA context is gone, go on in a new probe
 UNKNOWN = "?"  # a case whose eager outcome the probe finds out on the device
+# A case where eager and the package returned and disagree only on where values overflow, at inputs that drive the
+# computation to the edge of its dtype's range (compiler.fp64.beyond_range): counted, with why, not failed.
+BEYOND_RANGE = "beyond range"
 # How a package that touched memory it does not own ends, as opposed to refusing: a fault signal on a CPU (an assert
 # is SIGABRT, from std::terminate), an error of these words on CUDA (an assert is "device-side assert triggered").
 FAULT_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS})
@@ -221,11 +225,12 @@ def partial_verdicts(ep: torch.export.ExportedProgram, module: Any, base: list[t
     frontier = {k: {i for n in nodes for i in n.all_input_nodes if i not in nodes and i.op != "placeholder"}
                 for k, nodes in downstream.items()}
     keep = set().union(*frontier.values())
+    # The interpreter takes the graph's flat inputs (its placeholders), as the module's forward flattens a call's
+    # arguments: Interpreter.run takes no keywords, so a program exported with keyword inputs would raise here.
     recorder = _Partial(module, keep)
-    args, kwargs = inputs_mod.call_args(ep, base)
     try:
         with torch.inference_mode():
-            recorder.run(*args, **kwargs)
+            recorder.run(*base)
     except Exception:  # noqa: BLE001 - eager refuses the in-range inputs: no case can be decided from them
         return None
     ran = recorder.ran
@@ -235,10 +240,9 @@ def partial_verdicts(ep: torch.export.ExportedProgram, module: Any, base: list[t
                                          if n.op != "placeholder" and n not in downstream[k]}
         env.update({n: recorder.kept[n] for n in frontier[k]})
         runner = _Partial(module)
-        args, kwargs = inputs_mod.call_args(ep, flat)
         try:
             with torch.inference_mode():
-                runner.run(*args, initial_env=env, **kwargs)
+                runner.run(*flat, initial_env=env)
             out.append(None)
         except Exception as e:  # noqa: BLE001 - any exception is eager refusing the input
             out.append(first_line(e))
@@ -503,7 +507,8 @@ def verdict(poison: inputs_mod.Poison, numel: int, result: dict[str, Any]) -> st
     """None when the case ended as it must; else the message that fails the check."""
     what = poison.describe(numel)
     outcome = result.get("outcome")
-    if outcome in ("refused", "agreed", "not run"):  # cases not run are counted in the summary, not failed
+    # Cases not run are counted in the summary, not failed; so are those beyond their dtype's range, with why.
+    if outcome in ("refused", "agreed", "not run", BEYOND_RANGE):
         return None
     if outcome == "returned":
         return f"{what}: eager raises {result.get('eager')}, the package returned"
@@ -576,7 +581,8 @@ def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec,
     for k, r in zip(order, results, strict=True):
         p = poisons[k]
         rows[k] = {**asdict(p), "eager": r.get("eager"), "package": r.get("package"), "outcome": r.get("outcome"),
-                   **({"earlier": r["earlier"]} if r.get("earlier") else {})}
+                   **({"earlier": r["earlier"]} if r.get("earlier") else {}),
+                   **({"why": r.get("why")} if r.get("outcome") == BEYOND_RANGE else {})}
         message = verdict(p, numels[p.input], r)
         if message:
             summary["failures"].append(message)
@@ -694,8 +700,9 @@ def _probe(model_path: str, package_path: str, device: str, cases_path: str, out
             cmp = compare(expected, actual, tolerance, allow_nonfinite=True)
             if not cmp["ok"]:
                 cmp = _judged_by_float64(cmp, eager, args, kwargs, expected, actual, loss_output, tolerance)
-            write(k=k, eager=None, package="returned", outcome="agreed" if cmp["ok"] else "differs",
-                  why=cmp.get("why"), **({"fp64": cmp["fp64"]} if "fp64" in cmp else {}))
+            outcome = "differs" if not cmp["ok"] else BEYOND_RANGE if cmp.get("beyond_range") else "agreed"
+            write(k=k, eager=None, package="returned", outcome=outcome, why=cmp.get("why") or cmp.get("beyond_range"),
+                  **({"fp64": cmp["fp64"]} if "fp64" in cmp else {}))
     return 0
 
 
@@ -703,17 +710,20 @@ def _judged_by_float64(cmp: dict[str, Any], eager: Any, args: tuple[Any, ...], k
                        expected: Any, actual: Any, loss_output: int | None, tolerance: float) -> dict[str, Any]:
     """A probe's failed comparison judged again against eager in float64 (compiler.fp64), as the checks judge
     theirs: at a boundary a bf16 step's outputs may differ from eager's by rounding alone (resnet50's logits under
-    bf16 autocast were 9 % apart on an H200 at an in-range label). Where no float64 run can be made, it stands."""
+    bf16 autocast were 9 % apart on an H200 at an in-range label). A case that differs only in where its values
+    overflow, at inputs that drive the computation to the edge of its dtype's range, is accepted as beyond it
+    (fp64.beyond_range: an int64-max attention mask cast to float32). Where no float64 run can be made, it stands."""
     from compiler import fp64
 
     try:
-        ref = fp64.float64_run(eager, args, kwargs)
+        ref, peak = fp64.float64_peak_run(eager, args, kwargs)
     except Exception:  # noqa: BLE001 - an op without a float64 kernel: the first judgment stands
         return cmp
     if loss_output is not None:  # in the package's order: the loss, then the program's other outputs
         flat = list(ref) if isinstance(ref, (tuple, list)) else [ref]
         ref = [flat[loss_output], *(t for i, t in enumerate(flat) if i != loss_output)]
-    return fp64.second_opinion(cmp, expected, actual, ref, tolerance)
+    judged = fp64.second_opinion(cmp, expected, actual, ref, tolerance)
+    return judged if judged.get("ok") else fp64.beyond_range(judged, expected, actual, ref, peak)
 
 
 def _zygote() -> int:

@@ -33,7 +33,7 @@ from compiler.compat import pytree
 from compiler.compat.aoti import aoti_load_package, constant_fqns, load_for_graphs, native_graph_support
 from compiler.device import cpu_name
 from compiler.errors import CheckFailed
-from compiler.fp64 import float64_run
+from compiler.fp64 import NONFINITE_PLACES, float64_run
 from compiler.loading import load_program
 
 log = logging.getLogger("aotc.check")
@@ -208,7 +208,7 @@ def compare(expected: Any, actual: Any, min_tolerance: float = 0.0, allow_nonfin
         e64, a64 = e.detach().double().cpu(), a.detach().double().cpu()
         same_places = all(torch.equal(f(e64), f(a64)) for f in (torch.isnan, torch.isposinf, torch.isneginf))
         if not same_places:
-            return {**worst, "ok": False, "why": f"output {k} has NaN or inf where eager has none, or the reverse"}
+            return {**worst, "ok": False, "why": f"output {k} {NONFINITE_PLACES}"}
         if "nonfinite" in worst and worst["nonfinite"][-1]["output"] == k:
             worst.setdefault("notes", []).append(
                 f"output {k} holds {_describe(worst['nonfinite'][-1]['eager'])} in eager and compiled alike at "

@@ -26,7 +26,8 @@ import torch
 from compiler.compat import pytree
 from compiler.specialize import drop_metadata_asserts
 
-__all__ = ["FP64_MULTIPLIER", "judge", "second_opinion", "double", "float64_copy", "float64_run"]
+__all__ = ["FP64_MULTIPLIER", "OVERFLOW_MARGIN", "judge", "second_opinion", "beyond_range", "double", "float64_copy",
+           "float64_run", "float64_peak_run"]
 
 # How much farther from a float64 run the package may be than eager is (torchbench's accuracy check uses 2 to 3).
 FP64_MULTIPLIER = 3.0
@@ -135,10 +136,100 @@ def _widened(x: Any) -> Any:
 def float64_run(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """`module`'s output in float64 (`float64_copy`, with the floating inputs in float64), on the same device,
     outside any autocast or inference mode."""
+    return _run64(module, args, kwargs, walk=False)[0]
+
+
+def float64_peak_run(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+                     ) -> tuple[Any, float | None]:
+    """`float64_run`'s output, and its peak: the largest finite magnitude of any floating value the run computed,
+    its intermediates included (None where `module` is not one FX graph whose placeholders are the call's flat
+    inputs, to walk node by node)."""
+    walk = isinstance(module, torch.fx.GraphModule) and len(pytree.tree_leaves((args, kwargs))) == sum(
+        n.op == "placeholder" for n in module.graph.nodes)
+    return _run64(module, args, kwargs, walk)
+
+
+class _Peak(torch.fx.Interpreter):
+    """Runs a graph as its module would, recording the largest finite magnitude of the floating values its nodes
+    compute (`peak`)."""
+
+    def __init__(self, module: torch.fx.GraphModule) -> None:
+        super().__init__(module)
+        self.extra_traceback = False  # an op's own exception, as the module's forward raises it
+        self.peak = 0.0
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        value = super().run_node(n)
+        for t in pytree.tree_leaves(value):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+                finite = t.detach().abs().nan_to_num(nan=0.0, posinf=0.0)
+                self.peak = max(self.peak, float(finite.max()))
+        return value
+
+
+def _run64(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], walk: bool
+           ) -> tuple[Any, float | None]:
     device = next((x.device.type for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)), "cpu")
     with torch.inference_mode(False), torch.no_grad(), torch.autocast(device, enabled=False):
         ref = float64_copy(module)
+        args, kwargs = tuple(double(a) for a in args), {k: double(v) for k, v in kwargs.items()}
         try:
-            return ref(*[double(a) for a in args], **{k: double(v) for k, v in kwargs.items()})
+            if not walk:
+                return ref(*args, **kwargs), None
+            assert isinstance(ref, torch.fx.GraphModule)
+            runner = _Peak(ref)  # on the graph's flat inputs, as its forward flattens them (run takes no keywords)
+            return runner.run(*pytree.tree_leaves((args, kwargs))), runner.peak
         finally:
             del ref
+
+
+# How close to a narrow dtype's largest finite value a float64 run may come before the narrow runs of the same
+# computation may overflow in one order of operations and not in another: a sum of this many such terms, or a few
+# products and sums of them, leaves the dtype's range, and two correct implementations reduce, scale and fuse in
+# different orders. Seen on an H200: DeBERTa-v3's attention scores at an int64-max attention mask (cast to float32,
+# 9.2e18) reached 3.4e37, a tenth of float32's largest, and the package held NaN or inf where eager held none.
+OVERFLOW_MARGIN = 2.0 ** 10
+
+NONFINITE_PLACES = "has NaN or inf where eager has none, or the reverse"  # compiler.check.compare's words
+
+
+def beyond_range(verdict: dict[str, Any], expected: Any, actual: Any, reference: Any,
+                 peak: float | None) -> dict[str, Any]:
+    """`verdict` (compiler.check.compare's, after `second_opinion`) accepted where the inputs drive the computation
+    out of its dtype's range, so that where it overflows depends on the order of operations; else as it is.
+
+    Accepted only where it failed on the places of non-finite values (NONFINITE_PLACES), and for every floating
+    output where eager and the package disagree on which values are finite:
+    - the float64 run is finite at each of those places: each non-finite value there is a narrow run overflowing
+      (or dividing what underflowed), not the computation's own NaN or inf; and
+    - the float64 run's `peak` (`float64_peak_run`) came within OVERFLOW_MARGIN of that output's dtype's largest
+      finite value.
+    Then no value of the case is compared: near the edge of the range, the finite values of a run that overflowed
+    elsewhere mean little. What the check guards is untouched: a package that faults, or returns where eager
+    raises, is judged before this. The answer says why (`beyond_range`)."""
+    if verdict.get("ok") or NONFINITE_PLACES not in str(verdict.get("why")) or peak is None:
+        return verdict
+    flat = [pytree.tree_flatten(x)[0] for x in (expected, actual, reference)]
+    if not len(flat[0]) == len(flat[1]) == len(flat[2]):
+        return verdict
+    places, dtypes = 0, set()
+    for e, a, r in zip(*flat):
+        if not (isinstance(e, torch.Tensor) and e.is_floating_point() and isinstance(r, torch.Tensor)):
+            continue
+        a = torch.as_tensor(a).detach().cpu()
+        differ = torch.isfinite(e.detach().cpu()) != torch.isfinite(a)
+        if not bool(differ.any()):
+            continue
+        if tuple(r.shape) != tuple(differ.shape) or not bool(torch.isfinite(r.detach().cpu()[differ]).all()):
+            return verdict  # float64 is not finite there either: the computation's own NaN or inf, misplaced
+        if peak < torch.finfo(e.dtype).max / OVERFLOW_MARGIN:
+            return verdict
+        places += int(differ.sum())
+        dtypes.add(str(e.dtype).removeprefix("torch."))
+    if not places:
+        return verdict
+    names = ", ".join(sorted(dtypes))
+    why = (f"beyond {names}'s range: eager and the package disagree on which of {places} values are finite, where "
+           f"float64 is finite everywhere, and the float64 run reached {peak:.3g}, within {OVERFLOW_MARGIN:g}x of "
+           f"{names}'s largest value: where a run overflows depends on its order of operations")
+    return {**verdict, "ok": True, "why": None, "beyond_range": why, "first_judgment": verdict.get("why")}

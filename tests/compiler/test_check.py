@@ -512,6 +512,32 @@ def test_poisoned_token_ids_run_the_ops_that_can_raise_not_the_layers_after_them
     assert any(v and "out of bounds for dimension 0 with size 8" in v for v in whole)  # the table's, at id 7
 
 
+class KeywordIds(torch.nn.Module):
+    """Token ids passed by keyword, as `model(input_ids=..., attention_mask=...)` exports them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = torch.nn.Embedding(10, 4)
+
+    def forward(self, x: torch.Tensor, *, ids: torch.Tensor) -> torch.Tensor:
+        return x + self.tok(ids).sum(0)
+
+
+def test_a_program_with_keyword_inputs_is_decided_node_by_node_too():
+    """The interpreter that decides the cases takes the graph's flat inputs: given keywords it raised (TypeError), and
+    the check took that for eager refusing its in-range inputs, so each case ran whole (on CUDA: eager on the device,
+    an assert ending a context per refused case)."""
+    from compiler import adversarial
+
+    ep = torch.export.export(KeywordIds(), (torch.randn(4),), {"ids": torch.zeros(3, dtype=torch.long)})
+    base = [torch.randn(4), torch.tensor([0, 1, 2])]
+    flats = [[base[0], torch.tensor([0, 1, v])] for v in (9, 10, -11, -1)]
+    decided = adversarial.partial_verdicts(ep, ep.module(), base, flats, [1] * len(flats))
+    assert decided is not None
+    assert decided[0] == adversarial.eager_verdicts(ep, ep.module(), flats)
+    assert decided[0][0] is None and decided[0][1] and decided[0][2]  # id 9 fits the table of 10; 10 and -11 do not
+
+
 def test_op_names_that_can_raise_on_floats_are_matched_by_word():
     from compiler.adversarial import _may_raise_on_floats
 
@@ -526,14 +552,20 @@ def adversarial_inputs(path: str, spec: list[dict[str, Any]]) -> list[int]:
     return _poisoned_cases(path, spec)[3]
 
 
-# Planted in the probes (a sitecustomize on their PYTHONPATH, as tests/worker plants faults in the children): while
-# the file AOTC_TEST_FAULT_COUNT names holds a count above 0, a package call that raises (a clean refusal) raises
-# AOTC_TEST_FAULT_WORDS instead, and the count goes down by one. On a shared GPU the driver answers "unspecified
-# launch failure" to a context it reset while the package trapped on its own assert (Xid 109).
-PLANTED_FAULT = """
+# Planted in the probes (a sitecustomize on their PYTHONPATH, as tests/worker plants faults in the children):
+# - while the file AOTC_TEST_FAULT_COUNT names holds a count above 0, a package call that raises (a clean refusal)
+#   raises AOTC_TEST_FAULT_WORDS instead, and the count goes down by one. On a shared GPU the driver answers
+#   "unspecified launch failure" to a context it reset while the package trapped on its own assert (Xid 109);
+# - a package call whose flat input number AOTC_TEST_NAN_INPUT holds a value of int64's extremes (magnitude 2**62 or
+#   more) returns NaN as its first output element, as DeBERTa-v3's CUDA package held NaN where eager held none at an
+#   int64-max attention mask (its float32 attention scores a tenth of float32's largest).
+PLANTED = """
 import os
 _count = os.environ.get("AOTC_TEST_FAULT_COUNT")
-if _count:
+_which = os.environ.get("AOTC_TEST_NAN_INPUT")
+if _count or _which:
+    import torch
+    from torch.utils import _pytree
     from compiler.compat import aoti as _aoti
 
     _load = _aoti.aoti_load_package
@@ -547,8 +579,10 @@ if _count:
 
             def __call__(self, *a, **kw):
                 try:
-                    return package(*a, **kw)
+                    out = package(*a, **kw)
                 except Exception:
+                    if not _count:
+                        raise
                     with open(_count) as f:
                         n = int(f.read())
                     if n <= 0:
@@ -556,6 +590,11 @@ if _count:
                     with open(_count, "w") as f:
                         f.write(str(n - 1))
                     raise RuntimeError(os.environ["AOTC_TEST_FAULT_WORDS"]) from None
+                flat = [t for t in _pytree.tree_leaves((a, kw)) if isinstance(t, torch.Tensor)]
+                if _which and float(flat[int(_which)].double().abs().max()) >= 2.0 ** 62:  # int64 min's abs is itself
+                    out = out.clone()
+                    out.view(-1)[0] = float("nan")
+                return out
 
         return Planted()
 
@@ -564,12 +603,17 @@ if _count:
 LAUNCH_FAILURE = "CUDA error: unspecified launch failure (planted by test_check)"
 
 
-def _plant_fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int, words: str = LAUNCH_FAILURE) -> Path:
+def _plant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     d = tmp_path / "planted"
     d.mkdir()
-    (d / "sitecustomize.py").write_text(PLANTED_FAULT)
-    (d / "count").write_text(str(count))
+    (d / "sitecustomize.py").write_text(PLANTED)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(d), os.environ.get("PYTHONPATH")])))
+    return d
+
+
+def _plant_fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int, words: str = LAUNCH_FAILURE) -> Path:
+    d = _plant(tmp_path, monkeypatch)
+    (d / "count").write_text(str(count))
     monkeypatch.setenv("AOTC_TEST_FAULT_COUNT", str(d / "count"))
     monkeypatch.setenv("AOTC_TEST_FAULT_WORDS", words)
     return d / "count"
@@ -637,6 +681,55 @@ def test_a_launch_failure_in_every_run_fails_the_check_and_words_of_a_touched_ad
         check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")
     assert info.value.message.endswith(f"the package touched memory it does not own (RuntimeError: {LAUNCH_FAILURE})")
     assert count.read_text() == "0"
+
+
+class ScaledByValue(torch.nn.Module):
+    """An integer input used as a value in float arithmetic (`m`, scaled and squared: at int64's extremes the squares
+    reach a tenth of float32's largest value, normalised back to [0, 1]), and one used only as a mask (`g`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, m: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x).sigmoid() * m.to(x.dtype)[:, None] * 0.5
+        s = h * h
+        return s / (s.amax(-1, keepdim=True) + 1) * (g != 0).to(x.dtype)[:, None]
+
+
+SCALED_SPEC = [{"name": "x", "dtype": "float32", "shape": [4, 8]}, {"name": "m", "dtype": "int64", "shape": [4]},
+               {"name": "g", "dtype": "int64", "shape": [4]}]
+
+
+@pytest.mark.slow
+def test_a_package_that_overflows_elsewhere_at_an_int64_extreme_is_beyond_range_and_a_mask_is_not(tmp_path,
+                                                                                                   monkeypatch):
+    _plant(tmp_path, monkeypatch)  # PLANTED: a NaN at int64's extremes of the input AOTC_TEST_NAN_INPUT names
+    args = (torch.randn(4, 8), torch.ones(4, dtype=torch.long), torch.ones(4, dtype=torch.long))
+    path = export(seeded(ScaledByValue, 0), args, tmp_path / "scaled.pt2")
+    package = compile_model(str(path), SCALED_SPEC, SCALED_SPEC, CompileOptions(), "cpu",
+                            str(tmp_path / "scaled-cpu.pt2"))["package"]
+    clean = check_artifact(str(path), package, SCALED_SPEC, "cpu")["adversarial"]
+    assert clean["failures"] == [] and "beyond range" not in clean["outcomes"]
+
+    # The value input: each case at an int64 extreme returns a NaN eager has not, where the float64 run comes
+    # within OVERFLOW_MARGIN of float32's largest value. Accepted, counted, and each row says why.
+    monkeypatch.setenv("AOTC_TEST_NAN_INPUT", "1")
+    adv = check_artifact(str(path), package, SCALED_SPEC, "cpu")["adversarial"]
+    beyond = [r for r in adv["results"] if r["outcome"] == "beyond range"]
+    extremes = [r for r in adv["results"] if r["name"] == "m" and abs(r["value"]) >= 2 ** 62]
+    assert adv["failures"] == [] and len(beyond) == len(extremes) == adv["outcomes"]["beyond range"] == 4
+    assert all(r["why"].startswith("beyond float32's range: eager and the package disagree on which of 1 values "
+                                   "are finite") for r in beyond)
+
+    # The mask input: at the same values the float arithmetic stays small, so the same NaN fails the check.
+    monkeypatch.setenv("AOTC_TEST_NAN_INPUT", "2")
+    with pytest.raises(CheckFailed) as info:
+        check_artifact(str(path), package, SCALED_SPEC, "cpu")
+    failures = info.value.excerpt.splitlines()
+    assert failures and all(f.startswith("input 'g' = ") for f in failures)
+    assert all("the package's result differs from eager: output 0 has NaN or inf where eager has none" in f
+               for f in failures)
 
 
 @pytest.mark.slow

@@ -123,3 +123,67 @@ def test_the_float64_run_widens_the_casts_and_factories_export_baked():
     wrong = expected.roll(1, dims=1)
     verdict = fp64.second_opinion(compare(expected, wrong, 0.05), expected, wrong, got, 0.05)
     assert not verdict["ok"] and "against float64 the package is off by" in verdict["why"]
+
+
+class Overflowing(torch.nn.Module):
+    """A value input scaled into float arithmetic, as DeBERTa's attention mask is: at int64's largest (9.2e18 as a
+    float32) the squares reach a tenth of float32's largest value, and the output is normalised back to [0, 1]."""
+
+    def forward(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        h = x.sigmoid() * m.to(x.dtype)[:, None] * 0.5
+        s = h * h
+        return s / (s.amax(-1, keepdim=True) + 1)
+
+
+def _overflow_case(m0: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    x, m = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)), torch.ones(4, dtype=torch.long)
+    m[1] = m0
+    eager = torch.export.export(Overflowing(), (x, m)).module()
+    with torch.no_grad():
+        return eager, (x, m), eager(x, m)
+
+
+def test_a_misplaced_overflow_at_the_edge_of_float32s_range_is_beyond_range_and_nowhere_else():
+    """compiler.adversarial's probes accept a case where eager and the package disagree only on where values
+    overflow, at inputs that drive the computation within OVERFLOW_MARGIN of the dtype's largest value (DeBERTa-v3 at
+    an int64-max attention mask on an H200); the same misplaced NaN at ordinary magnitudes is refused."""
+    from compiler.adversarial import _judged_by_float64
+
+    eager, args, expected = _overflow_case(torch.iinfo(torch.int64).max)
+    assert bool(expected.isfinite().all())  # eager's float32 run does not overflow here: the package's does
+    out, peak = fp64.float64_peak_run(eager, args, {})
+    assert out.dtype == torch.float64 and float(out.abs().max()) <= 1.0
+    assert peak is not None and peak > torch.finfo(torch.float32).max / fp64.OVERFLOW_MARGIN  # the squares inside
+    package = expected.clone()
+    package[1, 0] = float("nan")
+    first = compare(expected, package, 0.0, allow_nonfinite=True)
+    assert not first["ok"] and fp64.NONFINITE_PLACES in first["why"]
+    judged = _judged_by_float64(first, eager, args, {}, expected, package, None, 0.0)
+    assert judged["ok"] and judged["first_judgment"] == first["why"]
+    assert judged["beyond_range"].startswith("beyond float32's range: eager and the package disagree on which of 1 "
+                                             "values are finite"), judged
+
+    # At an in-range mask the float64 run stays small: the same NaN is a real difference.
+    eager, args, expected = _overflow_case(3)
+    package = expected.clone()
+    package[1, 0] = float("nan")
+    first = compare(expected, package, 0.0, allow_nonfinite=True)
+    judged = _judged_by_float64(first, eager, args, {}, expected, package, None, 0.0)
+    assert not judged["ok"] and "beyond_range" not in judged and judged["why"] == first["why"]
+
+
+def test_beyond_range_keeps_a_verdict_on_values_or_on_the_computations_own_nan():
+    """Only the places of non-finite values are excused, and only where float64 is finite at each of them."""
+    huge = torch.finfo(torch.float32).max
+    expected = torch.ones(4)
+    package = expected.clone()
+    package[0] = float("inf")
+    verdict = compare(expected, package, 0.0, allow_nonfinite=True)
+    assert fp64.beyond_range(verdict, expected, package, expected.double(), huge)["ok"]
+    own_nan = expected.double().clone()
+    own_nan[0] = float("nan")  # the exact computation is NaN there: the package's inf is not an overflow of eager's
+    assert fp64.beyond_range(verdict, expected, package, own_nan, huge) is verdict
+    assert fp64.beyond_range(verdict, expected, package, expected.double(), 1e30) is verdict  # far from the edge
+    assert fp64.beyond_range(verdict, expected, package, expected.double(), None) is verdict  # no walk, no peak
+    off = compare(expected, expected + 1, 0.0, allow_nonfinite=True)  # finite values that differ: never excused
+    assert "is off by" in off["why"] and fp64.beyond_range(off, expected, expected + 1, expected.double(), huge) is off

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from compiler.weightsfile import sidecar
 from modelzoo import export
 from procs import ROOT
 
@@ -31,6 +32,14 @@ class Divergent(torch.nn.Module):
         return (torch.nn.functional.max_unpool2d(x, ind, 2),
                 torch.scatter_add(y.bfloat16(), 0, idx, torch.ones(idx.shape, dtype=torch.bfloat16, device=y.device)),
                 y.masked_scatter(mask, src))
+
+
+def _pull(client, key: str, package: Path) -> Path:
+    """The artifact and, beside it, the weights blob its weightless package binds at load (none bound: it refuses
+    to run)."""
+    path = client.pull(key, package)
+    assert client.pull_weights(key, sidecar(path)) is not None
+    return path
 
 
 def _run(package: Path, code: str) -> subprocess.CompletedProcess[str]:
@@ -68,7 +77,7 @@ def test_an_unsafe_index_package_for_cuda_refuses_out_of_range_indices(gpu_worke
     kernels = [f for f in scan["scanned"] if f["language"] == "kernel"]
     assert kernels and all(f["file"].startswith("<triton kernel triton_") for f in kernels), scan["scanned"]
 
-    package = client.pull(art.key, tmp_path / "ui-cuda.pt2")
+    package = _pull(client, art.key, tmp_path / "ui-cuda.pt2")
     ok = _run(package, "x = torch.randn(16, 4, device='cuda'); i = torch.tensor([0, 15, -1, -16, 3, 2, 1, 0], "
                        "device='cuda'); assert torch.equal(fn(x, i), x[i])")
     assert "RETURNED" in ok.stdout, ok.stderr[-2000:]
@@ -89,7 +98,7 @@ def test_masked_scatter_scatter_add_and_max_unpool_on_cuda_refuse_what_eager_ref
     shapes = {"x": [1, 2, 4, 4], "ind": [1, 2, 4, 4], "y": [16], "mask": [16], "src": [12], "idx": [4]}
     art = client.compile(path, shapes, target=gpu_worker["target"], timeout=1200)
     assert art.meta["check"]["adversarial"]["failures"] == []
-    package = client.pull(art.key, tmp_path / "div-cuda.pt2")
+    package = _pull(client, art.key, tmp_path / "div-cuda.pt2")
     setup = ("torch.manual_seed(3); ind = torch.nn.functional.max_pool2d(torch.randn(1, 2, 8, 8), 2, "
              "return_indices=True)[1].cuda(); x = torch.randn(1, 2, 4, 4, device='cuda'); "
              "y = torch.randn(16, device='cuda'); m = torch.zeros(16, dtype=torch.bool, device='cuda'); "
