@@ -61,8 +61,9 @@ def row_of(name: str, store: Any, job_id: str) -> dict[str, Any]:
                                              if isinstance(p.get("tolerance"), (int, float))), default=None),
                            "speedup": check.get("speedup"), "spans": line["spans"],
                            "adversarial": {k: (check.get("adversarial") or {}).get(k)
-                                           for k in ("cases", "probes", "probe_seconds", "probe_lanes", "run_again")}}
-    if (error := job_error(job)) is not None:
+                                           for k in ("cases", "probes", "probe_seconds", "probe_lanes", "run_again",
+                                                     "outcomes")}}
+    if (error := job_error(job, 8000)) is not None:  # the excerpt: every failed case (DeBERTa-v3's 14 were lost)
         row["error"] = error
     return row
 

@@ -223,11 +223,13 @@ def timeline(store: Any, job_id: str) -> dict[str, Any]:
 
 
 def job_error(job: dict[str, Any], limit: int = 2000) -> dict[str, str | None] | None:
-    """A failed job's error as a bench row keeps it: its type, stage and message (cut at `limit`); None if none."""
+    """A failed job's error as a bench row keeps it: its type, stage, message and excerpt (each cut at `limit`: a
+    check's excerpt has every failed case, where its message names the first); None if none."""
     error = job.get("error")
     if not isinstance(error, dict):
         return None
-    return {k: str(error[k])[:limit] if error.get(k) is not None else None for k in ("type", "stage", "message")}
+    return {k: str(error[k])[:limit] if error.get(k) is not None else None
+            for k in ("type", "stage", "message", "excerpt")}
 
 
 def median(xs: list[float]) -> float | None:
