@@ -712,7 +712,8 @@ def _judged_by_float64(cmp: dict[str, Any], eager: Any, args: tuple[Any, ...], k
     theirs: at a boundary a bf16 step's outputs may differ from eager's by rounding alone (resnet50's logits under
     bf16 autocast were 9 % apart on an H200 at an in-range label). A case that differs only in where its values
     overflow, at inputs that drive the computation to the edge of its dtype's range, is accepted as beyond it
-    (fp64.beyond_range: an int64-max attention mask cast to float32). Where no float64 run can be made, it stands."""
+    (fp64.beyond_range: an int64-max attention mask cast to the model's dtype). Where no float64 run can be made,
+    it stands."""
     from compiler import fp64
 
     try:

@@ -186,8 +186,9 @@ def _run64(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
 # How close to a narrow dtype's largest finite value a float64 run may come before the narrow runs of the same
 # computation may overflow in one order of operations and not in another: a sum of this many such terms, or a few
 # products and sums of them, leaves the dtype's range, and two correct implementations reduce, scale and fuse in
-# different orders. Seen on an H200: DeBERTa-v3's attention scores at an int64-max attention mask (cast to float32,
-# 9.2e18) reached 3.4e37, a tenth of float32's largest, and the package held NaN or inf where eager held none.
+# different orders. Seen on an H200: at an int64 extreme of DeBERTa-v3's attention mask (cast to bf16, 9.2e18) its
+# float64 run's values reached 1.5e37 to 3.4e38 (bench/overflow_cases.py), and the package held NaN or inf where
+# eager held none.
 OVERFLOW_MARGIN = 2.0 ** 10
 
 NONFINITE_PLACES = "has NaN or inf where eager has none, or the reverse"  # compiler.check.compare's words
