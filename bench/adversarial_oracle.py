@@ -33,8 +33,7 @@ def measure(name: str, batch: int, rounds: int) -> dict[str, Any]:
     _, _, ep, spec = trainmodels.exported(name, batch, "cpu")
     shapes, ranges = [s["shape"] for s in spec], inputs_mod.int_ranges(ep)
     base = inputs_mod.random_inputs(spec, shapes, "cpu", ranges, 0)
-    poisons = inputs_mod.adversarial_cases(spec, shapes, ranges, inputs_mod.dim_sizes(ep, shapes),
-                                           adversarial.MAX_CASES)
+    poisons = adversarial.cases_at(ep, spec, shapes, ranges)[0]
     flats = [inputs_mod.poisoned(base, p) for p in poisons]
     module = ep.module()
     times: dict[str, list[float]] = {"before": [], "after": []}

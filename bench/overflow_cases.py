@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench.zoo import build  # noqa: E402
+from bench.zoo import build, spec_of  # noqa: E402
 from compiler import adversarial, fp64  # noqa: E402
 from compiler import inputs as inputs_mod  # noqa: E402
 
@@ -46,14 +46,11 @@ def main() -> int:
     with torch.no_grad():
         ep = torch.export.export(model, args)
     del model
-    names = [n for n, x in zip(ep.graph_signature.user_inputs, args, strict=False) if isinstance(x, torch.Tensor)]
-    spec = [{"name": n, "dtype": str(x.dtype).removeprefix("torch."), "shape": list(x.shape)}
-            for n, x in zip(names, args, strict=True)]
+    spec = spec_of(ep, args)
     shapes = next(iter(inputs_mod.points(spec).values()))
     ranges = inputs_mod.int_ranges(ep)
     base = inputs_mod.random_inputs(spec, shapes, a.device, ranges, 0)
-    poisons = inputs_mod.adversarial_cases(spec, shapes, ranges, inputs_mod.dim_sizes(ep, shapes),
-                                           adversarial.MAX_CASES)
+    poisons = adversarial.cases_at(ep, spec, shapes, ranges)[0]
     eager = ep.module()
     rows: list[dict[str, Any]] = []
     print(f"{'case':74s} {'eager':>12s} {'fp64 peak':>10s}  edge")

@@ -452,6 +452,18 @@ def finished(row: dict[str, Any], retry: list[str]) -> bool:
     return "speedup_vs_eager" in row or bool(row.get("coverage_only"))
 
 
+def plan(a: argparse.Namespace, old_rows: list[dict[str, Any]]
+         ) -> tuple[set[str], list[str], list[str], list[dict[str, Any]]]:
+    """What an `--append` run does with an earlier run's rows: the models finished (not run again), those to time,
+    those for coverage, and the rows kept. Every earlier row stays but those of the models this run runs: a row
+    `--retry` names, of a model not asked for, is kept as it is (it was dropped, and HRNet's refusal with it, when
+    only EVA02 and LeViT ran again)."""
+    done = {r["model"] for r in old_rows if finished(r, a.retry)}
+    timed = [n for n in a.zoo.split(",") if n and n not in done]
+    cover = [n for n in a.coverage.split(",") if n and n not in done and n not in timed]
+    return done, timed, cover, [r for r in old_rows if r["model"] not in timed + cover]
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind, rest = sys.argv[2], sys.argv[3:]
@@ -549,15 +561,10 @@ def run_lanes(a: argparse.Namespace) -> int:
         stale.unlink()
     out = Path(a.out)
     old = json.loads(out.read_text()) if a.append and out.exists() else {}
-    done = {r["model"] for r in old.get("rows", []) if finished(r, a.retry)}
-    names = [n for n in a.zoo.split(",") if n and n not in done]
-    cover = [n for n in a.coverage.split(",") if n and n not in done and n not in names]
-    # Every earlier row stays but those of the models this run runs: a row `--retry` names, of a model not asked
-    # for, is kept as it is (it was dropped, and HRNet's refusal with it, when only EVA02 and LeViT ran again).
-    running = set(names) | set(cover)
+    done, names, cover, kept = plan(a, old.get("rows", []))
     trainlanes.write_atomic(lane_dir / "prev.json", {
         "meta": {k: v for k, v in old.items() if k not in ("rows", "untimed", "lanes")},
-        "rows": [r for r in old.get("rows", []) if r["model"] not in running],
+        "rows": kept,
         "untimed": [r for r in old.get("untimed", []) if r["model"] not in done]})
     print(f"{len(done)} models done in {out}; {len(names)} to time, {len(cover)} for coverage, on {len(gpus)} lanes",
           flush=True)
@@ -597,10 +604,7 @@ def run_lane(a: argparse.Namespace) -> None:
     base.mkdir(parents=True, exist_ok=True)
     old = json.loads(Path(a.out).read_text())["rows"] if a.append and a.out and Path(a.out).exists() else []
     # A rerun (a GPU call cut off) resumes: a model with a finished row is not run again.
-    done = {r["model"] for r in old if finished(r, a.retry)}
-    timed_names = [n for n in a.zoo.split(",") if n and n not in done]
-    cover_names = [n for n in a.coverage.split(",") if n and n not in done and n not in timed_names]
-    rows: list[dict[str, Any]] = [r for r in old if r["model"] not in timed_names + cover_names]
+    _, timed_names, cover_names, rows = plan(a, old)
     device = "cuda" if a.device.startswith("cuda") else "cpu"
     cores = sorted(os.sched_getaffinity(0))
 

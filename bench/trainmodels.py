@@ -145,9 +145,8 @@ def exported(name: str, batch: int | None, device: str) -> tuple[torch.nn.Module
                                                                   torch.export.ExportedProgram, list[dict[str, Any]]]:
     """`build`'s model and inputs, the train program exported from a copy of the model, and its input spec (name,
     dtype, shape per user input), as an upload would declare it."""
+    from bench.zoo import spec_of
+
     model, args = build(name, batch, device)
     ep = torch.export.export(copy.deepcopy(model), args)
-    names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    spec = [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
-            for n, t in zip(names, args, strict=True)]
-    return model, args, ep, spec
+    return model, args, ep, spec_of(ep, args)

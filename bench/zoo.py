@@ -18,6 +18,14 @@ import torch
 DTYPE = torch.bfloat16
 
 
+def spec_of(ep: torch.export.ExportedProgram, args: tuple[torch.Tensor, ...]) -> list[dict[str, Any]]:
+    """The input spec (name, dtype, shape per user input) of a program exported from `args`, as an upload would
+    declare it."""
+    names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    return [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+            for n, t in zip(names, args, strict=True)]
+
+
 class FirstOutput(torch.nn.Module):
     """HF models return ModelOutput objects; serving wants the hidden states as one tensor."""
 

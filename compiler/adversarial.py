@@ -537,6 +537,14 @@ def refuse_failures(found: dict[str, Any], what: str, where: str = "") -> None:
                           stage="check", excerpt="\n".join(found["failures"]))
 
 
+def cases_at(ep: torch.export.ExportedProgram, spec: inputs_mod.Spec, shapes: list[list[int]],
+             ranges: list[tuple[int, int] | None]) -> tuple[list[inputs_mod.Poison], list[int]]:
+    """The adversarial cases at one shape point, as the check tries them, and the program's dim sizes there (the
+    values they draw on)."""
+    sizes = inputs_mod.dim_sizes(ep, shapes)
+    return inputs_mod.adversarial_cases(spec, shapes, ranges, sizes, MAX_CASES), sizes
+
+
 def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str,
                       ep: torch.export.ExportedProgram, base: list[torch.Tensor], shapes: list[list[int]],
                       ranges: list[tuple[int, int] | None], tolerance: float,
@@ -546,8 +554,7 @@ def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec,
     `autocast`: a train step's precision; eager's forward in the probes runs under it, as in the training check
     (fp32 eager against a bf16 step refused resnet50 on an H200: its logits 0.13 apart at an in-range label)."""
     t0 = time.perf_counter()
-    sizes = inputs_mod.dim_sizes(ep, shapes)
-    poisons = inputs_mod.adversarial_cases(spec, shapes, ranges, sizes, MAX_CASES)
+    poisons, sizes = cases_at(ep, spec, shapes, ranges)
     summary: dict[str, Any] = {"cases": len(poisons), "max_cases": MAX_CASES, "failures": []}
     if not poisons:
         summary["note"] = "no integer inputs: nothing to try"

@@ -411,8 +411,7 @@ def _poisoned_cases(path: str, spec: list[dict[str, Any]]) -> tuple[Any, list[to
     ep = load_program(path)
     shapes, ranges = next(iter(inputs_mod.points(spec).values())), inputs_mod.int_ranges(ep)
     base = inputs_mod.random_inputs(spec, shapes, "cpu", ranges, 0)
-    poisons = inputs_mod.adversarial_cases(spec, shapes, ranges, inputs_mod.dim_sizes(ep, shapes),
-                                           adversarial.MAX_CASES)
+    poisons = adversarial.cases_at(ep, spec, shapes, ranges)[0]
     return ep, base, [inputs_mod.poisoned(base, p) for p in poisons], [p.input for p in poisons]
 
 
