@@ -20,6 +20,10 @@ and as soon as they have registered all N jobs are submitted at once. Reported:
 - the figures: with the workers stopped (a quiet device), each artifact is pulled and timed in a fresh process
   beside the exported program run eagerly: triton's `do_bench` (median) on a GPU, a median of timed calls on a
   CPU; the worker's recorded eager, plain and graph figures over the quiet ones, and how many are within 10 %.
+  Each quiet process records the core it ran on and that core's clock (`cpu`, `mhz`), and the JSON has the host's
+  cores (`host`: SMT siblings, package, clock). `--quiet-repeat N` times every artifact in N fresh processes, in
+  rounds: `reference` says how many pairs of one artifact's quiet runs agree within 10 %, the most that can be
+  asked of the worker's figure against one quiet run.
 """
 
 from __future__ import annotations
@@ -37,39 +41,27 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.farmkit import Service, export, job_error, median, table, timeline  # noqa: E402
+from bench.farmkit import Service, export, host_cpus, job_error, median, table, timeline  # noqa: E402
 
 QUIET = """
-import json, statistics, sys, time
+import json, sys
 import torch
+from bench.farmkit import cpu_of, time_call
 from client import Client
 model_path, key, url, device = sys.argv[1:5]
 eager = torch.export.load(model_path).module()
 inputs = tuple(t.to(device) for t in torch.load(model_path + ".inputs.pt"))
 
-def bench(fn):
-    if device.startswith("cuda"):
-        from triton.testing import do_bench
-        return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
-    for _ in range(3):
-        fn()
-    times = []
-    deadline = time.perf_counter() + 2.0
-    while len(times) < 10 or (time.perf_counter() < deadline and len(times) < 200):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
-
 out = {}
 with torch.inference_mode():
-    out["eager_ms"] = bench(lambda: eager(*inputs))
+    out["eager_ms"] = time_call(lambda: eager(*inputs), device)
     with Client(url, timeout=300) as c:
         plain = c.load(key, device=device)
-        out["compiled_ms"] = bench(lambda: plain(*inputs))
+        out["compiled_ms"] = time_call(lambda: plain(*inputs), device)
         if device.startswith("cuda"):
             graphs = c.load(key, device=device, cuda_graphs=True)
-            out["graph_ms"] = bench(lambda: graphs(*inputs))
+            out["graph_ms"] = time_call(lambda: graphs(*inputs), device)
+out["cpu"], out["mhz"] = cpu_of()  # where this process sat: the host sets eager's figure at a serving batch
 print(json.dumps(out))
 """
 FIGURES = ("eager_ms", "compiled_ms", "graph_ms")
@@ -84,6 +76,23 @@ def quiet(model: Path, key: str, url: str, device: str) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def reference_agreement(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """How far the quiet reference agrees with itself: per figure, the pairs of one artifact's quiet runs (each a
+    fresh process on the quiet device) within 10 % of each other. The worker's figure cannot be expected to
+    agree with one quiet run more often than two quiet runs agree with each other."""
+    out: dict[str, dict[str, int]] = {}
+    for k in FIGURES:
+        pairs = within = 0
+        for r in rows:
+            xs = [q[k] for q in r.get("quiet_runs", []) if isinstance(q.get(k), (int, float)) and q[k] > 0]
+            for i, x in enumerate(xs):
+                for y in xs[i + 1:]:
+                    pairs += 1
+                    within += abs(x / y - 1) <= 0.10
+        out[k] = {"pairs_within_10pct": within, "pairs": pairs}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda:0")
@@ -94,6 +103,8 @@ def main() -> int:
     ap.add_argument("--no-quiet", action="store_true", help="skip the quiet measurement of the figures")
     ap.add_argument("--quiet-max", type=int, default=None, help="time at most this many artifacts quietly (in job "
                     "order, one per model first): the quiet pass costs 20-30 s per artifact on a GPU")
+    ap.add_argument("--quiet-repeat", type=int, default=1, help="time each artifact quietly in this many fresh "
+                    "processes, in rounds over all of them: how far the quiet reference agrees with itself")
     ap.add_argument("--work", type=Path, default=None, help="keep the service's data here (default: a temp dir)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
@@ -106,7 +117,7 @@ def main() -> int:
     extra = {"AOTC_COMPILE_TIMEOUT_S": "3600", **dict(e.split("=", 1) for e in a.env)}
     jobs = [(names[i % len(names)], i // len(names)) for i in range(a.jobs)]
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": a.device, "cpus": os.cpu_count(),
-                              "workers": a.workers, "jobs": a.jobs, "env": extra}
+                              "workers": a.workers, "jobs": a.jobs, "env": extra, "host": host_cpus()}
 
     def save() -> None:  # after the compiles and after each quiet figure: a run cut off keeps what it measured
         a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -156,10 +167,12 @@ def main() -> int:
                 t = job.get("timings") or {}
                 rows.append({"model": name, "seed": seed, "job": jid, "state": job["state"],
                              "queued_s": round(float(job.get("started") or end) - t_submit, 1),
-                             "job_s": line["run_s"], "compile_s": t.get("compile_total"), "check_s": t.get("check"),
+                             "job_s": line["run_s"], "compile_s": t.get("compile_total"),
+                             "compile_paused_s": t.get("compile_paused"), "check_s": t.get("check"),
                              "timing_s": t.get("timing"), "lock_wait_s": t.get("check_wait"),
                              "key": job.get("artifact"), "path": str(path), "spans": line["spans"],
                              "check": {k: (job.get("check") or {}).get(k) for k in FIGURES},
+                             "timing": (job.get("check") or {}).get("timing"),  # how and on which cores it timed
                              "error": job_error(job, 1000)})
             ok = [r for r in rows if r["state"] == "succeeded"]
             compiles = [r["compile_s"] for r in ok if r["compile_s"] is not None]
@@ -191,20 +204,25 @@ def main() -> int:
                 within = {k: 0 for k in FIGURES}
                 counted = {k: 0 for k in FIGURES}
                 chosen = sorted(ok, key=lambda r: (r["seed"], rows.index(r)))[:a.quiet_max]
-                for r in chosen:
-                    q = quiet(Path(r["path"]), r["key"], svc.url, a.device)
-                    r["quiet"] = q
-                    for k in FIGURES:
-                        mine, theirs = r["check"].get(k), q.get(k)
-                        if isinstance(mine, (int, float)) and isinstance(theirs, (int, float)) and theirs > 0:
-                            r[f"{k}_ratio"] = round(mine / theirs, 3)
-                            counted[k] += 1
-                            within[k] += abs(mine / theirs - 1) <= 0.10
-                    print(f"{r['model']} seed {r['seed']}: worker {r['check']} quiet {q}", flush=True)
-                    save()
+                for rep in range(max(1, a.quiet_repeat)):
+                    for r in chosen:
+                        q = quiet(Path(r["path"]), r["key"], svc.url, a.device)
+                        r.setdefault("quiet_runs", []).append(q)
+                        print(f"{r['model']} seed {r['seed']}: worker {r['check']} quiet {q}", flush=True)
+                        if rep == 0:  # the worker's figure against the first quiet run, as before the repeats
+                            r["quiet"] = q
+                            for k in FIGURES:
+                                mine, theirs = r["check"].get(k), q.get(k)
+                                if isinstance(mine, (int, float)) and isinstance(theirs, (int, float)) and theirs > 0:
+                                    r[f"{k}_ratio"] = round(mine / theirs, 3)
+                                    counted[k] += 1
+                                    within[k] += abs(mine / theirs - 1) <= 0.10
+                        save()
                 result["figures"] = {k: {"within_10pct": within[k], "rows": counted[k]} for k in FIGURES}
+                if a.quiet_repeat > 1:
+                    result["reference"] = reference_agreement(chosen)
                 print(table(chosen, ["model", "seed", *(f"{k}_ratio" for k in FIGURES)]))
-                print(json.dumps(result["figures"]))
+                print(json.dumps({k: result[k] for k in ("figures", "reference") if k in result}))
         finally:
             svc.stop()
     save()

@@ -232,6 +232,24 @@ def job_error(job: dict[str, Any], limit: int = 2000) -> dict[str, str | None] |
             for k in ("type", "stage", "message", "excerpt")}
 
 
+def time_call(fn: Any, device: str) -> float:
+    """One call's time in ms as the quiet passes take it: triton's `do_bench` (median) on a GPU, a median of timed
+    calls (at least 10, up to 200 in 2 s, after 3 untimed) on a CPU."""
+    if device.startswith("cuda"):
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+    for _ in range(3):
+        fn()
+    times: list[float] = []
+    deadline = time.perf_counter() + 2.0
+    while len(times) < 10 or (time.perf_counter() < deadline and len(times) < 200):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
 def median(xs: list[float]) -> float | None:
     xs = [x for x in xs if x is not None]
     return round(statistics.median(xs), 3) if xs else None
@@ -243,3 +261,40 @@ def table(rows: list[dict[str, Any]], header: list[str]) -> str:
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
+
+
+def cpu_of(pid: int | str = "self") -> tuple[int | None, float | None]:
+    """The core a process last ran on (field 39 of /proc/PID/stat) and that core's clock now (MHz, from
+    /proc/cpuinfo; None where the kernel does not say): where a timed process sat, recorded beside its figure."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        core = int(stat[stat.rindex(")") + 2:].split()[36])  # fields after the command name start at field 3
+    except (OSError, ValueError, IndexError):
+        return None, None
+    return core, host_cpus().get(core, {}).get("mhz")
+
+
+def host_cpus() -> dict[int, dict[str, Any]]:
+    """Each core of this host: its SMT siblings and physical package (from sysfs) and its clock now (MHz). A figure
+    that the host sets (eager at a serving batch is one launch per op) depends on which of these it ran on."""
+    mhz: dict[int, float] = {}
+    try:
+        core = None
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "processor":
+                core = int(value)
+            elif key.strip() == "cpu MHz" and core is not None:
+                mhz[core] = float(value)
+    except (OSError, ValueError):
+        pass
+    cpus: dict[int, dict[str, Any]] = {}
+    for d in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*")):
+        n = int(d.name[3:])
+        cpus[n] = {"siblings": _sysfs(d / "topology/thread_siblings_list"),
+                   "package": _sysfs(d / "topology/physical_package_id"), "mhz": mhz.get(n)}
+    return cpus
+
+
+def _sysfs(path: Path) -> str | None:
+    return path.read_text().strip() if path.exists() else None

@@ -49,6 +49,9 @@ def service_env(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFa
         "AOTC_MAX_UPLOAD_MB": str(MAX_UPLOAD_MB),
         "AOTC_DEVICE": "cpu",
         "AOTC_ADMIN_KEY": ADMIN_KEY,
+        # A compile pauses while another worker's timing pass holds the device (AOTC_TIMING_PAUSE), 300 s at most;
+        # test_devlock.py holds it through a whole job, as a pass that hangs would.
+        "AOTC_TIMING_PAUSE_MAX_S": "5",
     }
 
 

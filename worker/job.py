@@ -40,7 +40,7 @@ from service.store.blobstore import local_root
 from service.store.disk import is_disk_full
 from worker import cpus as cpus_mod
 from worker.backoff import retry_delay, until_redis
-from worker.devlock import exclusive, lock_path
+from worker.devlock import exclusive, lock_path, shared, timing_now
 from worker.disk import DiskWatch
 from worker.headers import Headers, header_dir
 from worker.health import Health
@@ -327,7 +327,7 @@ class JobRunner:
                                            sandbox=self.sandbox, timeout_s=self.settings.compile_timeout_s,
                                            device=self.info["device"], hide=self._hide(),
                                            keep=lambda: [f"{header_dir(Path('tmp'))}/"],
-                                           should_cancel=self.stopping.is_set)
+                                           should_cancel=self.stopping.is_set, **self._pause(self.info["device"]))
                 if not outcome.ok:
                     assert outcome.failure is not None
                     log.warning("warm-up compile failed: %s\n%s", outcome.failure.message, outcome.failure.excerpt)
@@ -397,6 +397,7 @@ class JobRunner:
              "precompiled_headers": self.headers.ready, "cpus": self.cpus.for_kind("compile")},
             workdir, timeout_s=self.settings.compile_timeout_s, prepare=prepare,
             keep=lambda: [*OUTPUTS.values(), *(share.files() if share is not None else [])],
+            **self._pause(device),
         )
         if share is not None:
             share.collect(compile_dir)
@@ -408,6 +409,8 @@ class JobRunner:
         caches = {**(compiled.result.get("caches") or {}), "gemm_timings": share.stats if share else None}
         check: dict[str, Any] | None = None
         timings = {**compiled.result["timings"], "compile_total": round(compiled.seconds, 3)}
+        if compiled.paused_s:
+            timings["compile_paused"] = compiled.paused_s
         if outputs["package"] is not None:  # always, since mode=training builds a package too
             # Correctness beside compiles and other checks: no lock. Its figures were taken on a busy device, so
             # the timing pass replaces them, under the device lock (compiler/timing.py).
@@ -422,19 +425,26 @@ class JobRunner:
                 if alone:
                     checked = run({"kind": "check", **task}, workdir, timeout_s=self.settings.check_timeout_s)
             if not alone:
-                checked = run({"kind": "check", **task, "untimed": True, "cpus": self.cpus.for_kind("check")},
-                              workdir, timeout_s=self.settings.check_timeout_s)
+                # Where compiles pause for the timing (AOTC_TIMING_PAUSE), checks hold the device shared: beside
+                # each other, never beside a timing pass. A check is not paused: its probes keep wall-clock limits.
+                if self._pauses(device):
+                    self._set_stage(job_id, "check")  # while it waits for a timing pass to end, too
+                with shared(lock if self._pauses(device) else None, self.settings.check_timeout_s, cancelled) as sh:
+                    checked = run({"kind": "check", **task, "untimed": True, "cpus": self.cpus.for_kind("check")},
+                                  workdir, timeout_s=self.settings.check_timeout_s)
             if not checked.ok:
                 return checked, {}
             timings["check"] = round(checked.seconds, 3)
             if alone:
-                check = {**checked.result, "host": held, "timing": {**held, "pass": "check"}}
+                check = {**checked.result, "host": held, "timing": {**held, "pass": "check",
+                                                                      "compiles": self._compiles(device)}}
                 timings["check_wait"] = 0.0
             elif (job["options"] or {}).get("mode") == "training":  # no timing pass for train steps yet: untimed
                 check = {**checked.result, "host": {**held, "exclusive": False}}
             else:
-                host = {**held, "exclusive": False, "waited_s": 0.0,
-                        "reason": "the check takes no device lock: the timing pass does"}
+                host = {**held, "exclusive": False, "waited_s": sh["waited_s"],
+                        "reason": "the check holds the device shared: beside other checks, never a timing pass"
+                        if sh["shared"] else sh.get("reason") or "the check takes no device lock: the timing pass does"}
                 timed = self._timing_pass(job_id, task, {**checked.result, "host": host}, workdir, run, cancelled)
                 if isinstance(timed, Outcome):
                     return timed, {}
@@ -589,6 +599,25 @@ class JobRunner:
         served = self.info.get("targets") or [self.target]
         return target if target in served and target not in (self.info.get("build_only") or ()) else None
 
+    def _pauses(self, device: str) -> bool:
+        """Whether this worker's compiles stop while another's timing pass holds `device` (AOTC_TIMING_PAUSE)."""
+        mode = self.settings.timing_pause
+        return self.settings.check_exclusive and (mode == "always" or
+                                                  (mode == "auto" and not device.startswith("cuda")))
+
+    def _pause(self, device: str) -> dict[str, Any]:
+        """run_child's arguments that stop a compile while another worker's timing pass holds `device`."""
+        if not self._pauses(device):
+            return {}
+        return {"pause": partial(timing_now, lock_path(self.settings.data_dir, device)),
+                "pause_max_s": self.settings.timing_pause_max_s}
+
+    def _compiles(self, device: str) -> str:
+        """What the record says of the compiles of workers like this one while a timing pass held `device`."""
+        return ("paused, and checks held off (AOTC_TIMING_PAUSE)" if self._pauses(device)
+                else "ran beside it, on the cores AOTC_TIMING_CPUS left them" if self.cpus.timing is not None
+                else "ran beside it")
+
     def _times_itself(self) -> bool:
         """Whether a check that holds the device lock takes the figures itself (one child fewer: no timing pass).
         With AOTC_TIMING_PASS=alone, only while no other live worker shares this device: one that does would wait
@@ -613,7 +642,7 @@ class JobRunner:
         full disk), ends the job as a check's would (the Outcome)."""
         self._set_stage(job_id, "timing")  # while it waits for the lock too
         lock = lock_path(self.settings.data_dir, task["device"]) if self.settings.check_exclusive else None
-        with exclusive(lock, self.settings.check_timeout_s, cancelled) as held:
+        with exclusive(lock, self.settings.check_timeout_s, cancelled, announce=self._pauses(task["device"])) as held:
             timed = run({"kind": "time", **task, "cpus": self.cpus.for_kind("time")}, workdir,
                         timeout_s=self.settings.check_timeout_s)
         seconds = round(timed.seconds, 3)
@@ -622,7 +651,8 @@ class JobRunner:
         if not timed.ok:
             log.warning("job %s: the timing pass failed; the check's own figures stay: %s", job_id, timed.failure)
             return speed.with_timing(check, None, {**held, "pass": "failed"}), seconds, held["waited_s"]
-        return (speed.with_timing(check, timed.result, {**held, "seconds": seconds, "cores": {"timing": timed.cpus}}),
+        return (speed.with_timing(check, timed.result, {**held, "seconds": seconds, "cores": {"timing": timed.cpus},
+                                                        "compiles": self._compiles(task["device"])}),
                 seconds, held["waited_s"])
 
     def _sign(self, job: dict[str, Any], package: Path, check: dict[str, Any] | None,

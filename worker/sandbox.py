@@ -48,6 +48,8 @@ class Outcome:
     seconds: float = 0.0
     peaks: dict[str, int | None] = field(default_factory=dict)  # the most memory and processes it held at once
     cpus: list[int] | None = None  # the cores the child said it ran on (worker.cpus), where it said
+    paused_s: float = 0.0  # how long it was stopped while another worker's timing pass ran (run's `pause`): not in
+    # `seconds`, which is the time it ran
 
 
 def excerpt(log: Path, limit: int = 4000) -> str:
@@ -97,12 +99,17 @@ def run_child(
     hide: Iterable[Path] = (),
     on_stage: Callable[[str], None] = lambda s: None,
     should_cancel: Callable[[], bool] = lambda: False,
+    pause: Callable[[], bool] | None = None,
+    pause_max_s: float = 300.0,
     poll_s: float = 0.25,
 ) -> Outcome:
     """Run `task` (its "kind": compile, check, warmup) in a fresh JOBDIR/KIND. `prepare(childdir)` may seed the
     fresh dir before the child owns it, and returns (trusted file, path in childdir) pairs to bind read-only.
     `keep()`, called once the child is dead, names the files (relative to childdir; "dir/" for a dir's files) the
-    caller reads afterwards: where childdir is a tmpfs (the disk bound) only those are copied out before it goes."""
+    caller reads afterwards: where childdir is a tmpfs (the disk bound) only those are copied out before it goes.
+    While `pause()` is true, the child and everything under it are stopped (SIGSTOP) and the time limit stands
+    still, for at most `pause_max_s` in all: a compile on a CPU device waits out another worker's timing pass on
+    the same cores (AOTC_TIMING_PAUSE)."""
     kind = task["kind"]
     jobdir.mkdir(parents=True, exist_ok=True)
     os.chmod(jobdir, 0o755)
@@ -116,14 +123,15 @@ def run_child(
             (childdir / sub).mkdir(mode=0o755)
         ro_files = list(prepare(childdir)) if prepare else []
         cell.sandbox.own(childdir)
-        outcome = _run(task, jobdir, childdir, cell, timeout_s, ro_files, hide, on_stage, should_cancel, poll_s)
+        outcome = _run(task, jobdir, childdir, cell, timeout_s, ro_files, hide, on_stage, should_cancel,
+                       _Stopped(pause, pause_max_s), poll_s)
         cell.keep = list(keep())
         return outcome
 
 
 def _run(task: dict[str, Any], jobdir: Path, childdir: Path, cell: Cell, timeout_s: float,
          ro_files: list[tuple[Path, Path]], hide: Iterable[Path], on_stage: Callable[[str], None],
-         should_cancel: Callable[[], bool], poll_s: float) -> Outcome:
+         should_cancel: Callable[[], bool], stopped: _Stopped, poll_s: float) -> Outcome:
     kind, sandbox, limits = task["kind"], cell.sandbox, cell.limits
     task = {**task, "dir": str(childdir)}
     if not sandbox.on:
@@ -141,6 +149,7 @@ def _run(task: dict[str, Any], jobdir: Path, childdir: Path, cell: Cell, timeout
                           childdir=childdir, ro_files=ro_files, hide=hide, stdout=log, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL, start_new_session=True)
         events = _Events(childdir, on_stage)
+        stopped.proc = proc
         try:
             while True:
                 rc = proc.poll()
@@ -148,19 +157,22 @@ def _run(task: dict[str, Any], jobdir: Path, childdir: Path, cell: Cell, timeout
                 if rc is not None:
                     break
                 now = time.monotonic()
-                if now - t0 > timeout_s:
+                stopped.update(now)
+                if now - t0 - stopped.total(now) > timeout_s:
                     _kill(proc)
                     return Outcome(False, failure=Failure.timeout(kind, timeout_s, excerpt(log_path)),
-                                   seconds=now - t0)
+                                   seconds=now - t0 - stopped.total(now), paused_s=stopped.total(now))
                 if should_cancel():  # cheap to call each poll: the caller rate-limits what costs a round trip
                     _kill(proc)
                     return Outcome(False, failure=Failure.cancelled(f"cancelled while running ({kind})", kind),
-                                   cancelled=True, seconds=now - t0)
+                                   cancelled=True, seconds=now - t0 - stopped.total(now),
+                                   paused_s=stopped.total(now))
                 time.sleep(poll_s)
         except BaseException:
             _kill(proc)  # the worker is going down (SIGTERM, Ctrl-C): never leave an orphan compile behind
             raise
-    seconds = time.monotonic() - t0
+    paused_s = round(stopped.total(time.monotonic()), 3)
+    seconds = time.monotonic() - t0 - paused_s
     peaks = cell.peaks()
     # bwrap reports a child killed by signal N as exit status 128+N; a plain child as -N. A sandbox is gone with
     # its first process (pid namespace), so nothing the child started can still touch its dir.
@@ -173,7 +185,7 @@ def _run(task: dict[str, Any], jobdir: Path, childdir: Path, cell: Cell, timeout
             out = json.loads(raw)
             if out.get("ok") is True and isinstance(out.get("result") or {}, dict):
                 return Outcome(True, out.get("result") or {}, seconds=seconds, peaks=peaks,
-                               cpus=_cores(out.get("cpus")))
+                               cpus=_cores(out.get("cpus")), paused_s=paused_s)
             failure = _reported(out.get("error"), kind)
         except (ValueError, AttributeError, RecursionError):
             failure = Failure.crashed(kind, f"{kind} child wrote an unreadable result", excerpt(log_path))
@@ -187,7 +199,7 @@ def _run(task: dict[str, Any], jobdir: Path, childdir: Path, cell: Cell, timeout
     text = "\n".join((failure.message, failure.excerpt, excerpt(log_path, 64 * 1024)))
     if (hit := limits_mod.breach(limits, died_of, text, cell.counted())) is not None:
         failure = Failure.limit_exceeded(kind, hit.what, hit.setting, failure.excerpt or excerpt(log_path))
-    return Outcome(False, failure=failure, seconds=seconds, peaks=peaks)
+    return Outcome(False, failure=failure, seconds=seconds, peaks=peaks, paused_s=paused_s)
 
 
 def _cores(value: Any) -> list[int] | None:
@@ -234,6 +246,51 @@ class _Events:
                 continue
             if isinstance(stage, str) and len(stage) <= 64:
                 self.on_stage(stage)
+
+
+class _Stopped:
+    """A child stopped while `pause()` says so (see run): SIGSTOP to it and everything under it, SIGCONT after, and
+    the time it spent stopped. Past `max_s` in all it is not stopped again: a timing pass that hangs holding the
+    lock must not hold a compile with it."""
+
+    def __init__(self, pause: Callable[[], bool] | None, max_s: float) -> None:
+        self.pause, self.max_s = pause, max_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.since: float | None = None
+        self.done = 0.0
+
+    def total(self, now: float) -> float:
+        return self.done + (now - self.since if self.since is not None else 0.0)
+
+    def update(self, now: float) -> None:
+        if self.pause is None or self.proc is None:
+            return
+        want = self.total(now) < self.max_s and self.pause()
+        if want and self.since is None:
+            _signal_tree(self.proc.pid, signal.SIGSTOP)
+            self.since = now
+        elif not want and self.since is not None:
+            _signal_tree(self.proc.pid, signal.SIGCONT)
+            self.done += now - self.since
+            self.since = None
+
+
+def _signal_tree(pid: int, sig: int) -> None:
+    """`sig` to `pid` and its descendants. For SIGSTOP, again until no new descendant shows up: one that forked just
+    before its parent stopped is stopped too (a stopped process forks no more)."""
+    seen: set[int] = set()
+    for _ in range(4):
+        new = [p for p in [pid, *_descendants(pid)] if p not in seen]
+        if not new:
+            return
+        for p in new:
+            try:
+                os.kill(p, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        seen.update(new)
+        if sig != signal.SIGSTOP:
+            return
 
 
 def _descendants(pid: int) -> list[int]:

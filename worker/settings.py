@@ -82,6 +82,20 @@ class WorkerSettings(StorageSettings):
         "load sets at a serving batch, are not taken beside compiles. auto: on a CUDA device with at least 8 cores, "
         "the last 2; on a CPU device none. A list (14-15, 3,7): those cores. off: no split. The record's "
         "check.timing.cores says which cores each child ran on.")
+    timing_pause: Literal["auto", "always", "off"] = Field(
+        default="auto", description="While a worker's timing pass holds the device lock (AOTC_CHECK_EXCLUSIVE), the "
+        "other workers' compile and warm-up children on that device stop (SIGSTOP, with everything they started) "
+        "and go on when it ends, their time limits standing still meanwhile (AOTC_TIMING_PAUSE_MAX_S in all); and "
+        "their checks hold the device shared, so that none runs beside a timing pass and none starts while one "
+        "waits (a check is never stopped: its probes keep wall-clock limits). On a CPU device the device is the "
+        "host: a compile or check beside the timing pass on the same cores put eager's figure off by up to 140x on "
+        "the 2-core box. auto: on a CPU device (a CUDA worker keeps cores for the timing instead: "
+        "AOTC_TIMING_CPUS); always: on every device; off: nothing pauses or waits. The job's timings say how long "
+        "its compile was paused (compile_paused), the record's check.timing whether compiles paused for its figures "
+        "(compiles).")
+    timing_pause_max_s: float = Field(
+        default=300.0, ge=0, description="The longest a compile is kept paused in all (AOTC_TIMING_PAUSE): a timing "
+        "pass that hangs holding the device lock must not hold the compiles with it.")
     keep_work: bool = Field(default=False, description="Keep each job's scratch folder (logs, package) for debugging.")
     retry_backoff_s: float = Field(
         default=10.0, ge=0, description="A job whose attempt failed and may be retried waits this long before its "
