@@ -10,9 +10,12 @@ So the host's cores are split: the timing child runs on a few cores of its own, 
 untimed checks, the headers' warm-up) on the rest. Each child pins itself first thing (worker.child), so the threads
 and processes it starts (OpenMP, Inductor's compile workers, g++) inherit its cores.
 
-- `auto` (the default): on a CUDA device, where the worker has at least MIN_CPUS cores, the last KEEP of them are
-  kept for timing; on a CPU device nothing is split (a CPU timing needs every core, and compiles beside it would
-  disturb it whatever its cores).
+- `auto` (the default): on a CUDA device, where the worker has at least MIN_CPUS cores, the last KEEP physical
+  cores are kept for timing, each with its SMT siblings (`thread_siblings_list` in sysfs): a timing thread whose
+  sibling runs a compile gets half a core, and on a host whose siblings are numbered apart (cpu 6 and 14 one core)
+  "the last two cores" would be two halves. Siblings outside the worker's own cores (another lane's) stay where
+  they are. On a CPU device nothing is split (a CPU timing needs every core; compiles pause for it instead,
+  AOTC_TIMING_PAUSE).
 - a list (`14-15`, `3,7`): those cores, on any device.
 - `off`: no split.
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 MIN_CPUS = 8
 KEEP = 2
@@ -66,9 +70,32 @@ class CpuPlan:
                 "others": list(self.others) if self.others else None, "why": self.why}
 
 
-def plan(setting: str, device: str, available: set[int] | None = None) -> CpuPlan:
-    """The split for a worker on `device` whose cores are `available` (its affinity). ValueError where an explicit
-    list leaves no core for timing or none for the rest."""
+def host_siblings() -> dict[int, set[int]]:
+    """Each core's SMT siblings, itself included, as sysfs lists them; a core sysfs says nothing of stands alone."""
+    out: dict[int, set[int]] = {}
+    for core in os.sched_getaffinity(0):
+        try:
+            text = Path(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list").read_text()
+            out[core] = parse(text.strip()) | {core}
+        except (OSError, ValueError):
+            out[core] = {core}
+    return out
+
+
+def _physical(cores: list[int], siblings: dict[int, set[int]]) -> list[list[int]]:
+    """`cores` grouped by physical core (their siblings among `cores`), in the order of each group's first core."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for c in cores:
+        key = tuple(sorted(siblings.get(c, {c}) & set(cores) | {c}))
+        groups.setdefault(key, list(key))
+    return sorted(groups.values(), key=lambda g: g[0])
+
+
+def plan(setting: str, device: str, available: set[int] | None = None,
+         siblings: dict[int, set[int]] | None = None) -> CpuPlan:
+    """The split for a worker on `device` whose cores are `available` (its affinity), on a host whose SMT siblings
+    are `siblings` (default: sysfs's). ValueError where an explicit list leaves no core for timing or none for the
+    rest."""
     cores = sorted(available if available is not None else os.sched_getaffinity(0))
     setting = setting.strip().lower()
     if setting in ("off", "none", ""):
@@ -78,7 +105,15 @@ def plan(setting: str, device: str, available: set[int] | None = None) -> CpuPla
             return CpuPlan(None, None, "auto: a CPU device times on every core")
         if len(cores) < MIN_CPUS:
             return CpuPlan(None, None, f"auto: {len(cores)} cores, fewer than {MIN_CPUS}")
-        return CpuPlan(tuple(cores[-KEEP:]), tuple(cores[:-KEEP]), f"auto: the last {KEEP} of {len(cores)} cores")
+        groups = _physical(cores, host_siblings() if siblings is None else siblings)
+        timing = sorted(c for g in groups[-KEEP:] for c in g)
+        others = [c for c in cores if c not in timing]
+        if len(groups) <= KEEP or not others:
+            return CpuPlan(None, None, f"auto: {len(groups)} physical cores, too few to keep {KEEP} for timing")
+        paired = len(timing) > KEEP
+        why = (f"auto: the last {KEEP} physical cores of {len(cores)} cores, with their SMT siblings ({_span(timing)})"
+               if paired else f"auto: the last {KEEP} of {len(cores)} cores")
+        return CpuPlan(tuple(timing), tuple(others), why)
     wanted = parse(setting)
     timing = sorted(wanted & set(cores))
     others = sorted(set(cores) - wanted)
