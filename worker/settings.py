@@ -80,8 +80,8 @@ class WorkerSettings(StorageSettings):
         default="auto", description="Cores kept for the timing pass (worker/cpus.py): the timing child runs on them "
         "and every other child (compiles, untimed checks) on the rest, so that eager's figures, which the host's "
         "load sets at a serving batch, are not taken beside compiles. auto: on a CUDA device with at least 8 cores, "
-        "the last 2 physical cores, each with its SMT siblings (sysfs); on a CPU device none. A list (14-15, 3,7): those cores. off: no split. The record's "
-        "check.timing.cores says which cores each child ran on.")
+        "the last 2 physical cores, each with its SMT siblings (sysfs); on a CPU device none. A list (14-15, 3,7): "
+        "those cores. off: no split. The record's check.timing.cores says which cores each child ran on.")
     timing_pause: Literal["auto", "always", "off"] = Field(
         default="auto", description="While a worker's timing pass holds the device lock (AOTC_CHECK_EXCLUSIVE), the "
         "other workers' compile and warm-up children on that device stop (SIGSTOP, with everything they started) "
