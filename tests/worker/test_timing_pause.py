@@ -177,6 +177,6 @@ def test_a_timing_pass_waits_for_the_checks_that_hold_the_device_and_no_check_st
         assert late["shared"] is False and "over 1 s" in late["reason"] and time.monotonic() - t0 >= 1.0
     _release(check)
     pass_.join(timeout=30)
-    assert got["timing"]["exclusive"] is True and got["timing"]["waited_s"] >= 1.5
+    assert got["timing"]["exclusive"] is True and got["timing"]["waited_s"] >= 1.2  # the check and the late one
     with shared(path, 5) as after:  # the pass ended: checks start again
         assert after["shared"] is True
