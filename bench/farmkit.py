@@ -271,12 +271,23 @@ def cpu_of(pid: int | str = "self") -> tuple[int | None, float | None]:
         core = int(stat[stat.rindex(")") + 2:].split()[36])  # fields after the command name start at field 3
     except (OSError, ValueError, IndexError):
         return None, None
-    return core, host_cpus().get(core, {}).get("mhz")
+    return core, _clocks().get(core)
 
 
 def host_cpus() -> dict[int, dict[str, Any]]:
     """Each core of this host: its SMT siblings and physical package (from sysfs) and its clock now (MHz). A figure
     that the host sets (eager at a serving batch is one launch per op) depends on which of these it ran on."""
+    mhz = _clocks()
+    cpus: dict[int, dict[str, Any]] = {}
+    for d in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*")):
+        n = int(d.name[3:])
+        cpus[n] = {"siblings": _sysfs(d / "topology/thread_siblings_list"),
+                   "package": _sysfs(d / "topology/physical_package_id"), "mhz": mhz.get(n)}
+    return cpus
+
+
+def _clocks() -> dict[int, float]:
+    """Each core's clock now (MHz), as /proc/cpuinfo says it; empty where it does not."""
     mhz: dict[int, float] = {}
     try:
         core = None
@@ -288,12 +299,7 @@ def host_cpus() -> dict[int, dict[str, Any]]:
                 mhz[core] = float(value)
     except (OSError, ValueError):
         pass
-    cpus: dict[int, dict[str, Any]] = {}
-    for d in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*")):
-        n = int(d.name[3:])
-        cpus[n] = {"siblings": _sysfs(d / "topology/thread_siblings_list"),
-                   "package": _sysfs(d / "topology/physical_package_id"), "mhz": mhz.get(n)}
-    return cpus
+    return mhz
 
 
 def _sysfs(path: Path) -> str | None:

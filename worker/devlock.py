@@ -45,6 +45,18 @@ def _try(fd: int, how: int) -> bool:
     return True
 
 
+def _wait(take: Callable[[], bool], max_wait_s: float, should_stop: Callable[[], bool],
+          poll_s: float) -> tuple[bool, float]:
+    """Try `take()` every `poll_s` until it succeeds, `max_wait_s` has passed or `should_stop()`: whether it took,
+    and the seconds waited."""
+    t0 = time.monotonic()
+    while not (took := take()):
+        if time.monotonic() - t0 >= max_wait_s or should_stop():
+            break
+        time.sleep(poll_s)
+    return took, round(time.monotonic() - t0, 3)
+
+
 @contextlib.contextmanager
 def exclusive(path: Path | None, max_wait_s: float, should_stop: Callable[[], bool] = lambda: False,
               poll_s: float = 0.05, announce: bool = False) -> Iterator[dict[str, Any]]:
@@ -59,24 +71,22 @@ def exclusive(path: Path | None, max_wait_s: float, should_stop: Callable[[], bo
         return
     fd = _open(path)
     intent = _open(intent_path(path)) if announce else None
-    intended = intent is None
-    t0 = time.monotonic()
     try:
-        while True:
-            if not intended:
+        # The intent first (once taken it is kept while waiting), then the device.
+        intended = [intent is None]
+
+        def take() -> bool:
+            if not intended[0]:
                 assert intent is not None
-                intended = _try(intent, fcntl.LOCK_EX)
-            if intended and _try(fd, fcntl.LOCK_EX):
-                info["exclusive"] = True
-                break
-            if time.monotonic() - t0 >= max_wait_s or should_stop():
-                info["reason"] = f"another check held the device for over {max_wait_s:.0f} s"
-                break
-            time.sleep(poll_s)
+                intended[0] = _try(intent, fcntl.LOCK_EX)
+            return intended[0] and _try(fd, fcntl.LOCK_EX)
+
+        info["exclusive"], info["waited_s"] = _wait(take, max_wait_s, should_stop, poll_s)
+        if not info["exclusive"]:
+            info["reason"] = f"another check held the device for over {max_wait_s:.0f} s"
         if intent is not None:
             os.close(intent)  # held: no check starts now; the next waiting pass may announce itself
             intent = None
-        info["waited_s"] = round(time.monotonic() - t0, 3)
         yield _load(info)
     finally:
         if intent is not None:
@@ -95,17 +105,11 @@ def shared(path: Path | None, max_wait_s: float, should_stop: Callable[[], bool]
         yield info
         return
     fd = _open(path)
-    t0 = time.monotonic()
     try:
-        while True:
-            if not timing_now(intent_path(path)) and _try(fd, fcntl.LOCK_SH):
-                info["shared"] = True
-                break
-            if time.monotonic() - t0 >= max_wait_s or should_stop():
-                info["reason"] = f"timing passes held the device for over {max_wait_s:.0f} s"
-                break
-            time.sleep(poll_s)
-        info["waited_s"] = round(time.monotonic() - t0, 3)
+        info["shared"], info["waited_s"] = _wait(
+            lambda: not timing_now(intent_path(path)) and _try(fd, fcntl.LOCK_SH), max_wait_s, should_stop, poll_s)
+        if not info["shared"]:
+            info["reason"] = f"timing passes held the device for over {max_wait_s:.0f} s"
         yield info
     finally:
         os.close(fd)

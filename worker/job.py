@@ -427,9 +427,10 @@ class JobRunner:
             if not alone:
                 # Where compiles pause for the timing (AOTC_TIMING_PAUSE), checks hold the device shared: beside
                 # each other, never beside a timing pass. A check is not paused: its probes keep wall-clock limits.
-                if self._pauses(device):
+                pauses = self._pauses(device)
+                if pauses:
                     self._set_stage(job_id, "check")  # while it waits for a timing pass to end, too
-                with shared(lock if self._pauses(device) else None, self.settings.check_timeout_s, cancelled) as sh:
+                with shared(lock if pauses else None, self.settings.check_timeout_s, cancelled) as sh:
                     checked = run({"kind": "check", **task, "untimed": True, "cpus": self.cpus.for_kind("check")},
                                   workdir, timeout_s=self.settings.check_timeout_s)
             if not checked.ok:

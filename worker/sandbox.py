@@ -123,15 +123,16 @@ def run_child(
             (childdir / sub).mkdir(mode=0o755)
         ro_files = list(prepare(childdir)) if prepare else []
         cell.sandbox.own(childdir)
-        outcome = _run(task, jobdir, childdir, cell, timeout_s, ro_files, hide, on_stage, should_cancel,
-                       _Stopped(pause, pause_max_s), poll_s)
+        outcome = _run(task, jobdir, childdir, cell, timeout_s, ro_files, hide, on_stage, should_cancel, pause,
+                       pause_max_s, poll_s)
         cell.keep = list(keep())
         return outcome
 
 
 def _run(task: dict[str, Any], jobdir: Path, childdir: Path, cell: Cell, timeout_s: float,
          ro_files: list[tuple[Path, Path]], hide: Iterable[Path], on_stage: Callable[[str], None],
-         should_cancel: Callable[[], bool], stopped: _Stopped, poll_s: float) -> Outcome:
+         should_cancel: Callable[[], bool], pause: Callable[[], bool] | None, pause_max_s: float,
+         poll_s: float) -> Outcome:
     kind, sandbox, limits = task["kind"], cell.sandbox, cell.limits
     task = {**task, "dir": str(childdir)}
     if not sandbox.on:
@@ -149,7 +150,7 @@ def _run(task: dict[str, Any], jobdir: Path, childdir: Path, cell: Cell, timeout
                           childdir=childdir, ro_files=ro_files, hide=hide, stdout=log, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL, start_new_session=True)
         events = _Events(childdir, on_stage)
-        stopped.proc = proc
+        stopped = _Stopped(proc, pause, pause_max_s)
         try:
             while True:
                 rc = proc.poll()
@@ -253,9 +254,8 @@ class _Stopped:
     the time it spent stopped. Past `max_s` in all it is not stopped again: a timing pass that hangs holding the
     lock must not hold a compile with it."""
 
-    def __init__(self, pause: Callable[[], bool] | None, max_s: float) -> None:
-        self.pause, self.max_s = pause, max_s
-        self.proc: subprocess.Popen[bytes] | None = None
+    def __init__(self, proc: subprocess.Popen[bytes], pause: Callable[[], bool] | None, max_s: float) -> None:
+        self.proc, self.pause, self.max_s = proc, pause, max_s
         self.since: float | None = None
         self.done = 0.0
 
@@ -263,7 +263,7 @@ class _Stopped:
         return self.done + (now - self.since if self.since is not None else 0.0)
 
     def update(self, now: float) -> None:
-        if self.pause is None or self.proc is None:
+        if self.pause is None:
             return
         want = self.total(now) < self.max_s and self.pause()
         if want and self.since is None:
