@@ -9,6 +9,9 @@ is and with the libraries' one-off set-up split out, plus the same first call in
 Variants, each in a fresh process after `import torch`:
   aoti         load, first call, second call (all synchronised)
   aoti-nolayout  the same program built with Inductor's layout optimisation off (convolutions stay NCHW)
+  aoti-nocudnn  what options.convolutions="generated" builds: the depthwise convolutions lowered to pointwise
+               kernels (compiler.convs, no cuDNN plan to build for them at first call), 1x1 ones as matmuls
+               (Inductor's conv_1x1_as_mm); only the variants asked for are built
   aoti-cudnn-v7  the package with TORCH_CUDNN_V8_API_DISABLED=1 (cuDNN's older heuristics API, where torch has it)
   aoti-warm    the same after a 1x1 convolution and a matmul on the device (cuDNN's and cuBLAS's handles made),
                so that `first_call_s` is what is left: per-shape choices and kernel loading
@@ -34,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-VARIANTS = ("aoti", "aoti-warm", "aoti-nolayout", "aoti-cudnn-v7", "eager", "profile")
+VARIANTS = ("aoti", "aoti-warm", "aoti-nolayout", "aoti-nocudnn", "aoti-cudnn-v7", "eager", "profile")
 
 
 def _sync(device: str) -> None:
@@ -85,6 +88,8 @@ def child(variant: str, model: str, package: str, device: str, batch: int | None
 
         if variant == "aoti-nolayout":
             package = package.replace(".pt2", "-nolayout.pt2")
+        elif variant == "aoti-nocudnn":
+            package = package.replace(".pt2", "-nocudnn.pt2")
         t = time.perf_counter()
         fn = aoti_load_package(package, device)
         _sync(device)
@@ -128,7 +133,7 @@ def child(variant: str, model: str, package: str, device: str, batch: int | None
     return res
 
 
-def compile_one(model: str, device: str, batch: int | None, out_dir: Path) -> dict[str, Any]:
+def compile_one(model: str, device: str, batch: int | None, out_dir: Path, variants: str) -> dict[str, Any]:
     import torch
 
     from bench import zoo
@@ -140,11 +145,22 @@ def compile_one(model: str, device: str, batch: int | None, out_dir: Path) -> di
     torch._inductor.aoti_compile_and_package(ep, package_path=path)
     out = {"package": path, "compile_s": round(time.perf_counter() - t, 1),
            "size_mb": round(os.path.getsize(path) / 1e6, 1)}
-    # the same program with Inductor's layout optimisation off: convolutions stay NCHW, as eager runs them
+    if "aoti-nolayout" in variants:
+        # the same program with Inductor's layout optimisation off: convolutions stay NCHW, as eager runs them
+        t = time.perf_counter()
+        torch._inductor.aoti_compile_and_package(ep, package_path=path.replace(".pt2", "-nolayout.pt2"),
+                                                 inductor_configs={"layout_optimization": False})
+        out["compile_nolayout_s"] = round(time.perf_counter() - t, 1)
+    if "aoti-nocudnn" not in variants:
+        return out
+    # depthwise convolutions as pointwise kernels and 1x1 ones as matmuls: no cuDNN plans for them at first call
+    from compiler.convs import lower_depthwise
+
     t = time.perf_counter()
-    torch._inductor.aoti_compile_and_package(ep, package_path=path.replace(".pt2", "-nolayout.pt2"),
-                                             inductor_configs={"layout_optimization": False})
-    out["compile_nolayout_s"] = round(time.perf_counter() - t, 1)
+    lowered, out["depthwise_lowered"] = lower_depthwise(ep)
+    torch._inductor.aoti_compile_and_package(lowered, package_path=path.replace(".pt2", "-nocudnn.pt2"),
+                                             inductor_configs={"conv_1x1_as_mm": True})
+    out["compile_nocudnn_s"] = round(time.perf_counter() - t, 1)
     return out
 
 
@@ -190,7 +206,7 @@ def main() -> None:
     doc: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "device": a.device, "torch": torch.__version__,
                            "gpu": gpu, "rounds": a.rounds, "models": {}}
     for model in a.models.split(","):
-        built = compile_one(model, a.device, a.batch, work)
+        built = compile_one(model, a.device, a.batch, work, a.variants)
         print(f"# {model}: compiled in {built['compile_s']} s, {built['size_mb']} MB", flush=True)
         rows: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
         for _ in range(a.rounds):

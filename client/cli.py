@@ -44,7 +44,7 @@ from client import render
 from client.sdk import Client, ClientError, JobFailed
 from client.verify import check_here
 from compiler.errors import BadSignature, Unprocessable
-from compiler.options import Mode, Precision
+from compiler.options import Convolutions, Mode, Precision
 from compiler.refs import Ref
 from compiler.shapes import Dim, parse_shape_args
 from compiler.targets import Target
@@ -158,6 +158,9 @@ def compile_(
     freezing: Annotated[bool, typer.Option("--freezing", help="Fold weights into the graph as constants.")] = False,
     allow_nonfinite: Annotated[bool, typer.Option(
         "--allow-nonfinite", help="Publish even if outputs hold NaN or inf (they must match eager's).")] = False,
+    convolutions: Annotated[Convolutions, typer.Option(
+        help="generated: depthwise convolutions as generated kernels and 1x1 ones as matmuls, so the package's first "
+        "call builds no cuDNN plan for them (a faster start, slightly slower steady calls).")] = "library",
     inductor: Annotated[list[str] | None, typer.Option(
         "--inductor", metavar="KEY=VALUE",
         help="An allow-listed Inductor setting, e.g. coordinate_descent_tuning=true (repeatable).")] = None,
@@ -180,6 +183,8 @@ def compile_(
         options["allow_nonfinite"] = True
     if loss_output:  # likewise
         options["loss_output"] = loss_output
+    if convolutions != "library":  # likewise
+        options["convolutions"] = convolutions
     if inductor:
         options["inductor"] = _inductor_settings(inductor)
     with _service(ctx) as c:

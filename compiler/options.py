@@ -20,6 +20,7 @@ from compiler.targets import IsaPin
 
 Mode = Literal["default", "max-autotune", "training"]
 Precision = Literal["keep", "bf16", "fp16"]
+Convolutions = Literal["library", "generated"]
 
 
 def _json_integer(value: Any) -> Any:
@@ -99,7 +100,7 @@ def weights_layout(options: dict[str, Any]) -> str:
 
 
 # Options newer than the cache key's format 2: spelled out in the canonical form (and so in the key) only when set.
-ADDED_AFTER_FORMAT_2 = ("allow_nonfinite", "embed_weights", "loss_output")
+ADDED_AFTER_FORMAT_2 = ("allow_nonfinite", "embed_weights", "loss_output", "convolutions")
 INDUCTOR_ADDED_AFTER_FORMAT_2 = ("layout_optimization",)
 
 # Set in every mode=training compile (compiler/training.py), and a factor of its key (compiler.cachekey).
@@ -146,6 +147,11 @@ class CompileOptions(BaseModel):
         "eager results must still agree, non-finite values in the same places). Off: any NaN or inf fails the check.",
     )
 
+    convolutions: Convolutions = Field(default="library", description=(
+        "library: convolutions call cuDNN (oneDNN on a CPU). generated: depthwise convolutions become generated "
+        "pointwise kernels and 1x1 convolutions matmuls, so the package builds no cuDNN plan for them on its first "
+        "call: on an H200, MobileNetV3-L's first call went from 3.9 to 0.19 s, its steady call 6 % slower "
+        "(bench/first_call.py). For services that start often. Inference only; other convolutions stay cuDNN's."))
     embed_weights: StrictBool = Field(default=False, description=(
         "Build the package with its weights inside it (self-contained), for tools that cannot bind a weights blob: "
         "torch's own aoti_load_package runs it as it is. Off: the package binds the model's one weights blob at "
@@ -155,6 +161,8 @@ class CompileOptions(BaseModel):
     def _inference_only_options(self) -> CompileOptions:
         if self.mode == "training" and (self.freezing or self.embed_weights):
             raise ValueError("freezing and embed_weights are for inference; a train step binds the caller's weights")
+        if self.mode == "training" and self.convolutions != "library":
+            raise ValueError("convolutions=generated is for inference packages; a train step keeps the library's")
         if self.mode != "training" and self.loss_output != 0:
             raise ValueError("loss_output names the loss of a training step: it needs mode=training")
         return self
@@ -197,6 +205,8 @@ class CompileOptions(BaseModel):
             configs.update(TRAINING_INDUCTOR_CONFIGS)
         if self.freezing:
             configs["freezing"] = True
+        if self.convolutions == "generated":  # with compiler.convs' depthwise lowering, in the capture stage
+            configs["conv_1x1_as_mm"] = True
         configs.update(self.inductor.configs())
         configs.update(FORCED_INDUCTOR_CONFIGS)
         return configs

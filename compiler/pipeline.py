@@ -88,7 +88,8 @@ def compile_model(
 
     ep = run("load", lambda: load_program(model_path))
     captured = run("capture", lambda: stages.capture(ep, spec, program_inputs, device, options.precision,
-                                                          autocast=options.training, training=options.training))
+                                                          autocast=options.training, training=options.training,
+                                                          generated_convs=options.convolutions == "generated"))
     report["stages"]["capture"] = captured.facts
     files.update(captured.graphs)
 

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from compiler import bounds as bounds_mod
+from compiler import convs as convs_mod
 from compiler import inputs as inputs_mod
 from compiler import isa as isa_mod
 from compiler import report as rep
@@ -143,18 +144,26 @@ def _int_or_none(v: Any) -> int | None:
 
 
 def capture(ep: torch.export.ExportedProgram, spec: Spec, program_inputs: list[dict[str, Any]], device: str,
-            precision: str = "keep", autocast: bool = False, training: bool = False) -> Captured:
+            precision: str = "keep", autocast: bool = False, training: bool = False,
+            generated_convs: bool = False) -> Captured:
     """Rewrite the ops of the uploaded program that skip bounds checks (compiler.bounds, in place: `ep` is the
     worker's own copy), then re-export it at the requested shapes: the FX graph that the rest of the pipeline sees.
+    `generated_convs` (options.convolutions="generated"): its depthwise convolutions then become pointwise ops
+    (compiler.convs).
 
     Facts: graph (nodes, histogram, code), inputs/outputs (name, dtype, shape), weights (count per kind),
     dynamic_dims (per requested range: the symbol, its range, and whether it stayed dynamic), bounds (each node
-    rewritten to a checked form, and what it became)."""
+    rewritten to a checked form, and what it became), convolutions (with generated_convs: how many were lowered,
+    how many were left to the library)."""
     t0 = time.perf_counter()
     # A train step keeps the kernels' own asserts only: AOTAutograd's joint trace cannot carry the range checks'
     # data-dependent count (.item(): DataDependentOutputException), and a training job's batches are its own.
     bounded = bounds_mod.bound_program(ep, device=None if training else device)
     special = specialize(ep, spec, program_inputs, device, precision, autocast)
+    convs: dict[str, int] = {}
+    if generated_convs:
+        special, convs["generated"] = convs_mod.lower_depthwise(special)
+        convs["left_to_library"] = convs_mod.count(special)
     seconds = time.perf_counter() - t0
     shapes = inputs_mod.hint_shapes(spec, program_inputs)
     example = inputs_mod.random_inputs(spec, shapes, device, inputs_mod.int_ranges(ep))
@@ -165,6 +174,8 @@ def capture(ep: torch.export.ExportedProgram, spec: Spec, program_inputs: list[d
         graph=_graph_block(g, "graphs/capture.py"), **_io_facts(special), dynamic_dims=_dynamic_dims(special, spec),
         example_shapes={i["name"]: s for i, s in zip(spec, shapes)}, bounds=bounded.facts(),
     )
+    if generated_convs:
+        facts["convolutions"] = convs
     return Captured(special, args, kwargs, facts, {"graphs/capture.py": g["code"]})
 
 

@@ -168,3 +168,22 @@ def export_train(model: torch.nn.Module, args: tuple[Any, ...], path: Path, dyna
     """Export in training mode (BatchNorm uses the batch's statistics and updates its running ones)."""
     torch.export.save(torch.export.export(model.train(), args, dynamic_shapes=dynamic_shapes), str(path))
     return path
+
+
+class InvertedResidual(torch.nn.Module):
+    """MobileNet's block in little: a 1x1 expansion, a depthwise 3x3 (stride 1 or 2, with a bias or not), a 1x1
+    projection, and a residual, with a plain 3x3 stem in front; what options.convolutions="generated" rewrites
+    (compiler/convs.py) and what it leaves to the library."""
+
+    def __init__(self, stride: int = 1, bias: bool = False, kernel: int = 3) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.expand = torch.nn.Conv2d(8, 16, 1)
+        self.depthwise = torch.nn.Conv2d(16, 16, kernel, stride=stride, padding=kernel // 2, groups=16, bias=bias)
+        self.project = torch.nn.Conv2d(16, 8, 1)
+        self.stride = stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.stem(x))
+        y = self.project(torch.nn.functional.hardswish(self.depthwise(torch.relu(self.expand(h)))))
+        return y + h if self.stride == 1 else y

@@ -329,6 +329,7 @@ def test_compile_requests_are_valid_exactly_when_the_schema_says(cluster: Cluste
         {"shapes": {"x": [2, 32]}, "target": "tpu"},
         {"shapes": {"x": [2, 32]}, "target": " cpu"},
         {"shapes": {"x": [2, 32]}, "options": {"freezing": 1}},
+        {"shapes": {"x": [2, 32]}, "options": {"convolutions": "cudnn"}},
     ]
     wrong = []
     for body in bodies:

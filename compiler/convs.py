@@ -1,0 +1,84 @@
+"""Depthwise convolutions lowered to pointwise ATen ops, so that a package calls no cuDNN for them
+(`options.convolutions="generated"`).
+
+An Inductor package runs its convolutions through cuDNN, and cuDNN builds an execution plan per channels-last
+convolution shape on the process's first call, about 44 ms each: MobileNetV3-L's first call took 3.9 s that way on
+an H200, most of it in its depthwise convolutions (bench/first_call.py). A depthwise convolution (one filter per
+channel) is a sum of kh*kw shifted, strided slices of the padded input, each scaled by one weight column; Inductor
+fuses that into one pointwise kernel (Triton on a GPU, C++ on a CPU), which needs no plan at first call. The 1x1
+convolutions become matmuls (Inductor's `conv_1x1_as_mm`, compiler.options), whose cuBLAS handle is made once.
+
+`lower_depthwise(ep)` returns a new exported program with every 2-D depthwise convolution of static channels and
+spatial size (the batch may be dynamic) rewritten that way, other convolutions untouched, and how many it rewrote.
+bf16/fp16 inputs accumulate in float32 and are cast back at the end, so the numerics are at least as good as
+cuDNN's. At most MAX_TAPS taps a convolution: the unrolled kernel's size is bounded whatever an upload holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+MAX_TAPS = 49  # kh*kw above this: a real convolution kernel wins, leave it to cuDNN
+_CONVS = (torch.ops.aten.convolution.default, torch.ops.aten.conv2d.default)
+
+
+def _depthwise(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
+               padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
+               groups: int) -> Any:
+    """aten.convolution as a sum of strided slices when it is a static 2-D depthwise one; NotImplemented if not."""
+    if transposed or x.dim() != 4 or w.dim() != 4:
+        return NotImplemented
+    sizes = (*x.shape[1:], *w.shape, *stride, *padding, *dilation, groups)
+    if not all(isinstance(s, int) for s in sizes):
+        return NotImplemented  # a symbolic channel or spatial size (a dynamic batch is fine: no tap depends on it)
+    _, c, h, wd = x.shape
+    _, one, kh, kw = w.shape
+    if groups != c or w.shape[0] != c or one != 1 or kh * kw > MAX_TAPS:
+        return NotImplemented
+    sh, sw = (stride[0], stride[-1])
+    ph, pw = (padding[0], padding[-1])
+    dh, dw = (dilation[0], dilation[-1])
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    low = x.dtype in (torch.bfloat16, torch.float16)
+    acc_dtype = torch.float32 if low else x.dtype
+    xp = torch.ops.aten.constant_pad_nd.default(x, [pw, pw, ph, ph], 0.0) if ph or pw else x
+    xp = xp.to(acc_dtype)
+    wf = w.to(acc_dtype)
+    out: torch.Tensor | None = None
+    for i in range(kh):
+        for j in range(kw):
+            tap = xp[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
+            term = tap * wf[:, 0, i, j].view(1, c, 1, 1)
+            out = term if out is None else out + term
+    assert out is not None
+    if bias is not None:
+        out = out + bias.to(acc_dtype).view(1, c, 1, 1)
+    return out.to(x.dtype)
+
+
+def _depthwise2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+                 stride: Sequence[int] = (1, 1), padding: Sequence[int] = (0, 0), dilation: Sequence[int] = (1, 1),
+                 groups: int = 1) -> Any:
+    """aten.conv2d (which torch.export keeps, and run_decompositions keeps unless told) the same way."""
+    return _depthwise(x, w, bias, stride, padding, dilation, False, (0, 0), groups)
+
+
+def count(ep: torch.export.ExportedProgram) -> int:
+    """The program's convolutions (what cuDNN, or oneDNN on a CPU, runs)."""
+    return sum(1 for n in ep.graph.nodes if n.op == "call_function" and n.target in _CONVS)
+
+
+def lower_depthwise(ep: torch.export.ExportedProgram) -> tuple[torch.export.ExportedProgram, int]:
+    """`ep` with its 2-D depthwise convolutions as pointwise ATen ops, and how many convolutions were rewritten.
+
+    Both aten.convolution and aten.conv2d (what torch.export leaves) are handled; for any other convolution the
+    decomposition returns NotImplemented, so it stays in the graph as it was. Nothing else is decomposed.
+    """
+    before = count(ep)
+    new = ep.run_decompositions({torch.ops.aten.convolution.default: _depthwise,
+                                 torch.ops.aten.conv2d.default: _depthwise2d})
+    return new, before - count(new)

@@ -1,0 +1,100 @@
+"""options.convolutions="generated" (compiler/convs.py): depthwise convolutions lowered to pointwise ops, so that a
+package builds no cuDNN plan for them at its first call. The rewrite is exact where it applies, leaves every other
+convolution alone, keeps a dynamic batch dynamic, and a real compile with it passes the check against the upload."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from compiler import convs
+from compiler.check import check_artifact
+from compiler.options import CompileOptions
+from compiler.pipeline import compile_model
+from modelzoo import InvertedResidual, export, seeded
+
+
+class _Mixed(torch.nn.Module):
+    """Depthwise convolutions of every kind the rewrite takes, beside ones it must leave: grouped (not depthwise),
+    a channel multiplier of 2, a kernel above MAX_TAPS, a plain one and a 1x1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken = torch.nn.ModuleList([
+            torch.nn.Conv2d(8, 8, 3, padding=1, groups=8),
+            torch.nn.Conv2d(8, 8, 5, stride=2, padding=2, groups=8, bias=False),
+            torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=8),
+            torch.nn.Conv2d(8, 8, (1, 7), padding=(0, 3), groups=8),
+        ])
+        self.left = torch.nn.ModuleList([
+            torch.nn.Conv2d(8, 8, 3, padding=1, groups=2),
+            torch.nn.Conv2d(8, 16, 3, padding=1, groups=8),
+            torch.nn.Conv2d(8, 8, 9, padding=4, groups=8),
+            torch.nn.Conv2d(8, 8, 3, padding=1),
+            torch.nn.Conv2d(8, 8, 1),
+        ])
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [m(x) for m in self.taken] + [m(x) for m in self.left]
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_depthwise_convolutions_become_pointwise_and_give_what_eager_gives(dtype, atol):
+    model = seeded(_Mixed, 0).to(dtype)
+    x = torch.randn(2, 8, 13, 11, dtype=dtype)
+    ep = torch.export.export(model, (x,))
+    lowered, n = convs.lower_depthwise(ep)
+    assert n == 4 and convs.count(lowered) == 5  # the four depthwise ones, and only they
+    with torch.no_grad():
+        want, got = model(x), lowered.module()(x)
+    for w, g in zip(want, got):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        torch.testing.assert_close(g.float(), w.float(), atol=atol, rtol=atol)
+
+
+def test_a_dynamic_batch_stays_dynamic():
+    model = seeded(InvertedResidual, 1, stride=2, bias=True)
+    batch = torch.export.Dim("batch", min=1, max=16)
+    ep = torch.export.export(model, (torch.randn(2, 3, 16, 16),), dynamic_shapes={"x": {0: batch}})
+    lowered, n = convs.lower_depthwise(ep)
+    assert n == 1 and convs.count(lowered) == 3  # the stem and the two 1x1s stay (Inductor's conv_1x1_as_mm)
+    for b in (1, 5):
+        x = torch.randn(b, 3, 16, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(lowered.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_options_spell_it_only_when_asked_and_keep_it_to_inference():
+    assert "convolutions" not in CompileOptions().canonical()  # old keys unchanged
+    assert "conv_1x1_as_mm" not in CompileOptions().inductor_configs()
+    generated = CompileOptions(convolutions="generated")
+    assert generated.canonical()["convolutions"] == "generated"
+    assert generated.inductor_configs()["conv_1x1_as_mm"] is True
+    with pytest.raises(ValueError, match="convolutions=generated is for inference packages"):
+        CompileOptions(mode="training", convolutions="generated")
+    with pytest.raises(ValueError):
+        CompileOptions(convolutions="cudnn")
+
+
+@pytest.mark.slow
+def test_a_generated_convolutions_package_runs_no_library_depthwise_and_passes_the_check(tmp_path):
+    """A real compile on the CPU: the capture stage says what it lowered, the generated code calls the library for
+    the stem alone (the 1x1s are matmuls), and the check against the upload passes at both ends of the batch's
+    range, the package following its bound weights."""
+    spec = [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 4}, 3, 16, 16]}]
+    batch = torch.export.Dim("batch", min=1, max=4)
+    path = export(seeded(InvertedResidual, 2), (torch.randn(2, 3, 16, 16),), tmp_path / "m.pt2",
+                  dynamic_shapes={"x": {0: batch}})
+    result = compile_model(str(path), spec, spec, CompileOptions(convolutions="generated"), "cpu",
+                           str(tmp_path / "a.pt2"))
+    report = json.loads(open(result["report"]).read())
+    assert report["stages"]["capture"]["convolutions"] == {"generated": 1, "left_to_library": 3}
+    assert report["options"]["convolutions"] == "generated"
+    externs = report["stages"]["fusion"]["externs"]
+    library = [e["kernel"] for e in externs if "conv" in str(e["kernel"]).lower()]
+    assert len(library) == 1, externs  # the stem
+    check = check_artifact(str(path), result["package"], spec, "cpu")
+    assert check["passed"] and check["weights"]["perturbed"]["ok"], check  # it reads the depthwise weights it binds
+    assert {p["shapes"]["x"][0] for p in check["points"]} >= {1, 4} and check["max_abs_err"] < 1e-4
