@@ -63,9 +63,9 @@ def _refuses(package: Path, code: str) -> None:
                                      or "RuntimeError" in done.stderr), done.stderr[-2000:]
 
 
-def test_an_unsafe_index_package_for_cuda_refuses_out_of_range_indices(gpu_worker, client, tmp_path):
+def test_an_unsafe_index_package_for_cuda_refuses_out_of_range_indices(gpu_compile, client, tmp_path):
     path = export(UnsafeIndex(), (torch.randn(16, 4), torch.zeros(8, dtype=torch.long)), tmp_path / "ui.pt2")
-    art = client.compile(path, {"x": [16, 4], "i": [8]}, target=gpu_worker["target"], timeout=1200)
+    art = gpu_compile(path, {"x": [16, 4], "i": [8]}, timeout=1200)
     adv = art.meta["check"]["adversarial"]
     assert adv["failures"] == [] and adv["oracle"] == "eager on a CPU copy of the program"
     assert adv["outcomes"] == {"refused": 12, "agreed": 14}
@@ -85,7 +85,7 @@ def test_an_unsafe_index_package_for_cuda_refuses_out_of_range_indices(gpu_worke
         _refuses(package, f"fn(torch.randn(16, 4, device='cuda'), torch.tensor({bad}, device='cuda'))")
 
 
-def test_masked_scatter_scatter_add_and_max_unpool_on_cuda_refuse_what_eager_refuses(gpu_worker, client, tmp_path):
+def test_masked_scatter_scatter_add_and_max_unpool_on_cuda_refuse_what_eager_refuses(gpu_compile, client, tmp_path):
     torch.manual_seed(3)
     _, ind = torch.nn.functional.max_pool2d(torch.randn(1, 2, 8, 8), 2, return_indices=True)
     mask = torch.zeros(16, dtype=torch.bool)
@@ -96,7 +96,7 @@ def test_masked_scatter_scatter_add_and_max_unpool_on_cuda_refuse_what_eager_ref
                                     torch.zeros(4, dtype=torch.long)))
     path = export(Divergent(), args, tmp_path / "div.pt2")
     shapes = {"x": [1, 2, 4, 4], "ind": [1, 2, 4, 4], "y": [16], "mask": [16], "src": [12], "idx": [4]}
-    art = client.compile(path, shapes, target=gpu_worker["target"], timeout=1200)
+    art = gpu_compile(path, shapes, timeout=1200)
     assert art.meta["check"]["adversarial"]["failures"] == []
     package = _pull(client, art.key, tmp_path / "div-cuda.pt2")
     setup = ("torch.manual_seed(3); ind = torch.nn.functional.max_pool2d(torch.randn(1, 2, 8, 8), 2, "

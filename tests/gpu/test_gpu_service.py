@@ -14,7 +14,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_conv_net_on_gpu(gpu_worker, client, tmp_path, dtype):
+def test_conv_net_on_gpu(gpu_worker, gpu_compile, client, tmp_path, dtype):
     assert gpu_worker["target"].startswith("cuda-sm")
     assert gpu_worker["toolchain"]["triton"] and gpu_worker["toolchain"]["cuda"]
     # fp32 is exported on the CPU (the common case: export anywhere, compile for the GPU); bf16 on the GPU.
@@ -24,7 +24,7 @@ def test_conv_net_on_gpu(gpu_worker, client, tmp_path, dtype):
         model, x = model.cuda(), x.cuda()
     path = export(model, (x,), tmp_path / "conv.pt2")
     model, x = model.cuda(), x.cuda()
-    art = client.compile(path, {"x": [4, 3, 32, 32]}, target="cuda")
+    art = gpu_compile(path, {"x": [4, 3, 32, 32]}, target="cuda")
     assert art.meta["factors"]["target"] == gpu_worker["target"]
     assert art.meta["check"]["passed"] and art.meta["check"]["device"].startswith("cuda")
     fn = client.load(art, device="cuda:0")
@@ -32,11 +32,11 @@ def test_conv_net_on_gpu(gpu_worker, client, tmp_path, dtype):
         _close(fn(x), model(x), dtype)
 
 
-def test_dynamic_batch_mlp_on_gpu(gpu_worker, client, tmp_path):
+def test_dynamic_batch_mlp_on_gpu(gpu_compile, client, tmp_path):
     model = seeded(MLP, 22).to("cuda")
     batch = torch.export.Dim("batch", min=1, max=512)
     path = export(model, (torch.randn(8, 32, device="cuda"),), tmp_path / "mlp.pt2", dynamic_shapes={"x": {0: batch}})
-    art = client.compile(path, {"x": [{"min": 1, "max": 256}, 32]}, target=gpu_worker["target"])
+    art = gpu_compile(path, {"x": [{"min": 1, "max": 256}, 32]})
     assert art.meta["dynamic_dims"] == [{"input": "x", "dim": 0, "min": 1, "max": 256}]
     fn = client.load(art, device="cuda:0")
     with torch.no_grad():
