@@ -23,7 +23,8 @@ and as soon as they have registered all N jobs are submitted at once. Reported:
   Each quiet process records the core it ran on and that core's clock (`cpu`, `mhz`), and the JSON has the host's
   cores (`host`: SMT siblings, package, clock). `--quiet-repeat N` times every artifact in N fresh processes, in
   rounds: `reference` says how many pairs of one artifact's quiet runs agree within 10 %, the most that can be
-  asked of the worker's figure against one quiet run.
+  asked of the worker's figure against one quiet run. `--quiet-windows N` takes each quiet figure as the workers
+  take theirs under AOTC_TIMING_WINDOWS=N (`--env`): N windows of 1/N of the calls, in turn, the smallest kept.
 """
 
 from __future__ import annotations
@@ -48,29 +49,46 @@ import json, sys
 import torch
 from bench.farmkit import cpu_of, time_call
 from client import Client
-model_path, key, url, device = sys.argv[1:5]
+model_path, key, url, device, windows = sys.argv[1:6]
+windows = int(windows)
+rep_ms = 200.0 / windows
 eager = torch.export.load(model_path).module()
 inputs = tuple(t.to(device) for t in torch.load(model_path + ".inputs.pt"))
+cuda = device.startswith("cuda")
 
-out = {}
+fns = {"eager_ms": lambda: eager(*inputs)}
+got = {"eager_ms": []}
 with torch.inference_mode():
-    out["eager_ms"] = time_call(lambda: eager(*inputs), device)
+    # eager before any package loads; on a CPU all its windows (a package's OpenMP runtime would slow it)
+    for _ in range(1 if cuda else windows):
+        got["eager_ms"].append(time_call(fns["eager_ms"], device, rep_ms))
+    if not cuda:
+        del fns["eager_ms"]
     with Client(url, timeout=300) as c:
         plain = c.load(key, device=device)
-        out["compiled_ms"] = time_call(lambda: plain(*inputs), device)
-        if device.startswith("cuda"):
+        fns["compiled_ms"] = lambda: plain(*inputs)
+        if cuda:
             graphs = c.load(key, device=device, cuda_graphs=True)
-            out["graph_ms"] = time_call(lambda: graphs(*inputs), device)
+            fns["graph_ms"] = lambda: graphs(*inputs)
+        for k in fns:
+            if k != "eager_ms":
+                got[k] = [time_call(fns[k], device, rep_ms)]
+        for _ in range(windows - 1):  # the other windows, in turn
+            for k, fn in fns.items():
+                got[k].append(time_call(fn, device, rep_ms))
+out = {k: min(v) for k, v in got.items()}
+if windows > 1:
+    out["windows"] = got
 out["cpu"], out["mhz"] = cpu_of()  # where this process sat: the host sets eager's figure at a serving batch
 print(json.dumps(out))
 """
 FIGURES = ("eager_ms", "compiled_ms", "graph_ms")
 
 
-def quiet(model: Path, key: str, url: str, device: str) -> dict[str, Any]:
+def quiet(model: Path, key: str, url: str, device: str, windows: int = 1) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run([sys.executable, "-c", QUIET, str(model), key, url, device], env=env, capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-c", QUIET, str(model), key, url, device, str(windows)], env=env,
+                          capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         return {"error": done.stderr[-1500:]}
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -105,6 +123,9 @@ def main() -> int:
                     "order, one per model first): the quiet pass costs 20-30 s per artifact on a GPU")
     ap.add_argument("--quiet-repeat", type=int, default=1, help="time each artifact quietly in this many fresh "
                     "processes, in rounds over all of them: how far the quiet reference agrees with itself")
+    ap.add_argument("--quiet-windows", type=int, default=1, help="time each quiet figure in this many windows of "
+                    "1/N of the calls, in turn, and keep the smallest: the reference taken as AOTC_TIMING_WINDOWS "
+                    "takes the worker's figures (give both the same N)")
     ap.add_argument("--work", type=Path, default=None, help="keep the service's data here (default: a temp dir)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
@@ -117,7 +138,8 @@ def main() -> int:
     extra = {"AOTC_COMPILE_TIMEOUT_S": "3600", **dict(e.split("=", 1) for e in a.env)}
     jobs = [(names[i % len(names)], i // len(names)) for i in range(a.jobs)]
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": a.device, "cpus": os.cpu_count(),
-                              "workers": a.workers, "jobs": a.jobs, "env": extra, "host": host_cpus()}
+                              "workers": a.workers, "jobs": a.jobs, "env": extra, "host": host_cpus(),
+                              "quiet_windows": a.quiet_windows}
 
     def save() -> None:  # after the compiles and after each quiet figure: a run cut off keeps what it measured
         a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -206,7 +228,7 @@ def main() -> int:
                 chosen = sorted(ok, key=lambda r: (r["seed"], rows.index(r)))[:a.quiet_max]
                 for rep in range(max(1, a.quiet_repeat)):
                     for r in chosen:
-                        q = quiet(Path(r["path"]), r["key"], svc.url, a.device)
+                        q = quiet(Path(r["path"]), r["key"], svc.url, a.device, a.quiet_windows)
                         r.setdefault("quiet_runs", []).append(q)
                         print(f"{r['model']} seed {r['seed']}: worker {r['check']} quiet {q}", flush=True)
                         if rep == 0:  # the worker's figure against the first quiet run, as before the repeats

@@ -232,17 +232,17 @@ def job_error(job: dict[str, Any], limit: int = 2000) -> dict[str, str | None] |
             for k in ("type", "stage", "message", "excerpt")}
 
 
-def time_call(fn: Any, device: str) -> float:
-    """One call's time in ms as the quiet passes take it: triton's `do_bench` (median) on a GPU, a median of timed
-    calls (at least 10, up to 200 in 2 s, after 3 untimed) on a CPU."""
+def time_call(fn: Any, device: str, rep_ms: float = 200.0) -> float:
+    """One call's time in ms as the quiet passes take it: triton's `do_bench` (median, `rep_ms` of calls) on a GPU,
+    a median of timed calls (at least 10, up to 200 in 10 x `rep_ms`, after 3 untimed) on a CPU."""
     if device.startswith("cuda"):
         from triton.testing import do_bench
 
-        return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+        return float(do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
     for _ in range(3):
         fn()
     times: list[float] = []
-    deadline = time.perf_counter() + 2.0
+    deadline = time.perf_counter() + rep_ms / 100
     while len(times) < 10 or (time.perf_counter() < deadline and len(times) < 200):
         t0 = time.perf_counter()
         fn()

@@ -81,8 +81,12 @@ def untimed() -> Iterator[None]:
         _UNTIMED.reset(token)
 
 
-def measure(fn: Callable[[], Any], device: str, *, warmup_ms: float = 100.0, rep_ms: float = 400.0,
-            min_reps: int = 10, max_reps: int = 2000, budget_s: float = 4.0) -> dict[str, Any]:
+MEASURE_WARMUP_MS, MEASURE_REP_MS = 100.0, 400.0  # `measure`'s warm-up and timed calls, by default
+
+
+def measure(fn: Callable[[], Any], device: str, *, warmup_ms: float = MEASURE_WARMUP_MS,
+            rep_ms: float = MEASURE_REP_MS, min_reps: int = 10, max_reps: int = 2000,
+            budget_s: float = 4.0) -> dict[str, Any]:
     """Milliseconds per call of `fn`, as do_bench takes them: estimate from 5 calls (1 if it is slow), warm up for
     `warmup_ms` (at least 3 calls), then time as many calls as fill `rep_ms` (between `min_reps` and `max_reps`,
     fewer when a call is so slow that `budget_s` would not hold them, but at least 3). On CUDA each call sits between
@@ -235,11 +239,12 @@ def compare(expected: Any, actual: Any, min_tolerance: float = 0.0, allow_nonfin
 GRAPH_PAYS = 0.95
 
 
-def eager_cases(model_path: str, spec: inputs_mod.Spec, device: str, seed: int
+def eager_cases(model_path: str, spec: inputs_mod.Spec, device: str, seed: int, rep_ms: float = MEASURE_REP_MS
                 ) -> tuple[Any, torch.nn.Module, list[tuple[str, Any, tuple, dict, Any, dict[str, Any]]]]:
     """The program, its eager module on `device`, and per point of `spec` (label, shapes, args, kwargs, eager's
-    output, eager's `measure`). Eager runs first, for every point, before any package is loaded: on CPUs a package
-    brings its own OpenMP runtime, and two runtimes spinning on the same cores would slow whichever runs second."""
+    output, eager's `measure` over `rep_ms`). Eager runs first, for every point, before any package is loaded: on
+    CPUs a package brings its own OpenMP runtime, and two runtimes spinning on the same cores would slow whichever
+    runs second."""
     ep = load_program(model_path)
     eager = ep.module()
     eager.to(device)
@@ -250,7 +255,7 @@ def eager_cases(model_path: str, spec: inputs_mod.Spec, device: str, seed: int
         args, kwargs = inputs_mod.call_args(ep, flat)
         with torch.inference_mode():
             expected = eager(*args, **kwargs)
-            eager_t = measure(lambda: eager(*args, **kwargs), device)  # noqa: B023  (measured here, not later)
+            eager_t = measure(lambda: eager(*args, **kwargs), device, rep_ms=rep_ms)  # noqa: B023  (here, not later)
         cases.append((label, shapes, args, kwargs, expected, eager_t))
     return ep, eager, cases
 

@@ -157,7 +157,8 @@ def main(jobdir: str, kind: str) -> int:
             asked = task.get("options") or {}
             result = time_artifact(task["model_path"], task["package_path"], task["spec"], task["device"],
                                    precision=asked.get("precision", "keep"),
-                                   allow_nonfinite=bool(asked.get("allow_nonfinite", False)))
+                                   allow_nonfinite=bool(asked.get("allow_nonfinite", False)),
+                                   windows=int(task.get("windows", 1)))
         elif kind == "warmup":
             result = _warm_up(task, d)
         else:  # probe: the handshake is all it does

@@ -623,8 +623,10 @@ class JobRunner:
         """Whether a check that holds the device lock takes the figures itself (one child fewer: no timing pass).
         With AOTC_TIMING_PASS=alone, only while no other live worker shares this device: one that does would wait
         for the lock through this whole check, not just a timing pass; the figures are taken under the lock
-        either way."""
+        either way. Never with AOTC_TIMING_WINDOWS above 1: only the timing pass takes windows."""
         mode = self.settings.timing_pass
+        if self.settings.timing_windows > 1:  # windows are the timing pass's (compiler/timing.py)
+            return False
         if mode != "alone":
             return mode == "auto"
         try:
@@ -644,7 +646,8 @@ class JobRunner:
         self._set_stage(job_id, "timing")  # while it waits for the lock too
         lock = lock_path(self.settings.data_dir, task["device"]) if self.settings.check_exclusive else None
         with exclusive(lock, self.settings.check_timeout_s, cancelled, announce=self._pauses(task["device"])) as held:
-            timed = run({"kind": "time", **task, "cpus": self.cpus.for_kind("time")}, workdir,
+            timed = run({"kind": "time", **task, "cpus": self.cpus.for_kind("time"),
+                         "windows": self.settings.timing_windows}, workdir,
                         timeout_s=self.settings.check_timeout_s)
         seconds = round(timed.seconds, 3)
         if timed.cancelled or (timed.failure is not None and timed.failure.type in ("BrokenEnvironment", "DiskFull")):
@@ -652,8 +655,9 @@ class JobRunner:
         if not timed.ok:
             log.warning("job %s: the timing pass failed; the check's own figures stay: %s", job_id, timed.failure)
             return speed.with_timing(check, None, {**held, "pass": "failed"}), seconds, held["waited_s"]
+        windows = {"windows": self.settings.timing_windows} if self.settings.timing_windows > 1 else {}
         return (speed.with_timing(check, timed.result, {**held, "seconds": seconds, "cores": {"timing": timed.cpus},
-                                                        "compiles": self._compiles(task["device"])}),
+                                                        "compiles": self._compiles(task["device"]), **windows}),
                 seconds, held["waited_s"])
 
     def _sign(self, job: dict[str, Any], package: Path, check: dict[str, Any] | None,

@@ -76,6 +76,12 @@ class WorkerSettings(StorageSettings):
         "(one child fewer, for a worker alone on its device), else as separate. alone: as auto while the registry "
         "shows no other live worker on this host and device, else as separate. The record's check.timing says "
         "which ran.")
+    timing_windows: int = Field(
+        default=1, ge=1, le=16, description="Each latency figure taken in this many windows (each 1/N of the calls), "
+        "interleaved in rounds, and the window with the smallest median kept, with every window's median beside it "
+        "(compiler/timing.py). On one H200 eager's figure followed the moment it was taken, by a median 1.4-1.5x "
+        "on every core, while its smallest held (bench/host_noise.py). Above 1 the figures always come from the "
+        "timing pass, never the check (as AOTC_TIMING_PASS=separate). 1: one window, the median, as do_bench.")
     timing_cpus: str = Field(
         default="auto", description="Cores kept for the timing pass (worker/cpus.py): the timing child runs on them "
         "and every other child (compiles, untimed checks) on the rest, so that eager's figures, which the host's "

@@ -54,3 +54,12 @@ def test_the_other_modes_ignore_the_registry(runner: JobRunner, store: Store, mo
     _register(store, "farm-test-other")
     runner.settings = runner.settings.model_copy(update={"timing_pass": mode})
     assert runner._times_itself() is expected
+
+
+@pytest.mark.parametrize("mode", ["alone", "auto"])
+def test_windows_always_take_the_timing_pass(runner: JobRunner, store: Store, mode: str) -> None:
+    """AOTC_TIMING_WINDOWS above 1: only the timing pass takes windows (compiler/timing.py), so a check never times
+    itself, alone on its device or not."""
+    _register(store, "farm-test-me")
+    runner.settings = runner.settings.model_copy(update={"timing_pass": mode, "timing_windows": 3})
+    assert not runner._times_itself()
