@@ -17,11 +17,16 @@ cuDNN's. At most MAX_TAPS taps a convolution: the unrolled kernel's size is boun
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 MAX_TAPS = 49  # kh*kw above this: a real convolution kernel wins, leave it to cuDNN
+# The most taps one program's depthwise convolutions may have together to be lowered. Each tap is a few graph nodes,
+# so without a bound an upload of many depthwise convolutions would multiply the graph Inductor compiles by up to
+# ~300x (the sandbox's limits would end that compile, after its time). Real models are far below: ConvNeXt-T has
+# 882 taps, MobileNetV3-L 231. A program above it is left as it is, and the capture stage's facts say why.
+MAX_PROGRAM_TAPS = 10_000
 _CONVS = (torch.ops.aten.convolution.default, torch.ops.aten.conv2d.default)
 
 
@@ -29,15 +34,10 @@ def _depthwise(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stri
                padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
                groups: int) -> Any:
     """aten.convolution as a sum of strided slices when it is a static 2-D depthwise one; NotImplemented if not."""
-    if transposed or x.dim() != 4 or w.dim() != 4:
+    if not _taps(x, w, transposed, groups) or not all(isinstance(v, int) for v in (*stride, *padding, *dilation)):
         return NotImplemented
-    sizes = (*x.shape[1:], *w.shape, *stride, *padding, *dilation, groups)
-    if not all(isinstance(s, int) for s in sizes):
-        return NotImplemented  # a symbolic channel or spatial size (a dynamic batch is fine: no tap depends on it)
     _, c, h, wd = x.shape
-    _, one, kh, kw = w.shape
-    if groups != c or w.shape[0] != c or one != 1 or kh * kw > MAX_TAPS:
-        return NotImplemented
+    _, _, kh, kw = w.shape
     sh, sw = (stride[0], stride[-1])
     ph, pw = (padding[0], padding[-1])
     dh, dw = (dilation[0], dilation[-1])
@@ -67,18 +67,57 @@ def _depthwise2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     return _depthwise(x, w, bias, stride, padding, dilation, False, (0, 0), groups)
 
 
+def _taps(x: Any, w: Any, transposed: bool, groups: Any) -> int:
+    """kh*kw of a convolution this module lowers (2-D, depthwise, static channels and spatial size, at most
+    MAX_TAPS), else 0."""
+    if transposed or not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.dim() != 4 \
+            or w.dim() != 4:
+        return 0
+    if not all(isinstance(v, int) for v in (*x.shape[1:], *w.shape, groups)):
+        return 0  # a symbolic channel or spatial size (a dynamic batch is fine: no tap depends on it)
+    c, (out, one, kh, kw) = x.shape[1], w.shape
+    return kh * kw if groups == c == out and one == 1 and kh * kw <= MAX_TAPS else 0
+
+
+def _planned_taps(ep: torch.export.ExportedProgram) -> int:
+    """The taps of all the convolutions `lower_depthwise` would lower, read off the graph's example values."""
+    total = 0
+    for n in ep.graph.nodes:
+        if n.op != "call_function" or n.target not in _CONVS:
+            continue
+        args = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in n.args]
+        if n.target is torch.ops.aten.conv2d.default:  # (input, weight, bias, stride, padding, dilation, groups)
+            transposed, groups = False, args[6] if len(args) > 6 else n.kwargs.get("groups", 1)
+        else:  # convolution: (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+            transposed, groups = bool(args[6]), args[8]
+        total += _taps(args[0], args[1], transposed, groups)
+    return total
+
+
+class Lowering(NamedTuple):
+    program: torch.export.ExportedProgram
+    lowered: int  # convolutions rewritten
+    taps: int  # their taps together (what the graph grew by, in multiply-adds per output element)
+    note: str | None = None  # why none was, where the program is above MAX_PROGRAM_TAPS
+
+
 def count(ep: torch.export.ExportedProgram) -> int:
     """The program's convolutions (what cuDNN, or oneDNN on a CPU, runs)."""
     return sum(1 for n in ep.graph.nodes if n.op == "call_function" and n.target in _CONVS)
 
 
-def lower_depthwise(ep: torch.export.ExportedProgram) -> tuple[torch.export.ExportedProgram, int]:
-    """`ep` with its 2-D depthwise convolutions as pointwise ATen ops, and how many convolutions were rewritten.
+def lower_depthwise(ep: torch.export.ExportedProgram, max_taps: int = MAX_PROGRAM_TAPS) -> Lowering:
+    """`ep` with its 2-D depthwise convolutions as pointwise ATen ops, unless their taps together are more than
+    `max_taps` (then `ep` itself, and the note says so).
 
     Both aten.convolution and aten.conv2d (what torch.export leaves) are handled; for any other convolution the
     decomposition returns NotImplemented, so it stays in the graph as it was. Nothing else is decomposed.
     """
+    taps = _planned_taps(ep)
+    if taps > max_taps:
+        return Lowering(ep, 0, 0, f"none lowered: the depthwise convolutions have {taps} taps together, more than "
+                                  f"the {max_taps} one program may lower")
     before = count(ep)
     new = ep.run_decompositions({torch.ops.aten.convolution.default: _depthwise,
                                  torch.ops.aten.conv2d.default: _depthwise2d})
-    return new, before - count(new)
+    return Lowering(new, before - count(new), taps)

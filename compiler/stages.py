@@ -160,10 +160,12 @@ def capture(ep: torch.export.ExportedProgram, spec: Spec, program_inputs: list[d
     # data-dependent count (.item(): DataDependentOutputException), and a training job's batches are its own.
     bounded = bounds_mod.bound_program(ep, device=None if training else device)
     special = specialize(ep, spec, program_inputs, device, precision, autocast)
-    convs: dict[str, int] = {}
+    convs: dict[str, Any] = {}
     if generated_convs:
-        special, convs["generated"] = convs_mod.lower_depthwise(special)
-        convs["left_to_library"] = convs_mod.count(special)
+        lowering = convs_mod.lower_depthwise(special)
+        special = lowering.program
+        convs = {"generated": lowering.lowered, "taps": lowering.taps, "left_to_library": convs_mod.count(special),
+                 **({"note": lowering.note} if lowering.note else {})}
     seconds = time.perf_counter() - t0
     shapes = inputs_mod.hint_shapes(spec, program_inputs)
     example = inputs_mod.random_inputs(spec, shapes, device, inputs_mod.int_ranges(ep))

@@ -45,8 +45,9 @@ def test_depthwise_convolutions_become_pointwise_and_give_what_eager_gives(dtype
     model = seeded(_Mixed, 0).to(dtype)
     x = torch.randn(2, 8, 13, 11, dtype=dtype)
     ep = torch.export.export(model, (x,))
-    lowered, n = convs.lower_depthwise(ep)
-    assert n == 4 and convs.count(lowered) == 5  # the four depthwise ones, and only they
+    lowered, n, taps, note = convs.lower_depthwise(ep)
+    assert n == 4 and taps == 9 + 25 + 9 + 7 and note is None
+    assert convs.count(lowered) == 5  # the four depthwise ones, and only they
     with torch.no_grad():
         want, got = model(x), lowered.module()(x)
     for w, g in zip(want, got):
@@ -58,7 +59,7 @@ def test_a_dynamic_batch_stays_dynamic():
     model = seeded(InvertedResidual, 1, stride=2, bias=True)
     batch = torch.export.Dim("batch", min=1, max=16)
     ep = torch.export.export(model, (torch.randn(2, 3, 16, 16),), dynamic_shapes={"x": {0: batch}})
-    lowered, n = convs.lower_depthwise(ep)
+    lowered, n, _, _ = convs.lower_depthwise(ep)
     assert n == 1 and convs.count(lowered) == 3  # the stem and the two 1x1s stay (Inductor's conv_1x1_as_mm)
     for b in (1, 5):
         x = torch.randn(b, 3, 16, 16)
@@ -90,7 +91,7 @@ def test_a_generated_convolutions_package_runs_no_library_depthwise_and_passes_t
     result = compile_model(str(path), spec, spec, CompileOptions(convolutions="generated"), "cpu",
                            str(tmp_path / "a.pt2"))
     report = json.loads(open(result["report"]).read())
-    assert report["stages"]["capture"]["convolutions"] == {"generated": 1, "left_to_library": 3}
+    assert report["stages"]["capture"]["convolutions"] == {"generated": 1, "taps": 9, "left_to_library": 3}
     assert report["options"]["convolutions"] == "generated"
     externs = report["stages"]["fusion"]["externs"]
     library = [e["kernel"] for e in externs if "conv" in str(e["kernel"]).lower()]
@@ -98,3 +99,17 @@ def test_a_generated_convolutions_package_runs_no_library_depthwise_and_passes_t
     check = check_artifact(str(path), result["package"], spec, "cpu")
     assert check["passed"] and check["weights"]["perturbed"]["ok"], check  # it reads the depthwise weights it binds
     assert {p["shapes"]["x"][0] for p in check["points"]} >= {1, 4} and check["max_abs_err"] < 1e-4
+
+
+def test_the_taps_one_program_may_lower_are_bounded():
+    """A hostile upload of many depthwise convolutions cannot multiply the graph Inductor compiles without bound: a
+    program whose depthwise taps together pass the bound is left as uploaded (each convolution a few nodes), and
+    says why."""
+    model = torch.nn.Sequential(*[torch.nn.Conv2d(4, 4, 7, padding=3, groups=4) for _ in range(3)]).eval()
+    ep = torch.export.export(model, (torch.randn(1, 4, 9, 9),))
+    kept = convs.lower_depthwise(ep, max_taps=146)  # three 7x7s: 147 taps
+    assert kept.program is ep and kept.lowered == 0 and convs.count(kept.program) == 3
+    assert kept.note == "none lowered: the depthwise convolutions have 147 taps together, more than the 146 one " \
+                        "program may lower"
+    assert convs.lower_depthwise(ep, max_taps=147).lowered == 3
+    assert convs.MAX_PROGRAM_TAPS >= 882  # ConvNeXt-T's, the most of the zoo's models
