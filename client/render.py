@@ -166,6 +166,11 @@ def report_notes(key: str, report: dict[str, Any]) -> list[str]:
                  else f"was specialised to {d.get('specialized_to')}")
         lines.append(f"dynamic dim: {d['input']} dim {d['dim']} (asked {d['requested']['min']}.."
                      f"{d['requested']['max']}) {state}")
+    convs = st.get("capture", {}).get("convolutions")
+    if convs:  # options.convolutions=generated (compiler/convs.py)
+        lines.append(printable(convs.get("note") or f"convolutions: {convs.get('generated')} depthwise lowered to "
+                               f"generated kernels ({convs.get('taps')} taps), {convs.get('left_to_library')} left "
+                               "to the library"))
     ag = st.get("autograd", {})
     if ag.get("inplace_ops"):
         lines.append("in-place ops removed by functionalisation: "

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from client.render import report_notes
 from compiler import convs
 from compiler.check import check_artifact
 from compiler.options import CompileOptions
@@ -92,6 +93,8 @@ def test_a_generated_convolutions_package_runs_no_library_depthwise_and_passes_t
                            str(tmp_path / "a.pt2"))
     report = json.loads(open(result["report"]).read())
     assert report["stages"]["capture"]["convolutions"] == {"generated": 1, "taps": 9, "left_to_library": 3}
+    assert "convolutions: 1 depthwise lowered to generated kernels (9 taps), 3 left to the library" in \
+        report_notes("k", report)  # what `aotc report` prints
     assert report["options"]["convolutions"] == "generated"
     externs = report["stages"]["fusion"]["externs"]
     library = [e["kernel"] for e in externs if "conv" in str(e["kernel"]).lower()]
