@@ -154,7 +154,7 @@ def capture(ep: torch.export.ExportedProgram, spec: Spec, program_inputs: list[d
     Facts: graph (nodes, histogram, code), inputs/outputs (name, dtype, shape), weights (count per kind),
     dynamic_dims (per requested range: the symbol, its range, and whether it stayed dynamic), bounds (each node
     rewritten to a checked form, and what it became), convolutions (with generated_convs: how many were lowered,
-    how many were left to the library)."""
+    their taps, how many were left to the library, and a note where none was because of MAX_PROGRAM_TAPS)."""
     t0 = time.perf_counter()
     # A train step keeps the kernels' own asserts only: AOTAutograd's joint trace cannot carry the range checks'
     # data-dependent count (.item(): DataDependentOutputException), and a training job's batches are its own.

@@ -419,9 +419,10 @@ class JobRunner:
             lock = lock_path(self.settings.data_dir, device) if self.settings.check_exclusive else None
             # No lock at all, or AOTC_TIMING_PASS=auto (alone: and no other worker on this device): a check that
             # finds the device free times itself under the lock (one child fewer); otherwise it runs beside the
-            # others, untimed.
+            # others, untimed. With AOTC_TIMING_WINDOWS above 1 the timing pass always takes the figures.
             with exclusive(lock, 0) as held:
-                alone = lock is None or (held["exclusive"] and self._times_itself())
+                alone = (lock is None and self.settings.timing_windows == 1) or (
+                    held["exclusive"] and self._times_itself())
                 if alone:
                     checked = run({"kind": "check", **task}, workdir, timeout_s=self.settings.check_timeout_s)
             if not alone:
