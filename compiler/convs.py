@@ -114,6 +114,8 @@ def lower_depthwise(ep: torch.export.ExportedProgram, max_taps: int = MAX_PROGRA
     decomposition returns NotImplemented, so it stays in the graph as it was. Nothing else is decomposed.
     """
     taps = _planned_taps(ep)
+    if taps == 0:  # nothing to lower: no second trace of the program
+        return Lowering(ep, 0, 0)
     if taps > max_taps:
         return Lowering(ep, 0, 0, f"none lowered: the depthwise convolutions have {taps} taps together, more than "
                                   f"the {max_taps} one program may lower")

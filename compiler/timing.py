@@ -30,7 +30,6 @@ from compiler import inputs as inputs_mod
 from compiler.check import (
     GRAPH_PAYS,
     MEASURE_REP_MS,
-    MEASURE_WARMUP_MS,
     PRECISION_TOLERANCE,
     compare,
     device_info,
@@ -66,7 +65,9 @@ def time_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, dev
     compiled = aoti_load_package(package_path, device)
     for c, (_, args, kwargs, _) in zip(calls, cases, strict=True):
         c["compiled"] = functools.partial(compiled, *args, **kwargs)
-    _rounds(calls, taken, 1, device, rep_ms, only="compiled", warmup_ms=MEASURE_WARMUP_MS)
+    with torch.inference_mode():
+        for c, t in zip(calls, taken, strict=True):
+            t["compiled"] = [measure(c["compiled"], device, rep_ms=rep_ms)]
     runner = None
     if graphs and cuda and not is_dynamic(spec):
         if windows == 1:  # one copy of the weights at a time: the graph runner loads its own
@@ -86,14 +87,13 @@ def time_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, dev
 
 
 def _rounds(calls: list[dict[str, Callable[[], Any]]], taken: list[dict[str, list[dict[str, Any]]]], n: int,
-            device: str, rep_ms: float, only: str | None = None, warmup_ms: float = WINDOW_WARMUP_MS) -> None:
-    """`n` rounds: in each, every point's calls (or only the one named `only`) timed once more, in order."""
-    for _ in range(n):
-        for c, t in zip(calls, taken, strict=True):
-            for name, fn in c.items():
-                if only is None or name == only:
-                    with torch.inference_mode():
-                        t.setdefault(name, []).append(measure(fn, device, warmup_ms=warmup_ms, rep_ms=rep_ms))
+            device: str, rep_ms: float) -> None:
+    """`n` rounds: in each, every point's calls timed once more, in order, each already warm from its first window."""
+    with torch.inference_mode():
+        for _ in range(n):
+            for c, t in zip(calls, taken, strict=True):
+                for name, fn in c.items():
+                    t[name].append(measure(fn, device, warmup_ms=WINDOW_WARMUP_MS, rep_ms=rep_ms))
 
 
 def _best(windows: list[dict[str, Any]]) -> dict[str, Any]:
