@@ -23,7 +23,8 @@ and as soon as they have registered all N jobs are submitted at once. Reported:
   Each quiet process records the core it ran on and that core's clock (`cpu`, `mhz`), and the JSON has the host's
   cores (`host`: SMT siblings, package, clock). `--quiet-repeat N` times every artifact in N fresh processes, in
   rounds: `reference` says how many pairs of one artifact's quiet runs agree within 10 %, the most that can be
-  asked of the worker's figure against one quiet run. `--quiet-windows N` takes each quiet figure as the workers
+  asked of the worker's figure against one quiet run; `figures_vs_quietest`: the worker's figures against each
+  artifact's smallest quiet figure. `--quiet-windows N` takes each quiet figure as the workers
   take theirs under AOTC_TIMING_WINDOWS=N (`--env`): N windows of 1/N of the calls, in turn, the smallest kept.
 """
 
@@ -108,6 +109,24 @@ def reference_agreement(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]
                     pairs += 1
                     within += abs(x / y - 1) <= 0.10
         out[k] = {"pairs_within_10pct": within, "pairs": pairs}
+    return out
+
+
+def against_quietest(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """The worker's figures against each artifact's quietest quiet run (the smallest of its `--quiet-repeat`
+    figures): per figure, how many rows are within 10 %. On one H200 the host was sometimes about 2.2x slower on
+    launch-bound figures for seconds at a time, in quiet processes too (bench/README.md), so the smallest of the
+    quiet runs is the one least likely to have met that state; the first quiet run (`figures`) stays as it was."""
+    out: dict[str, dict[str, int]] = {}
+    for k in FIGURES:
+        rows_ = within = 0
+        for r in rows:
+            xs = [q[k] for q in r.get("quiet_runs", []) if isinstance(q.get(k), (int, float)) and q[k] > 0]
+            mine = r["check"].get(k)
+            if xs and isinstance(mine, (int, float)):
+                rows_ += 1
+                within += abs(mine / min(xs) - 1) <= 0.10
+        out[k] = {"within_10pct": within, "rows": rows_}
     return out
 
 
@@ -243,8 +262,10 @@ def main() -> int:
                 result["figures"] = {k: {"within_10pct": within[k], "rows": counted[k]} for k in FIGURES}
                 if a.quiet_repeat > 1:
                     result["reference"] = reference_agreement(chosen)
+                    result["figures_vs_quietest"] = against_quietest(chosen)
                 print(table(chosen, ["model", "seed", *(f"{k}_ratio" for k in FIGURES)]))
-                print(json.dumps({k: result[k] for k in ("figures", "reference") if k in result}))
+                shown = ("figures", "reference", "figures_vs_quietest")
+                print(json.dumps({k: result[k] for k in shown if k in result}))
         finally:
             svc.stop()
     save()

@@ -15,6 +15,11 @@ Variants, each in a fresh process after `import torch`:
   aoti-cudnn-v7  the package with TORCH_CUDNN_V8_API_DISABLED=1 (cuDNN's older heuristics API, where torch has it)
   aoti-warm    the same after a 1x1 convolution and a matmul on the device (cuDNN's and cuBLAS's handles made),
                so that `first_call_s` is what is left: per-shape choices and kernel loading
+  aoti-prewarm  before the load, each distinct convolution of the program run once on zeros, channels-last as
+               Inductor's layout optimisation calls them, from as many threads as the process has cores
+               (`prewarm_s`), so that cuDNN's per-shape plans are made in parallel; then the first call. Whether
+               those plans are the ones the package's calls find is what its `first_call_s` tells
+  aoti-prewarm1  the same from one thread: what the plans cost made one after another, and whether threads help
   eager        the model built on the device, then its first and second call
   profile      torch.profiler over the package's first call: the ATen ops by self CPU time
 Prints a table of medians and writes JSON.
@@ -37,7 +42,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-VARIANTS = ("aoti", "aoti-warm", "aoti-nolayout", "aoti-nocudnn", "aoti-cudnn-v7", "eager", "profile")
+VARIANTS = ("aoti", "aoti-warm", "aoti-prewarm", "aoti-prewarm1", "aoti-nolayout", "aoti-nocudnn", "aoti-cudnn-v7",
+            "eager", "profile")
 
 
 def _sync(device: str) -> None:
@@ -64,6 +70,63 @@ def _warm_libraries(device: str) -> dict[str, float]:
     return out
 
 
+def conv_calls(ep: Any) -> list[dict[str, Any]]:
+    """The program's distinct 2-D convolutions (aten.conv2d and aten.convolution with static shapes): input and
+    weight shape, bias, stride, padding, dilation, groups and dtype, what cuDNN keys its plans by (with the layout)."""
+    import torch
+
+    ops = {torch.ops.aten.conv2d.default: ("stride", "padding", "dilation", "groups"),
+           torch.ops.aten.convolution.default: ("bias", "stride", "padding", "dilation", "transposed",
+                                                "output_padding", "groups")}
+    seen: dict[str, dict[str, Any]] = {}
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or node.target not in ops:
+            continue
+        x, w = (a.meta.get("val") for a in node.args[:2])
+        if x is None or w is None or x.dim() != 4 or not all(isinstance(d, int) for d in (*x.shape, *w.shape)):
+            continue
+        rest = list(node.args[2:])
+        if node.target is torch.ops.aten.conv2d.default:
+            bias = rest.pop(0) if rest else node.kwargs.get("bias")
+            params = dict(zip(ops[node.target], rest, strict=False))
+            params.setdefault("stride", [1, 1]), params.setdefault("padding", [0, 0])
+            params.setdefault("dilation", [1, 1]), params.setdefault("groups", 1)
+            if isinstance(params["padding"], str):
+                continue
+        else:
+            params = dict(zip(ops[node.target], rest, strict=False))
+            bias = params.pop("bias")
+            if params.pop("transposed") or any(params.pop("output_padding")):
+                continue
+        call = {"input": list(x.shape), "weight": list(w.shape), "bias": bias is not None,
+                "dtype": str(x.dtype).removeprefix("torch."), **{k: params[k] for k in ("stride", "padding",
+                                                                                          "dilation", "groups")}}
+        seen.setdefault(json.dumps(call, sort_keys=True), call)
+    return list(seen.values())
+
+
+def prewarm(convs: list[dict[str, Any]], device: str, threads: int) -> dict[str, float]:
+    """Run each convolution once on zeros, channels-last, from `threads` threads; synchronised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    def one(c: dict[str, Any]) -> None:
+        dtype = getattr(torch, c["dtype"])
+        x = torch.zeros(c["input"], device=device, dtype=dtype).to(memory_format=torch.channels_last)
+        w = torch.zeros(c["weight"], device=device, dtype=dtype).to(memory_format=torch.channels_last)
+        b = torch.zeros(c["weight"][0], device=device, dtype=dtype) if c["bias"] else None
+        with torch.no_grad():
+            torch.nn.functional.conv2d(x, w, b, c["stride"], c["padding"], c["dilation"], c["groups"])
+        _sync(device)
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        list(pool.map(one, convs))
+    _sync(device)
+    return {"prewarm_s": time.perf_counter() - t, "prewarm_convs": float(len(convs)), "prewarm_threads": float(threads)}
+
+
 def child(variant: str, model: str, package: str, device: str, batch: int | None) -> dict[str, Any]:
     t0 = time.perf_counter()
     import torch
@@ -78,6 +141,10 @@ def child(variant: str, model: str, package: str, device: str, batch: int | None
         res["context_s"] = time.perf_counter() - t
     if variant == "aoti-warm":
         res.update(_warm_libraries(device))
+    if variant in ("aoti-prewarm", "aoti-prewarm1"):
+        convs = json.loads(Path(package + ".convs.json").read_text())
+        threads = 1 if variant == "aoti-prewarm1" else max(1, min(16, len(os.sched_getaffinity(0)), len(convs)))
+        res.update(prewarm(convs, device, threads))
     inputs = zoo.inputs(model, batch, device)
     if variant == "eager":
         m, _ = zoo.build(model, device=device, batch=batch)
@@ -145,6 +212,9 @@ def compile_one(model: str, device: str, batch: int | None, out_dir: Path, varia
     torch._inductor.aoti_compile_and_package(ep, package_path=path)
     out = {"package": path, "compile_s": round(time.perf_counter() - t, 1),
            "size_mb": round(os.path.getsize(path) / 1e6, 1)}
+    convs = conv_calls(ep)  # for the prewarm variants
+    Path(path + ".convs.json").write_text(json.dumps(convs))
+    out["distinct_convs"] = len(convs)
     if "aoti-nolayout" in variants:
         # the same program with Inductor's layout optimisation off: convolutions stay NCHW, as eager runs them
         t = time.perf_counter()
@@ -235,8 +305,8 @@ def main() -> None:
         Path(a.out).write_text(json.dumps(doc, indent=1))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(doc, indent=1))
-    cols = ("import_s", "context_s", "cudnn_init_s", "cublas_init_s", "load_s", "first_call_s", "second_call_s",
-            "steady_ms")
+    cols = ("import_s", "context_s", "cudnn_init_s", "cublas_init_s", "prewarm_s", "load_s", "first_call_s",
+            "second_call_s", "steady_ms")
     print(f"{'model':22} {'variant':10} " + " ".join(f"{c.rsplit('_', 1)[0]:>13}" for c in cols))
     for model, d in doc["models"].items():
         for v, s in d["variants"].items():

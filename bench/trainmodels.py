@@ -93,13 +93,22 @@ def no_dropout(model: torch.nn.Module) -> None:
     """Dropout (and stochastic depth) at p=0, so that step times compare the same arithmetic (a train-step package
     draws with ATen's kernels on torch's generator, options.TRAINING_INDUCTOR_CONFIGS, where torch.compile fuses the
     mask into its Triton kernels). Modules' Dropout p, and float attributes named for dropout that models pass
-    to attention kernels (HF's `dropout_prob`, `attention_dropout`)."""
+    to attention kernels (HF's `dropout_prob`, `attention_dropout`), on the module and on an HF model's `config`.
+
+    The config matters for LayerDrop: wav2vec2 and HuBERT read `config.layerdrop`, and while it is above 0 their
+    encoders branch on `torch.rand([]) < layerdrop`, which no export can trace (GuardOnDataDependentSymNode, the
+    coverage runs' refusal of both). SpecAugment (`apply_spec_augment`) is turned off for the same reason: its
+    masks are drawn with numpy, so an export would bake one draw into the program as a constant."""
     for m in model.modules():
         if isinstance(m, torch.nn.modules.dropout._DropoutNd) or type(m).__name__ == "StochasticDepth":
             m.p = 0.0  # torchvision's StochasticDepth (EfficientNet, ConvNeXt) draws with bernoulli_ at p
-        for attr, value in list(vars(m).items()):
-            if "drop" in attr and isinstance(value, float):
-                setattr(m, attr, 0.0)
+        config = getattr(m, "config", None)
+        for owner in (m, config) if config is not None and hasattr(config, "__dict__") else (m,):
+            for attr, value in list(vars(owner).items()):
+                if "drop" in attr and isinstance(value, float):
+                    setattr(owner, attr, 0.0)
+        if getattr(config, "apply_spec_augment", False):
+            config.apply_spec_augment = False
 
 
 def build(name: str, batch: int | None, device: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
