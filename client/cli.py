@@ -152,6 +152,9 @@ def compile_(
                                        "package (docs/training.md).")] = "default",
     loss_output: Annotated[int, typer.Option(
         min=0, help="With --mode training: which output of the program is the loss.")] = 0,
+    autotune: Annotated[bool, typer.Option(
+        "--autotune", help="With --mode training: tune the train step's matmuls at build time, as max-autotune "
+        "does for inference (a slower compile).")] = False,
     precision: Annotated[Precision, typer.Option(
         help="Compute in bf16/fp16 for inference; inputs and outputs keep their dtypes. With --mode training: "
         "autocast to it.")] = "keep",
@@ -185,6 +188,8 @@ def compile_(
         options["loss_output"] = loss_output
     if convolutions != "library":  # likewise
         options["convolutions"] = convolutions
+    if autotune:  # likewise
+        options["autotune"] = True
     if inductor:
         options["inductor"] = _inductor_settings(inductor)
     with _service(ctx) as c:

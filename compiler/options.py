@@ -100,7 +100,7 @@ def weights_layout(options: dict[str, Any]) -> str:
 
 
 # Options newer than the cache key's format 2: spelled out in the canonical form (and so in the key) only when set.
-ADDED_AFTER_FORMAT_2 = ("allow_nonfinite", "embed_weights", "loss_output", "convolutions")
+ADDED_AFTER_FORMAT_2 = ("allow_nonfinite", "embed_weights", "loss_output", "convolutions", "autotune")
 INDUCTOR_ADDED_AFTER_FORMAT_2 = ("layout_optimization",)
 
 # Set in every mode=training compile (compiler/training.py), and a factor of its key (compiler.cachekey).
@@ -112,6 +112,10 @@ INDUCTOR_ADDED_AFTER_FORMAT_2 = ("layout_optimization",)
 #   torch.manual_seed: dropout masks, and so losses and gradients, match eager's exactly (seen on torch 2.13), the
 #   check can compare a step that drops, and a caller's seed governs the package as it governs eager.
 TRAINING_INDUCTOR_CONFIGS: dict[str, Any] = {"joint_graph_constant_folding": False, "fallback_random": True}
+# A tuned train step (mode=training, autotune) chooses its matmuls among these. Inductor's CPP GEMM templates pack a
+# weight into a constant of the package's own at build time (why max-autotune embeds weights, `weights_layout`):
+# in a train step that is a parameter frozen at its first value while the optimizer updates the caller's.
+TRAINING_GEMM_BACKENDS = "ATEN,TRITON"
 # Most outputs an upload may have, so that `loss_output` is bounded before the program is read.
 MAX_LOSS_OUTPUT = 4095
 
@@ -150,8 +154,15 @@ class CompileOptions(BaseModel):
     convolutions: Convolutions = Field(default="library", description=(
         "library: convolutions call cuDNN (oneDNN on a CPU). generated: depthwise convolutions become generated "
         "pointwise kernels and 1x1 convolutions matmuls, so the package builds no cuDNN plan for them on its first "
-        "call: on an H200, MobileNetV3-L's first call went from 3.9 to 0.19 s, its steady call 6 % slower "
-        "(bench/first_call.py). For services that start often. Inference only; other convolutions stay cuDNN's."))
+        "call: on an H200 the first call of EfficientNet-B0, ConvNeXt-T and MobileNetV3-L went from 1.3-2.7 s to "
+        "0.21-0.30 s, their steady calls 1.48x, 2.23x and not measurably slower (bench/first_call.py). For "
+        "processes that serve few calls. Inference only; other convolutions stay cuDNN's."))
+    autotune: StrictBool = Field(default=False, description=(
+        "mode=training: tune the train step's kernels as mode=max-autotune tunes an inference package's: the "
+        "forward's and the backward's matmuls benchmarked on the worker's device at build time (a slower compile, "
+        "paid once instead of on every rank). The matmuls choose among ATen and Triton only (Inductor's CPU GEMM "
+        "templates would pack a parameter into a constant, frozen while the optimizer updates it). For inference, "
+        "mode=max-autotune."))
     embed_weights: StrictBool = Field(default=False, description=(
         "Build the package with its weights inside it (self-contained), for tools that cannot bind a weights blob: "
         "torch's own aoti_load_package runs it as it is. Off: the package binds the model's one weights blob at "
@@ -165,6 +176,12 @@ class CompileOptions(BaseModel):
             raise ValueError("convolutions=generated is for inference packages; a train step keeps the library's")
         if self.mode != "training" and self.loss_output != 0:
             raise ValueError("loss_output names the loss of a training step: it needs mode=training")
+        if self.autotune and self.mode != "training":
+            raise ValueError("autotune tunes a train step (mode=training); an inference package asks "
+                             "mode=max-autotune")
+        if self.autotune and "CPP" in (self.inductor.max_autotune_gemm_backends or ""):
+            raise ValueError("a tuned train step's matmuls choose among ATEN and TRITON: CPP's GEMM templates pack "
+                             "weights into constants of the package, which would freeze parameters the step updates")
         return self
 
     def canonical(self) -> dict[str, Any]:
@@ -203,6 +220,8 @@ class CompileOptions(BaseModel):
             configs["max_autotune"] = True
         if self.mode == "training":
             configs.update(TRAINING_INDUCTOR_CONFIGS)
+            if self.autotune:  # inductor.max_autotune_gemm_backends below may narrow it (CPP is refused)
+                configs.update(max_autotune=True, max_autotune_gemm_backends=TRAINING_GEMM_BACKENDS)
         if self.freezing:
             configs["freezing"] = True
         if self.convolutions == "generated":  # with compiler.convs' depthwise lowering, in the capture stage

@@ -380,8 +380,8 @@ class JobRunner:
         target = str(job.get("target") or self.target)
         run = partial(self.health.run_child, sandbox=self.sandbox, device=device, limits=self.limits(),
                       hide=self._hide(), on_stage=on_stage, should_cancel=cancelled)
-        share = (GemmTimingShare(store.r, target)
-                 if self.settings.share_gemm_timings and (job["options"] or {}).get("mode") == "max-autotune" else None)
+        tuned = (job["options"] or {}).get("mode") == "max-autotune" or bool((job["options"] or {}).get("autotune"))
+        share = GemmTimingShare(store.r, target) if self.settings.share_gemm_timings and tuned else None
 
         def prepare(childdir: Path) -> list[tuple[Path, Path]]:
             if share is not None:

@@ -143,3 +143,28 @@ def test_layout_optimization_is_an_allowed_setting_that_keeps_old_keys_when_unse
     assert CompileOptions(**nchw.canonical()) == nchw
     with pytest.raises(ValidationError):
         CompileOptions(inductor={"layout_optimization": "false"})
+
+
+def test_autotune_tunes_a_train_step_keeps_its_matmuls_off_cpp_and_keeps_old_keys_when_unset():
+    """options.autotune (mode=training): max-autotune for the joint program, its GEMMs chosen among ATen and Triton
+    only (CPP's templates pack a weight into a constant: a parameter frozen while the optimizer updates it)."""
+    training = CompileOptions(mode="training")
+    tuned = CompileOptions(mode="training", autotune=True)
+    assert "autotune" not in training.canonical() and "autotune" not in CompileOptions().canonical()
+    assert tuned.canonical()["autotune"] is True and CompileOptions(**tuned.canonical()) == tuned
+    assert key(tuned) != key(training)
+    assert tuned.weightless  # a train step binds the caller's parameters, tuned or not
+    configs = tuned.inductor_configs()
+    assert configs["max_autotune"] is True and configs["max_autotune_gemm_backends"] == "ATEN,TRITON"
+    assert configs["joint_graph_constant_folding"] is False  # the training settings stay
+    assert "max_autotune" not in training.inductor_configs()
+    narrowed = CompileOptions(mode="training", autotune=True, inductor={"max_autotune_gemm_backends": "TRITON"})
+    assert narrowed.inductor_configs()["max_autotune_gemm_backends"] == "TRITON"
+    with pytest.raises(ValidationError, match="autotune tunes a train step"):
+        CompileOptions(autotune=True)
+    with pytest.raises(ValidationError, match="autotune tunes a train step"):
+        CompileOptions(mode="max-autotune", autotune=True)
+    with pytest.raises(ValidationError, match="would freeze parameters the step updates"):
+        CompileOptions(mode="training", autotune=True, inductor={"max_autotune_gemm_backends": "ATEN,CPP"})
+    with pytest.raises(ValidationError):
+        CompileOptions(mode="training", autotune="true")

@@ -139,6 +139,38 @@ def test_train_step_package_signed_and_steps_match_eager(api_url, client, upload
         client.load_training(key, TrainMLP(d_in=9))
 
 
+def test_a_tuned_train_step_has_a_key_of_its_own_is_checked_and_steps_as_eager(api_url, client, worker, uploaded,
+                                                                              trained):
+    """options.autotune: the same step built with max-autotune, its matmuls among ATen and Triton (on a CPU, ATen's
+    alone), under its own key; checked as every train step is, its matmul timings shared as max-autotune's are."""
+    shapes = {"x": list(X), "y": list(Y)}
+    refused = api.post(f"{api_url}/v1/compilations", json={
+        "model_id": uploaded["id"], "shapes": shapes, "options": {"autotune": True}})
+    assert refused.status_code == 422 and "autotune tunes a train step (mode=training)" in refused.text
+    r = api.post(f"{api_url}/v1/compilations", json={
+        "model_id": uploaded["id"], "shapes": shapes, "options": {"mode": "training", "autotune": True}})
+    assert r.status_code in (200, 202), r.text
+    if r.status_code == 202:
+        job = wait_job(api_url, r.json()["job"]["id"], timeout=600)
+        assert job["state"] == "succeeded", job.get("error")
+        key = str(job["artifact"])
+    else:
+        key = str(r.json()["key"])
+    assert key != trained  # the untuned step's key is not this one
+    meta = api.get(f"{api_url}/v1/artifacts/{key}/meta").json()
+    assert meta["options"]["autotune"] is True and len(meta["check"]["training"]["steps"]) == 3
+    assert meta["caches"]["gemm_timings"] is not None  # what a max-autotune compile shares, shared
+    model = seeded(TrainMLP, 3).train()
+    twin = copy.deepcopy(model)
+    x, y = torch.randn(*X), torch.randn(*Y)
+    loss, (out,) = client.load_training(key, model)(x, y)
+    loss_e, out_e = twin(x, y)
+    loss_e.backward()
+    torch.testing.assert_close(loss, loss_e.detach(), rtol=1e-4, atol=1e-6)
+    for (n, p), (_, q) in zip(model.named_parameters(), twin.named_parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=f"grad of {n}")
+
+
 @pytest.mark.skipif(shutil.which(CXX) is None or shutil.which("make") is None,
                     reason=f"no C++ compiler ({CXX}) or make: the C++ example cannot be built")
 def test_the_cpp_example_runs_train_steps_as_python_does(api_url, client, trained, tmp_path):
