@@ -88,11 +88,8 @@ def conv_calls(ep: Any) -> list[dict[str, Any]]:
         rest = list(node.args[2:])
         if node.target is torch.ops.aten.conv2d.default:
             bias = rest.pop(0) if rest else node.kwargs.get("bias")
-            params = dict(zip(ops[node.target], rest, strict=False))
-            params.setdefault("stride", [1, 1]), params.setdefault("padding", [0, 0])
-            params.setdefault("dilation", [1, 1]), params.setdefault("groups", 1)
-            if isinstance(params["padding"], str):
-                continue
+            defaults = {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1}
+            params = {**defaults, **node.kwargs, **dict(zip(ops[node.target], rest, strict=False))}
         else:
             params = dict(zip(ops[node.target], rest, strict=False))
             bias = params.pop("bias")

@@ -83,7 +83,8 @@ class WorkerSettings(StorageSettings):
         "on every core, while its smallest held (bench/host_noise.py). Above 1 the figures always come from the "
         "timing pass, never the check (as AOTC_TIMING_PASS=separate). 1: one window, the median, as do_bench. "
         "For a farm of workers on one GPU, 5: there the timing pass runs anyway, and with 5 the workers' figures "
-        "were within 10 % of a quiet run's on 8, 9 and 10 of 10 (eager, plain, graphs; bench/README.md).")
+        "were within 10 % of the quieter of two quiet runs on 8, 9 and 10 of 10 (eager, plain, graphs; "
+        "bench/README.md).")
     timing_cpus: str = Field(
         default="auto", description="Cores kept for the timing pass (worker/cpus.py): the timing child runs on them "
         "and every other child (compiles, untimed checks) on the rest, so that eager's figures, which the host's "

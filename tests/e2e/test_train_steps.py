@@ -167,6 +167,7 @@ def test_a_tuned_train_step_has_a_key_of_its_own_is_checked_and_steps_as_eager(a
     loss_e, out_e = twin(x, y)
     loss_e.backward()
     torch.testing.assert_close(loss, loss_e.detach(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(out, out_e, rtol=1e-4, atol=1e-6)
     for (n, p), (_, q) in zip(model.named_parameters(), twin.named_parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=f"grad of {n}")
 
