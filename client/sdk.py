@@ -111,15 +111,25 @@ class Client:
         self.http = httpx.Client(base_url=self.url, timeout=timeout,
                                  headers={"Authorization": f"Bearer {key}"} if key else None)
         self._own_http = self.http  # pulls go through client/transfer.py only while `http` is this one
-        # For presigned object-storage URLs: they carry their own signature, and must never see the API key.
-        self.direct = httpx.Client(timeout=timeout)
+        self._timeout = timeout
+        self._direct: httpx.Client | None = None  # made on first use (`direct`): each httpx.Client loads the CA bundle
         self.cache_dir = Path(cache_dir or os.environ.get("AOTC_CACHE_DIR") or Path.home() / ".cache" / "aotc")
         pins = trusted_keys if trusted_keys is not None else os.environ.get(TRUSTED_KEYS_ENV) or None
         self.verifier = Verifier(self, _raise_for, pins, allow_unverified)
 
+    @property
+    def direct(self) -> httpx.Client:
+        """For presigned object-storage URLs on the httpx path: they carry their own signature, and must never see
+        the API key. Made on first use: an httpx.Client loads the CA bundle (about 30 ms on 2 cores), and a server
+        whose pulls take client/transfer.py's path never needs this one."""
+        if self._direct is None:
+            self._direct = httpx.Client(timeout=self._timeout)
+        return self._direct
+
     def close(self) -> None:
         self.http.close()
-        self.direct.close()
+        if self._direct is not None:
+            self._direct.close()
 
     def __enter__(self) -> Client:
         return self

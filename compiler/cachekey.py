@@ -23,9 +23,9 @@ keys of GPU targets did not change, and no CPU key of before can be computed aga
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
+from compiler.canonical import canonical_json
 from compiler.errors import AotcError
 from compiler.options import (
     BOUNDS_REVISION,
@@ -97,11 +97,6 @@ def bounded(f: dict[str, Any]) -> bool:
     rewrites), so it may be served to a caller who did not name its key."""
     fmt = f.get("format")
     return isinstance(fmt, int) and fmt >= FIRST_BOUNDED_FORMAT and f.get("bounds") == bounds_factor()
-
-
-def canonical_json(value: Any) -> str:
-    """The one JSON spelling aotc hashes and stores: sorted keys, no spaces."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def cache_key(f: dict[str, Any]) -> str:

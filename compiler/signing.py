@@ -36,7 +36,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from compiler.cachekey import canonical_json
+from compiler.canonical import canonical_json
 from compiler.errors import BadSignature
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
