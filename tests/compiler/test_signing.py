@@ -230,7 +230,7 @@ def test_the_signing_modules_import_no_torch():
 
 def test_a_serving_process_imports_no_compile_options():
     """What a server imports to pull and verify (client.sdk, compiler.signing) stays off the compile options' pydantic
-    models (compiler.options, through compiler.cachekey): about 95 ms of its time to first inference on 2 cores.
+    models (compiler.options, through compiler.cachekey): about 100 ms of its time to first inference on 2 cores.
     The canonical JSON that signatures cover lives in compiler.canonical for that."""
     code = ("import sys; from client.sdk import Client; import compiler.signing; "
             "print(sorted(m for m in ('compiler.options', 'compiler.cachekey', 'torch') if m in sys.modules))")
