@@ -269,6 +269,11 @@ class _Stopped:
         if want and self.since is None:
             _signal_tree(self.proc.pid, signal.SIGSTOP)
             self.since = now
+        elif want:
+            # Again at every poll while stopped: SIGSTOP takes effect only when its target next leaves the kernel, so
+            # a process can still fork after the sweep that stopped it (a sandbox's init starting the child was seen
+            # left running, 'S', for 30 s beside its stopped parent). Stopping a stopped process changes nothing.
+            _signal_tree(self.proc.pid, signal.SIGSTOP)
         elif not want and self.since is not None:
             _signal_tree(self.proc.pid, signal.SIGCONT)
             self.done += now - self.since
