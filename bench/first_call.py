@@ -19,7 +19,11 @@ Variants, each in a fresh process after `import torch`:
                Inductor's layout optimisation calls them, from as many threads as the process has cores
                (`prewarm_s`), so that cuDNN's per-shape plans are made in parallel; then the first call. Whether
                those plans are the ones the package's calls find is what its `first_call_s` tells
-  aoti-prewarm1  the same from one thread: what the plans cost made one after another, and whether threads help
+  aoti-prewarm1  the same from a pool of one thread: what the plans cost made one after another
+  aoti-prewarm-here  the same on the thread that then calls the package. ATen caches cuDNN's execution plans per
+               thread (`thread_local` in Conv_v8.cpp), so the two above make plans the calling thread never finds
+               (2026-11-29 on an H200: only the process-wide part, ConvNeXt-T's kernel loading, left the first call);
+               this one tells whether the plans made here are the ones the package's calls look up
   eager        the model built on the device, then its first and second call
   profile      torch.profiler over the package's first call: the ATen ops by self CPU time
 Prints a table of medians and writes JSON.
@@ -42,8 +46,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-VARIANTS = ("aoti", "aoti-warm", "aoti-prewarm", "aoti-prewarm1", "aoti-nolayout", "aoti-nocudnn", "aoti-cudnn-v7",
-            "eager", "profile")
+VARIANTS = ("aoti", "aoti-warm", "aoti-prewarm", "aoti-prewarm1", "aoti-prewarm-here", "aoti-nolayout", "aoti-nocudnn",
+            "aoti-cudnn-v7", "eager", "profile")
 
 
 def _sync(device: str) -> None:
@@ -103,7 +107,8 @@ def conv_calls(ep: Any) -> list[dict[str, Any]]:
 
 
 def prewarm(convs: list[dict[str, Any]], device: str, threads: int) -> dict[str, float]:
-    """Run each convolution once on zeros, channels-last, from `threads` threads; synchronised."""
+    """Run each convolution once on zeros, channels-last, from a pool of `threads` threads (0: on this thread, the
+    one that calls the package next); synchronised."""
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
@@ -118,8 +123,12 @@ def prewarm(convs: list[dict[str, Any]], device: str, threads: int) -> dict[str,
         _sync(device)
 
     t = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        list(pool.map(one, convs))
+    if threads == 0:
+        for c in convs:
+            one(c)
+    else:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            list(pool.map(one, convs))
     _sync(device)
     return {"prewarm_s": time.perf_counter() - t, "prewarm_convs": float(len(convs)), "prewarm_threads": float(threads)}
 
@@ -138,9 +147,10 @@ def child(variant: str, model: str, package: str, device: str, batch: int | None
         res["context_s"] = time.perf_counter() - t
     if variant == "aoti-warm":
         res.update(_warm_libraries(device))
-    if variant in ("aoti-prewarm", "aoti-prewarm1"):
+    if variant in ("aoti-prewarm", "aoti-prewarm1", "aoti-prewarm-here"):
         convs = json.loads(Path(package + ".convs.json").read_text())
-        threads = 1 if variant == "aoti-prewarm1" else max(1, min(16, len(os.sched_getaffinity(0)), len(convs)))
+        threads = {"aoti-prewarm1": 1, "aoti-prewarm-here": 0}.get(
+            variant, max(1, min(16, len(os.sched_getaffinity(0)), len(convs))))
         res.update(prewarm(convs, device, threads))
     inputs = zoo.inputs(model, batch, device)
     if variant == "eager":
