@@ -380,7 +380,8 @@ class JobRunner:
         target = str(job.get("target") or self.target)
         run = partial(self.health.run_child, sandbox=self.sandbox, device=device, limits=self.limits(),
                       hide=self._hide(), on_stage=on_stage, should_cancel=cancelled)
-        tuned = (job["options"] or {}).get("mode") == "max-autotune" or bool((job["options"] or {}).get("autotune"))
+        options = job["options"] or {}
+        tuned = options.get("mode") == "max-autotune" or bool(options.get("autotune"))
         share = GemmTimingShare(store.r, target) if self.settings.share_gemm_timings and tuned else None
 
         def prepare(childdir: Path) -> list[tuple[Path, Path]]:
@@ -441,7 +442,7 @@ class JobRunner:
                 check = {**checked.result, "host": held, "timing": {**held, "pass": "check",
                                                                       "compiles": self._compiles(device)}}
                 timings["check_wait"] = 0.0
-            elif (job["options"] or {}).get("mode") == "training":  # no timing pass for train steps yet: untimed
+            elif options.get("mode") == "training":  # no timing pass for train steps yet: untimed
                 check = {**checked.result, "host": {**held, "exclusive": False}}
             else:
                 host = {**held, "exclusive": False, "waited_s": sh["waited_s"],

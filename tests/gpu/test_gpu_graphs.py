@@ -134,7 +134,11 @@ def test_the_check_records_the_plain_and_the_graph_timings(dynamic_mlp):
 
 
 def test_measure_agrees_with_do_bench_on_a_launch_bound_package(dynamic_mlp):
-    """The check's timing method against triton's: the same package, both medians within 10 %."""
+    """The check's timing method against triton's: the same package, in alternating windows, each method's smallest
+    window median within 10 % of the other's. The smallest, as AOTC_TIMING_WINDOWS takes a figure
+    (compiler/timing.py): the host's slow state moves a launch-bound median by 1.4-2.2x for seconds at a time
+    (bench/host_noise.py), and the middle of three windows compared 40.5 us with 35.6 us once, on an H200 whose other
+    lane was compiling (2026-11-29; the smallest were 36.0 and 35.5 us)."""
     from triton.testing import do_bench
 
     _, package, _ = dynamic_mlp
@@ -142,10 +146,10 @@ def test_measure_agrees_with_do_bench_on_a_launch_bound_package(dynamic_mlp):
     x = torch.randn(64, 32, device="cuda")
     ours, theirs = [], []
     with torch.inference_mode():
-        for _ in range(3):  # alternating rounds: neither method gets the GPU's clocks to itself
+        for _ in range(5):  # alternating windows: neither method gets the GPU's clocks to itself
             ours.append(measure(lambda: fn(x), "cuda:0")["median_ms"])
             theirs.append(float(do_bench(lambda: fn(x), warmup=25, rep=200, return_mode="median")))
-    o, t = sorted(ours)[1], sorted(theirs)[1]
+    o, t = min(ours), min(theirs)
     assert abs(o - t) <= 0.1 * t, (ours, theirs)
 
 
