@@ -523,7 +523,7 @@ def delete_version(
     with _service(ctx) as c:
         gone = c.delete_version(parsed.name, parsed.version)
     removed = f"; tags removed: {', '.join(gone['tags_removed'])}" if gone["tags_removed"] else ""
-    typer.echo(f"deleted {gone['ref']}{removed}; versions still holding its model: {gone['model_still_held_by']}")
+    typer.echo(f"deleted {gone['ref']}{removed}; versions here still holding its model: {gone['model_still_held_by']}")
 
 
 # -- listings ------------------------------------------------------------------------------------------------------

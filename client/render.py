@@ -114,7 +114,9 @@ def workers_table(workers: list[dict[str, Any]]) -> RenderableType:
     if not broken:
         return rows
     return Group(rows, *(Text(printable(f"\n{w['id']} is unhealthy since {_when(w.get('unhealthy_since'))}: "
-                                        f"{w.get('unhealthy_reason') or '(no reason given)'}", newlines=True))
+                                        f"{w.get('unhealthy_reason') or '(no reason given)'}"
+                                        + (f"\nthe last job that ran out of space: {w['last_disk_full']}"
+                                           if w.get("last_disk_full") else ""), newlines=True))
                          for w in broken))
 
 
@@ -136,8 +138,9 @@ def namespaces_table(usages: list[dict[str, Any]]) -> Table:
 
 def caches_summary(caches: dict[str, Any]) -> Group:
     return Group(
-        table(["TARGET", "SYSTEM", "MAX-AUTOTUNE TIMINGS"],
-              [[g["target"], g["system"][:16], g["entries"]] for g in caches["gemm_timings"]]),
+        table(["NAMESPACE", "TARGET", "SYSTEM", "MAX-AUTOTUNE TIMINGS"],
+              [[g.get("namespace") or "-", g["target"], g["system"][:16], g["entries"]]
+               for g in caches["gemm_timings"]]),
         Text(printable(f"Inductor remote-cache entries (Triton autotune results): {caches['inductor_entries']}")),
     )
 

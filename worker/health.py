@@ -36,7 +36,8 @@ an error a hostile package could print.
 
 A full disk (worker.disk) is the other way a worker is unhealthy: before every claim it measures its work dir and
 its file blob store, and while one has less free than AOTC_DISK_LOW_WATER_MB it claims nothing and says so
-(`unhealthy_reason`: which path, its free bytes, the setting, and the last job that ran out of space), re-measuring
+(`unhealthy_reason`: which path, its free bytes and the setting; `last_disk_full`: the last job that ran out of
+space, in its own words, which only an admin's GET /v1/workers shows, never the keyless /readyz), re-measuring
 every AOTC_POLL_MS until there is room again, by itself. A child whose failure was a full disk (its output says
 so, or a disk is below the mark when it dies) fails with `DiskFull` rather than its own error, handshake or not.
 """
@@ -104,7 +105,7 @@ class Health:
         self.disk = disk
         self.disk_reason: str | None = None  # set while a disk is below the low-water mark
         self.disk_since: float | None = None
-        self.last_full: str | None = None  # the last failure that was a full disk, for the reason
+        self.last_full: str | None = None  # the last failure that was a full disk: `last_disk_full`
 
     @property
     def healthy(self) -> bool:
@@ -115,7 +116,8 @@ class Health:
         reasons = [r for r in (self.disk_reason, self.reason) if r]
         since = [t for t in (self.disk_since, self.since) if t is not None]
         return {"healthy": self.healthy, "unhealthy_reason": "\n".join(reasons)[:REASON_MAX_CHARS] or None,
-                "unhealthy_since": min(since) if since else None, "early_crashes": self.early_crashes}
+                "unhealthy_since": min(since) if since else None, "early_crashes": self.early_crashes,
+                "last_disk_full": self.last_full if self.disk_reason else None}
 
     # -- the disks ------------------------------------------------------------------------------------------------
 
@@ -132,8 +134,7 @@ class Health:
             return True
         reason = printable(
             f"disk full: {short.describe()}, below {self.disk.reserve()} ({mb(self.disk.low_water)}), so this "
-            "worker claims no jobs until there is room there; it re-measures every AOTC_POLL_MS"
-            + (f"; the last job that ran out of space: {self.last_full}" if self.last_full else ""))[:REASON_MAX_CHARS]
+            "worker claims no jobs until there is room there; it re-measures every AOTC_POLL_MS")[:REASON_MAX_CHARS]
         if self.disk_reason is None:
             self.disk_since = time.time()
             log.error("worker unhealthy: %s", reason)

@@ -382,7 +382,10 @@ class JobRunner:
                       hide=self._hide(), on_stage=on_stage, should_cancel=cancelled)
         options = job["options"] or {}
         tuned = options.get("mode") == "max-autotune" or bool(options.get("autotune"))
-        share = GemmTimingShare(store.r, target) if self.settings.share_gemm_timings and tuned else None
+        # Within the namespace that created the job (worker/tuning.py); a job queued before jobs recorded it shares
+        # nothing.
+        ns = store.jobs.namespace_of(job_id) if self.settings.share_gemm_timings and tuned else None
+        share = GemmTimingShare(store.r, ns, target) if ns is not None else None
 
         def prepare(childdir: Path) -> list[tuple[Path, Path]]:
             if share is not None:

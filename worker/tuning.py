@@ -13,9 +13,14 @@ never the sandboxed child (which has no route to Redis):
   precision, a choice name of the expected length, a finite positive time, at most MAX_PUBLISH of them. Anything
   else the compile wrote is refused and counted; a file that does not parse publishes nothing.
 
-What the checks leave: a hostile compile can publish well-formed timings with made-up values for shapes it
-compiled; another compile of the same shapes may then pick a slower, still correct, kernel. It cannot make another
-compile run anything: a choice is a name that Inductor looks up among the candidates it generated itself.
+The share is per namespace: a compile seeds from, and publishes to, the table of the namespace whose request
+created its job (`Jobs.namespace_of`), never another's. What the checks leave: a compile whose child runs code of
+the upload's making (what the sandbox is for) can write well-formed timings with made-up values, for any shapes,
+not only its own; a later compile of those shapes may then pick a slower, still correct, kernel. The namespace
+bounds that to the uploader's own compiles: before it, one tenant could slow every other tenant's max-autotune
+builds of, say, BERT's matmuls, for good (HSETNX keeps the first value). It cannot make another compile run
+anything: a choice is a name that Inductor looks up among the candidates it generated itself. A job that another
+namespace joins is built once, with its creator's table; the artifact is as shared as it always was.
 """
 
 from __future__ import annotations
@@ -71,8 +76,9 @@ def _decode(field: bytes | str, value: bytes | str) -> tuple[Entry, float] | Non
 class GemmTimingShare:
     """One max-autotune compile's share: seed() before it, collect() after; `stats` for the artifact record."""
 
-    def __init__(self, r: redis.Redis, target: str) -> None:
+    def __init__(self, r: redis.Redis, namespace: str, target: str) -> None:
         self.r = r
+        self.namespace = namespace
         self.target = target
         self.stats: dict[str, Any] = {"shared": 0, "measured": 0, "published": 0, "refused": 0}
         self._seeded: set[Entry] = set()
@@ -91,7 +97,7 @@ class GemmTimingShare:
             return
         path, system = where
         self._rel = str(Path(path).relative_to(childdir))
-        self.key = keys.gemm_tuning(self.target, system)
+        self.key = keys.gemm_tuning(self.namespace, self.target, system)
         remote: dict[Entry, float] = {}
         try:
             size = int(self.r.hlen(self.key))

@@ -583,6 +583,9 @@ class WorkerRecord(Record):
     unhealthy_reason: str | None = Field(default=None, description="Why it is unhealthy: the last child's failure "
                                          "and the tail of its stderr.")
     unhealthy_since: float | None = None
+    last_disk_full: str | None = Field(default=None, description="While a disk is full: the last job that ran out "
+                                       "of space, in its own words (a child's output; /readyz, which needs no key, "
+                                       "shows unhealthy_reason alone).")
 
 
 class WorkerList(BaseModel):
@@ -594,13 +597,15 @@ class Stats(BaseModel):
 
 
 class GemmTimings(BaseModel):
+    namespace: str | None = Field(description="Whose compiles share the table; null for one of before namespaces.")
     target: str
     system: str
     entries: int
 
 
 class CompileCaches(BaseModel):
-    gemm_timings: list[GemmTimings] = Field(description="max-autotune's shared timings, per target and system.")
+    gemm_timings: list[GemmTimings] = Field(
+        description="max-autotune's shared timings, per namespace, target and system.")
     inductor_entries: int = Field(description="Entries in Inductor's remote caches (Triton autotune results).")
 
 
@@ -740,8 +745,8 @@ class TagAnswer(BaseModel):
 class VersionDeleted(BaseModel):
     ref: str
     tags_removed: list[str]
-    model_still_held_by: int = Field(description="How many versions still hold the model (its artifacts stay "
-                                     "pinned while any does).")
+    model_still_held_by: int = Field(description="How many versions of the caller's namespace still hold the "
+                                     "model (its artifacts stay pinned while any version of any namespace does).")
 
 
 class Rejected(BaseModel):

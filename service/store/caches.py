@@ -18,14 +18,17 @@ class Caches:
         self.r = r
 
     def summary(self) -> dict[str, Any]:
-        """Max-autotune timings per (target, system), and how many entries Inductor's remote caches hold.
-        Counting scans the keyspace (SCAN, never KEYS)."""
-        prefix = keys.gemm_tuning("", "")[: -len(":")]
+        """Max-autotune timings per (namespace, target, system), and how many entries Inductor's remote caches
+        hold. Counting scans the keyspace (SCAN, never KEYS). A table of before namespaces (no compile reads it any
+        more; `clear` drops it) shows namespace null."""
+        prefix = keys.gemm_tuning("", "", "")[: -len("::")]
         gemm = []
         for k in sorted(self.r.scan_iter(match=keys.GEMM_TUNING_PATTERN, count=1000)):
             name = k.decode() if isinstance(k, bytes) else str(k)
-            target, _, system = name[len(prefix):].rpartition(":")
-            gemm.append({"target": target, "system": system, "entries": int(self.r.hlen(name))})
+            parts = name[len(prefix):].split(":")  # a namespace, a target and a system hash have no ':'
+            ns = parts[0] if len(parts) == 3 else None
+            gemm.append({"namespace": ns, "target": parts[-2] if len(parts) >= 2 else "", "system": parts[-1],
+                         "entries": int(self.r.hlen(name))})
         inductor = sum(1 for _ in self.r.scan_iter(match=keys.INDUCTOR_PATTERN, count=1000))
         return {"gemm_timings": gemm, "inductor_entries": inductor}
 

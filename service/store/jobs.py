@@ -2,7 +2,9 @@
 draws. A worker or a reaper passes the lease it holds; a transition happens only while that lease is still held.
 
 A job record is a Redis hash; the fields in JSON_FIELDS hold JSON, the rest plain strings. Failure records
-(the `error` field, the `failures` list) come from compiler.errors.Failure.
+(the `error` field, the `failures` list) come from compiler.errors.Failure. `namespace` is the namespace whose
+request created the job (others join it); `get` leaves it out, since every view of a job shows `get`'s record and a
+joining namespace must not learn who asked first: the worker reads it with `namespace_of`.
 """
 
 from __future__ import annotations
@@ -101,7 +103,12 @@ class Jobs:
             if k in job:
                 job[k] = int(job[k])
         job["cancel_requested"] = job.pop("cancel", None) == "1"
+        job.pop("namespace", None)  # the creator's: never in a view (the module's docstring)
         return job
+
+    def namespace_of(self, job_id: str) -> str | None:
+        """The namespace whose request created the job; None for a job queued before jobs recorded it."""
+        return cast(str | None, self.r.hget(keys.job(job_id), "namespace"))
 
     def recent(self, limit: int = 50, state: str | None = None) -> list[dict[str, Any]]:
         """The newest jobs first (only those in `state`, among the newest few times `limit`, when given)."""

@@ -65,8 +65,10 @@ All keys live under one prefix so a shared Redis can host aotc beside other tena
                                         AOTC_TAG_HISTORY_LEN
     pins:model:{model}            set   the versions that hold a model ('{ns}/{name}@{v}'): while any does, the
                                         EVICT script keeps every artifact of that model
-    tuning:gemm:{target}:{system} hash  max-autotune matmul/conv timings shared by workers (worker/tuning.py):
-                                        field JSON [op, inputs, precision, choice] -> milliseconds
+    tuning:gemm:{ns}:{target}:{system}
+                                  hash  max-autotune matmul/conv timings shared by the workers' compiles of one
+                                        namespace's jobs (worker/tuning.py): field JSON [op, inputs, precision,
+                                        choice] -> milliseconds
     signing:keys                  hash  kid -> the public record (JSON) of a key workers sign manifests with:
                                         kid, algorithm, public_key (base64 raw), created, revoked_at (or null)
     slots:{kind}:{key id}         zset  what one API key holds open (kind `streams` or `uploads`): lease token ->
@@ -190,8 +192,10 @@ def metrics_histogram(name: str, target: str) -> str:
     return f"{PREFIX}metrics:hist:{name}:{target}"
 
 
-def gemm_tuning(target: str, system: str) -> str:
-    return f"{PREFIX}tuning:gemm:{target}:{system}"
+def gemm_tuning(namespace: str, target: str, system: str) -> str:
+    """Per namespace: a compile publishes the timings it measured for its job's namespace alone (worker/tuning.py
+    says why)."""
+    return f"{PREFIX}tuning:gemm:{namespace}:{target}:{system}"
 
 
 APIKEYS = f"{PREFIX}apikeys"

@@ -180,6 +180,7 @@ class Names:
     def names(self, ns: str, limit: int = 100) -> list[str]:
         return cast(list[str], self.r.zrange(keys.ns(ns, "reg"), 0, limit - 1))
 
-    def holders(self, model_id: str) -> list[str]:
-        """Every version, of any namespace, that holds this model ('{ns}/{name}@{v}')."""
-        return sorted(cast(set[str], self.r.smembers(keys.model_pins(model_id))))
+    def holders(self, model_id: str, ns: str | None = None) -> list[str]:
+        """Every version that holds this model ('{ns}/{name}@{v}'): of any namespace, or of `ns` alone."""
+        found = cast(set[str], self.r.smembers(keys.model_pins(model_id)))
+        return sorted(h for h in found if ns is None or h.startswith(f"{ns}/"))

@@ -76,7 +76,7 @@ def test_compile_by_name_for_several_targets_then_tag_untag_and_list(api_url, fa
     assert f"not built yet: {T1}, {T2}" in err and "no worker served cuda-sm80 when it was compiled" in err
 
     code, out, _ = aotc(api_url, "delete-version", f"{name}@1")
-    assert out.strip() == f"deleted {name}@1; tags removed: prod; versions still holding its model: 0"
+    assert out.strip() == f"deleted {name}@1; tags removed: prod; versions here still holding its model: 0"
     assert aotc(api_url, "versions", name)[0] == 2  # the service's 404
 
 

@@ -216,12 +216,12 @@ def test_a_child_that_raises_importing_torch_counts_a_cancelled_one_does_not_and
     assert not health.healthy and health.early_crashes == MAX_EARLY_CRASHES and health.since is not None
     assert health.reason is not None and f"ImportError: {LOADER_ERROR}" in health.reason
     assert health.describe() == {"healthy": False, "unhealthy_reason": health.reason, "unhealthy_since": health.since,
-                                 "early_crashes": MAX_EARLY_CRASHES}
+                                 "early_crashes": MAX_EARLY_CRASHES, "last_disk_full": None}
 
     (broken / "BROKEN").unlink()
     assert health.probe(tmp_path / "probe-4", sandbox=sandbox, device="cpu", timeout_s=120)
     assert health.describe() == {"healthy": True, "unhealthy_reason": None, "unhealthy_since": None,
-                                 "early_crashes": 0}
+                                 "early_crashes": 0, "last_disk_full": None}
 
 
 def _check_task(tmp_path: Path) -> dict[str, Any]:

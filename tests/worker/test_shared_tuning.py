@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import torch
 from modelzoo import export, seeded
 from procs import ROOT, Cluster, api, stop
 from service.store import keys
+from service.store.apikeys import DEFAULT_NAMESPACE
+from worker.tuning import GemmTimingShare
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +62,8 @@ def test_max_autotune_timings_measured_by_one_worker_spare_the_next_the_benchmar
     # Inductor's own Redis caches are off in the sandboxed child, which has no route to Redis.
     assert first["caches"]["autotune_remote_cache"] is False
     assert first["caches"]["fx_graph_cache_used_by_aot_compiles"] is False
-    stored = [k for k in cluster.store.r.scan_iter(match=keys.gemm_tuning(first["target"], "*"))]
+    # In the table of the namespace that asked (a loopback caller without a key: the default one).
+    stored = [k for k in cluster.store.r.scan_iter(match=keys.gemm_tuning(DEFAULT_NAMESPACE, first["target"], "*"))]
     assert len(stored) == 1 and cluster.store.r.hlen(stored[0]) == g1["measured"]
 
     # Entries that are not timings are skipped on the way in (Redis is shared; a bad value must not break compiles).
@@ -77,3 +81,31 @@ def test_max_autotune_timings_measured_by_one_worker_spare_the_next_the_benchmar
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert f"max-autotune timings: {g1['measured']} from other workers, 0 measured here, 0 published" in shown.stdout
+
+
+INPUTS = "[('cpu', 'torch.float32', 16, 64, 64, 1, 0), ('cpu', 'torch.float32', 64, 128, 1, 64, 0)]"
+
+
+def test_a_namespace_seeds_only_what_its_own_compiles_published(store, tmp_path):
+    """A compile can write made-up timings for any shapes (worker/tuning.py). Published for namespace A, they seed
+    A's later compiles and never B's: B's compile starts with no timings file, and B's table stays empty."""
+    from compiler.compat import caches
+
+    target = f"cpu-share-{uuid.uuid4().hex[:6]}"
+    made_up = {("mm", INPUTS, "highest", "cpp_gemm_slowest"): 1e-6, ("mm", INPUTS, "highest", "aten_mm"): 9.0}
+    hostile = GemmTimingShare(store.r, "team-a", target)
+    hostile.seed(tmp_path / "a1")
+    assert hostile.stats["shared"] == 0 and hostile.files()
+    caches.merge_gemm_timings(str(tmp_path / "a1" / hostile.files()[0]), made_up)  # what the child left
+    hostile.collect(tmp_path / "a1")
+    assert hostile.stats["published"] == 2, hostile.stats
+
+    other = GemmTimingShare(store.r, "team-b", target)
+    other.seed(tmp_path / "b1")
+    assert other.stats["shared"] == 0 and not (tmp_path / "b1" / other.files()[0]).exists(), other.stats
+    assert store.r.hlen(other.key) == 0 and other.key != hostile.key
+
+    same = GemmTimingShare(store.r, "team-a", target)
+    same.seed(tmp_path / "a2")
+    assert same.stats["shared"] == 2
+    assert caches.read_gemm_timings(str(tmp_path / "a2" / same.files()[0])) == made_up

@@ -49,6 +49,7 @@ def _answer(store: Store, settings: Settings, who: Principal, model: dict[str, A
             "toolchain": worker["toolchain"],
             "factors": factors,
             "max_attempts": settings.job_max_attempts,
+            "namespace": who.namespace,  # the creator's (a joining request changes nothing): its tuning share
         },
         priority=priority,
     )

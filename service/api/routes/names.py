@@ -150,13 +150,15 @@ def add_version(name: NamePath, body: NewVersion, store: StoreDep, settings: Set
 def delete_version(name: NamePath, version: VersionPath, store: StoreDep, settings: SettingsDep,
                    who: Compile) -> dict[str, Any]:
     """Delete a version and the tags on it. Its model's artifacts stay pinned while another version (of any name
-    or namespace) holds the model; otherwise the bounded cache may evict them again, least recently pulled first."""
+    or namespace) holds the model; otherwise the bounded cache may evict them again, least recently pulled first.
+    The answer counts the versions of the caller's namespace that still hold it: another namespace's versions of a
+    model are its own business (counting them told a tenant whether another registry held the same model)."""
     _name(settings, name)
     number = int(version)
     got = store.names.get(who.namespace, name, number)
     removed = store.names.delete_version(who.namespace, name, number, who.key_id, limits=settings.registry_limits())
     return {"ref": f"{name}@{version}", "tags_removed": removed,
-            "model_still_held_by": len(store.names.holders(got.model_id)) if got else 0}
+            "model_still_held_by": len(store.names.holders(got.model_id, who.namespace)) if got else 0}
 
 
 @router.put("/names/{name}/tags/{tag}", response_model=TagAnswer, responses=errors(

@@ -332,3 +332,20 @@ def test_a_version_keeps_its_models_artifacts_from_eviction_until_the_last_holde
     finally:
         bounded.close()
         own.stop()
+
+
+def test_deleting_a_version_counts_only_this_namespaces_holders_of_the_model(api_url, store):
+    """B's answer for deleting its version says nothing of A's versions of the same model: counting every
+    namespace's told B whether A's registry held it."""
+    a, b = f"holda{RUN}", f"holdb{RUN}"
+    key_a, key_b = _key(api_url, "compile", a), _key(api_url, "compile", b)
+    model = _model(store, a, b)  # the same bytes uploaded by both
+    for key in (key_a, key_a, key_b, key_b):
+        r = httpx.post(f"{api_url}/v1/names/held/versions", json={"model_id": model}, headers=_bearer(key))
+        assert r.status_code == 201, r.text
+    assert len(store.names.holders(model)) == 4  # all four pin its artifacts
+    gone = httpx.delete(f"{api_url}/v1/names/held/versions/2", headers=_bearer(key_b)).json()
+    assert gone["model_still_held_by"] == 1, gone  # B's version 1; A's two are not B's to count
+    gone = httpx.delete(f"{api_url}/v1/names/held/versions/1", headers=_bearer(key_b)).json()
+    assert gone["model_still_held_by"] == 0, gone
+    assert store.names.holders(model) == [f"{a}/held@1", f"{a}/held@2"]  # A's still pin it

@@ -11,6 +11,7 @@ worker would.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -550,3 +551,24 @@ def test_the_sdk_waits_through_a_429_on_its_event_stream(limited, fake_target, m
     assert httpx.delete(f"{url}/v1/jobs/{job_id}", headers=_bearer(key)).status_code == 200
     waiter.join(30)
     assert isinstance(outcome.get("e"), JobFailed) and outcome["e"].job["state"] == "cancelled", outcome
+
+
+def test_a_job_keeps_the_namespace_that_created_it_for_its_tuning_share_and_no_view_shows_it(
+        limited, fake_target, model_bytes, store):
+    """The worker shares max-autotune timings within the namespace whose request created the job (worker/tuning.py):
+    a second namespace's identical request joins the job without changing that, and neither namespace's view of the
+    job (the compile answer, GET /v1/jobs/{id}, the listing) names who asked first."""
+    (url_a, _), (url_b, _) = limited
+    first, second = (f"tune-{c}-{uuid.uuid4().hex[:6]}" for c in "ab")
+    key_a, key_b = _key(url_a, "compile", first), _key(url_a, "compile", second)
+    job_id = _queued_job(url_a, key_a, model_bytes, batch=53)
+    model_id = _upload(url_b, key_b, model_bytes)
+    r = httpx.post(f"{url_b}/v1/compilations", headers=_bearer(key_b), timeout=30,
+                   json={"model_id": model_id, "shapes": {"x": [53, 4]}, "target": TARGET})
+    assert r.status_code == 202 and r.json()["job"]["id"] == job_id, r.text  # the same job, joined
+    assert store.jobs.namespace_of(job_id) == first
+    for url, key in ((url_a, key_a), (url_b, key_b)):
+        seen = [r.json()["job"], httpx.get(f"{url}/v1/jobs/{job_id}", headers=_bearer(key), timeout=30).json(),
+                *httpx.get(f"{url}/v1/jobs", headers=_bearer(key), timeout=30).json()["jobs"]]
+        for view in seen:
+            assert "namespace" not in view and first not in json.dumps(view), view
