@@ -45,8 +45,12 @@ end
 # KEYS: inflight, job, jobs index, queue stream, events.
 # ARGV: job id, ts, job key prefix, JSON [field, value, ...] of the new record, priority.
 # Joins the live job for this cache key, or creates, indexes and enqueues a new one. Returns {job id, created 1|0}.
+# A live job flagged for cancellation (every namespace on it cancelled it; it ends within seconds) is not joined:
+# the request gets a job of its own, and the cache key's inflight entry moves to it (FINISH of the old job deletes
+# the entry only while it still names that job).
 SUBMIT = """
 local existing = redis.call('GET', KEYS[1])
+if existing and redis.call('HGET', ARGV[3] .. existing, 'cancel') == '1' then existing = false end
 if existing then
   local job = ARGV[3] .. existing
   local st = redis.call('HGET', job, 'state')

@@ -187,9 +187,11 @@ def test_tables_on_a_pipe_are_plain_columns_and_cells_are_never_markup():
 
 
 def test_caches_summary_keeps_each_row_on_one_line():
-    text = render.plain(render.caches_summary({"gemm_timings": [{"target": "cuda-sm90", "system": "f" * 64,
-                                                                 "entries": 3}], "inductor_entries": 2}))
-    assert any(ln.split() == ["cuda-sm90", "f" * 16, "3"] for ln in text.splitlines()), text
+    text = render.plain(render.caches_summary({"gemm_timings": [
+        {"namespace": "team-a", "target": "cuda-sm90", "system": "f" * 64, "entries": 3},
+        {"namespace": None, "target": "cuda-sm90", "system": "e" * 64, "entries": 1}], "inductor_entries": 2}))
+    rows = [ln.split() for ln in text.splitlines()]
+    assert ["team-a", "cuda-sm90", "f" * 16, "3"] in rows and ["-", "cuda-sm90", "e" * 16, "1"] in rows, text
     assert text.splitlines()[-1] == "Inductor remote-cache entries (Triton autotune results): 2"
 
 

@@ -144,6 +144,23 @@ def test_cancel_of_a_running_job_is_a_flag_its_worker_acts_on(store):
     assert store.jobs.cancel(job_id) == "cancelled"  # already ended: nothing changes
 
 
+def test_a_request_after_a_running_jobs_cancel_gets_a_job_of_its_own(store):
+    """Once every namespace on a running job cancelled it, the job ends within seconds: an identical request in that
+    window must not join it (it would end `cancelled` without its asker cancelling anything)."""
+    target, key = _target(), uuid.uuid4().hex
+    fields = {"model_id": "m", "spec": [], "options": {}, "toolchain": {"torch": "x"}, "factors": {},
+              "max_attempts": 3}
+    doomed, _ = store.jobs.submit(key, target, fields)
+    lease, _ = _take(store, target, "w")
+    assert store.jobs.submit(key, target, fields) == (doomed, False)  # joined while nobody cancelled it
+    assert store.jobs.cancel(doomed) == "running"
+    fresh, created = store.jobs.submit(key, target, fields)
+    assert created and fresh != doomed and store.jobs.get(fresh)["state"] == "queued"
+    assert not store.jobs.get(fresh)["cancel_requested"]
+    assert store.jobs.finish(doomed, "cancelled", lease=lease, error=Failure.cancelled("x"))
+    assert store.jobs.submit(key, target, fields) == (fresh, False)  # the old job's end left the new one in place
+
+
 def test_a_cancelled_job_whose_worker_was_lost_ends_cancelled_not_requeued(store):
     target = _target()
     job_id = _submit(store, target)
