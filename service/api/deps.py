@@ -16,13 +16,14 @@ from typing import Annotated, Any
 from fastapi import Depends, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from compiler.errors import NotFound, Unprocessable
+from compiler.errors import NotFound, OverQuota, Unprocessable
 from service.api.auth import Caller, Keyring, Principal
 from service.api.cache import Ambiguous, Found, NoModel, Reads
 from service.api.schemas import ARTIFACT_KEY, JOB_ID, MODEL_ID
 from service.api.settings import Settings
 from service.store import Store, keys
 from service.store.models import ID_LEN, lex_range
+from service.store.namespaces import GB
 
 
 async def get_store(request: Request) -> Store:
@@ -159,3 +160,20 @@ ModelDep = Annotated[dict[str, Any], Depends(_model)]
 JobDep = Annotated[dict[str, Any], Depends(_job)]
 ArtifactDep = Annotated[dict[str, Any], Depends(_artifact)]
 ArtifactMetaDep = Annotated[Response, Depends(_artifact_meta)]
+
+
+def check_room(store: Store, settings: Settings, who: Principal, incoming: int, what: str = "") -> None:
+    """507 quota_storage when `incoming` more bytes would take the caller's namespace past its stored-bytes quota
+    (admins, the operators, have none). A compile request passes `incoming` 1: its artifact's size is not known
+    before it is built, so a namespace already at its quota is refused new work (`what` says which)."""
+    if who.ns is None:
+        return
+    ns = who.ns
+    quota = store.namespaces.quota(ns, settings.default_quota())
+    held = store.namespaces.stored_bytes(ns)
+    if held + incoming > quota.max_stored_bytes:
+        more = what or f"{incoming / GB:.3f} GB more"
+        raise OverQuota(
+            f"namespace {ns!r} holds {held / GB:.3f} GB of models and artifacts; {more} would pass its quota of "
+            f"{quota.max_stored_bytes / GB:.3f} GB (max_stored_gb; delete models, or an admin raises it with "
+            "`aotc namespaces quota`)", quota="max_stored_gb", held_bytes=held, quota_bytes=quota.max_stored_bytes)

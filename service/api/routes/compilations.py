@@ -9,7 +9,7 @@ from compiler import shapes as specs
 from compiler.errors import TooManyJobs, Unavailable, Unprocessable
 from compiler.targets import Target, pick_worker, worker_targets
 from service.api.auth import Compile, Principal, needs
-from service.api.deps import SettingsDep, StoreDep, resolve_model
+from service.api.deps import SettingsDep, StoreDep, check_room, resolve_model
 from service.api.lookup import find_artifact
 from service.api.schemas import V1_ERRORS, CompilationAnswer, CompilationRequest, errors
 from service.api.settings import Settings
@@ -114,7 +114,9 @@ def _compile_for(store: Store, settings: Settings, who: Principal, model: dict[s
         wanted = [spec, *bucket_specs]
         found = [_find(store, model, s, worker, options) for s in wanted]
         uncached = sum(1 for _, _, artifact in found if artifact is None)
-        # Admins (operators, and open mode) have no quota.
+        # Admins (operators, and open mode) have no quota. New work only: what is cached is answered over quota too.
+        if uncached:
+            check_room(store, settings, who, 1, f"{uncached} more artifact(s) to store")
         held = _admit_jobs(store, settings, who.ns, uncached) if uncached and who.ns is not None else ()
         slots = iter(held)
         try:
@@ -167,12 +169,14 @@ def _builds(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @router.post("", status_code=202, response_model=CompilationAnswer, response_model_exclude_unset=True, responses={
     200: {"model": CompilationAnswer, "description": "Matching artifacts are cached"},
-    **errors(400, 404, 408, 409, 422, 429, 503, why={
+    **errors(400, 404, 408, 409, 422, 429, 503, 507, why={
         404: "No such model",
         409: "A tag of 'latest', which always names the newest version",
         422: "The shapes contradict the exported program, or the target, options, name or tags do not validate",
         503: "No live worker serves the target (error.live_targets lists those served), or none of `targets`, or "
              "Redis is unreachable",
+        507: "The namespace holds its whole stored-bytes quota (quota_storage, max_stored_gb) and the request needs "
+             "a compile (a cached answer is given over quota too), or Redis is out of memory",
     }),
 })
 def request_compilation(req: CompilationRequest, response: Response, store: StoreDep,

@@ -7,16 +7,15 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from compiler.archive.inspect import inspect_archive
-from compiler.errors import BadRequest, OverQuota, PayloadTooLarge, Unprocessable
+from compiler.errors import BadRequest, PayloadTooLarge, Unprocessable
 from service.api.auth import Compile, Principal, Pull, needs
-from service.api.deps import ModelDep, SettingsDep, StoreDep
+from service.api.deps import ModelDep, SettingsDep, StoreDep, check_room
 from service.api.disk import DiskFull, Spool, writing
 from service.api.schemas import NAME_TEXT, V1_ERRORS, Limit, ModelList, ModelRecord, errors
 from service.api.settings import Settings
 from service.api.slots import UploadSlot
 from service.store import Store
 from service.store.blobstore import local_root
-from service.store.namespaces import GB
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=V1_ERRORS, dependencies=needs("pull"))
 
@@ -86,7 +85,7 @@ async def upload_model(request: Request, response: Response, store: StoreDep, se
         if spool.refused is not None or spool.path is None:
             raise spool.refused or DiskFull("the upload could not be spooled to disk")
         path = spool.path
-        await run_in_threadpool(_check_room, store, settings, who, size)
+        await run_in_threadpool(check_room, store, settings, who, size)
         info = await run_in_threadpool(inspect_archive, str(path), settings.archive_limits())
         record: dict[str, Any] = {
             "id": model_id,
@@ -109,28 +108,12 @@ async def upload_model(request: Request, response: Response, store: StoreDep, se
         spool.discard()
 
 
-def _check_room(store: Store, settings: Settings, who: Principal, incoming: int) -> None:
-    """507 when `incoming` more bytes would take the caller's namespace past its stored-bytes quota (admins, the
-    operators, have none)."""
-    if who.ns is None:
-        return
-    ns = who.ns
-    quota = store.namespaces.quota(ns, settings.default_quota())
-    held = store.namespaces.stored_bytes(ns)
-    if held + incoming > quota.max_stored_bytes:
-        raise OverQuota(
-            f"namespace {ns!r} holds {held / GB:.3f} GB of models and artifacts; {incoming / GB:.3f} GB more would "
-            f"pass its quota of {quota.max_stored_bytes / GB:.3f} GB (max_stored_gb; an admin raises it with "
-            "`aotc namespaces quota`)", quota="max_stored_gb", held_bytes=held,
-            quota_bytes=quota.max_stored_bytes)
-
-
 def _add_to_namespace(store: Store, settings: Settings, who: Principal, model_id: str, name: str,
                       size: int) -> bool:
     """Put a model already stored in the caller's namespace (its quota counts the model's bytes from now)."""
     if store.namespaces.has_model(who.namespace, model_id):
         return False
-    _check_room(store, settings, who, size)
+    check_room(store, settings, who, size)
     return store.namespaces.add_model(who.namespace, model_id, name)
 
 

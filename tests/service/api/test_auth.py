@@ -209,6 +209,19 @@ def test_quotas_answer_429_for_jobs_and_507_for_stored_bytes(api_url: str, fake_
     assert r.status_code == 507, r.text
     assert r.json()["error"]["code"] == "quota_storage" and "max_stored_gb" in r.json()["error"]["message"]
 
+    # A namespace that holds its whole quota is refused new compiles too: an artifact's size is known only once it
+    # is built, so a request that needs one is refused before anything is queued.
+    api.put(f"{api_url}/v1/namespaces/{ns}/quota", json={"max_stored_gb": held / 2**30})
+    r = k.http.post("/v1/compilations", json={"model_id": model_id, "shapes": {"x": [7, 4]}, "target": fake_worker})
+    assert r.status_code == 507, r.text
+    err = r.json()["error"]
+    assert err["code"] == "quota_storage" and "1 more artifact(s) to store" in err["message"], err
+    assert k.http.get("/v1/me").json()["usage"]["jobs"] == 0
+    api.put(f"{api_url}/v1/namespaces/{ns}/quota", json={"max_stored_gb": 1.0})
+    r = k.http.post("/v1/compilations", json={"model_id": model_id, "shapes": {"x": [7, 4]}, "target": fake_worker})
+    assert r.status_code == 202, r.text
+    k.http.delete(f"/v1/jobs/{r.json()['job']['id']}")
+
 
 def test_a_revoked_key_is_refused(api_url: str) -> None:
     k = Key(api_url, "pull", "revoked")
