@@ -80,7 +80,8 @@ def _farm(request: Request, who: Principal) -> dict[str, Any]:
     workers = workers_route.list_workers(store)["workers"]
     now = time.time()
     for w in workers:
-        w["health"] = ("unhealthy: " + str(w.get("unhealthy_reason") or "its children fail") if broken(w)
+        full = f"; the last job that ran out of space: {w['last_disk_full']}" if w.get("last_disk_full") else ""
+        w["health"] = ("unhealthy: " + str(w.get("unhealthy_reason") or "its children fail") + full if broken(w)
                        else "late: missed a heartbeat" if late(w, now) else "ok")
     m = metrics(request.app.state.scraper)
     jobs = jobs_route.list_jobs(store, who, get_console_settings().history_jobs, None)["jobs"]

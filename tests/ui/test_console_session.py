@@ -11,7 +11,7 @@ from html import unescape
 import httpx
 import pytest
 
-from procs import ROOT, api
+from procs import ADMIN_KEY, ROOT, api
 
 VENDOR = ROOT / "service" / "ui" / "static" / "vendor"
 NO_JOB = "0" * 32
@@ -160,3 +160,24 @@ def test_signing_out_drops_the_cookie(api_url: str, keys: dict[str, str]) -> Non
     r = c.post("/ui/logout", data={"csrf": csrf_of(c)}, headers={"Origin": api_url})
     assert r.status_code == 303
     assert c.get("/ui/models").status_code == 303
+
+
+def test_the_farm_shows_an_admin_the_job_that_filled_a_disk_escaped_and_readyz_does_not(api_url: str, store) -> None:
+    """A full disk's last job is in its own words, a child's output: the farm page (admin) shows it as text, and the
+    keyless /readyz leaves it out."""
+    wid = f"ui-disk-{time.time_ns()}"
+    words = "the compile ran out of disk space <script>alert(1)</script> in /work/job-42"
+    store.workers.heartbeat({"id": wid, "target": "cpu-ui-disk", "toolchain": {"torch": "x"}, "device_name": "none",
+                             "started": time.time(), "healthy": False, "unhealthy_since": time.time(),
+                             "unhealthy_reason": "disk full: /work has 1.0 MB free", "last_disk_full": words},
+                            ttl_s=60)
+    try:
+        page = signed_in(api_url, ADMIN_KEY).get("/ui/farm")
+        assert page.status_code == 200
+        assert "<script>alert(1)</script>" not in page.text
+        assert f"the last job that ran out of space: {words}" in unescape(page.text)
+        ready = api.get(f"{api_url}/readyz", timeout=10).json()
+        [mine] = [u for u in ready["unhealthy_workers"] if u["id"] == wid]
+        assert mine["reason"] == "disk full: /work has 1.0 MB free" and "job-42" not in str(ready)
+    finally:
+        store.workers.remove(wid)
