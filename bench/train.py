@@ -371,9 +371,11 @@ def wait_model(c: Any, row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def time_model(url: str, row: dict[str, Any], a: argparse.Namespace, base: Path) -> dict[str, Any]:
+def time_model(url: str, row: dict[str, Any], a: argparse.Namespace, base: Path,
+               progress: Any = lambda: None) -> dict[str, Any]:
     """On a quiet device (no compile running), each in a fresh process: eager and the package's step, the package's
-    time to first step, and torch.compile's cold time to first step and then its step."""
+    time to first step, and torch.compile's cold time to first step and then its step. `progress()` is called after
+    each part, so a run cut off in torch.compile's cold compile (minutes under max-autotune) keeps what was timed."""
     name = row["model"]
     # In a process of its own: a CPU package brings its own OpenMP runtime, whose threads spin beside torch's and
     # slow whatever runs after it (compiler/check.py measures eager first for that reason).
@@ -383,6 +385,7 @@ def time_model(url: str, row: dict[str, Any], a: argparse.Namespace, base: Path)
         row["time_error"] = timed["error"]
         return row
     row.update({k: v for k, v in timed.items() if k != "wall_s"})
+    progress()
     if a.ttfs:
         row["ttfs_aotc"] = _fresh(["aotc", url, row["key"], name, str(row["batch"]), a.device,
                                    str(base / f"cache-{name}-{time.time_ns()}")])
@@ -405,6 +408,7 @@ def time_model(url: str, row: dict[str, Any], a: argparse.Namespace, base: Path)
         row["step_ms"][f"compile_{mode}"] = got.pop("step_ms")
         row["step_spread_ms"][f"compile_{mode}"] = got.pop("step_spread_ms")
         row[f"ttfs_compile{'' if mode == 'default' else '_' + mode}"] = got
+        progress()
     e_ms = row["step_ms"]["eager"]
     row["speedup_vs_eager"] = round(e_ms / row["step_ms"]["aotc"], 3)
     if "compile_default" in row["step_ms"]:
@@ -667,7 +671,7 @@ def run_lane(a: argparse.Namespace) -> None:
         write()
         start = conditions(status["jobs"], workers_on)
         try:
-            time_model(svc.url, row, a, base)
+            time_model(svc.url, row, a, base, progress=write)
         except Exception as e:  # noqa: BLE001 - a bench row, not a crash
             row["time_error"] = f"bench: {reason(e)}"
         row["time_wall_s"] = round(time.perf_counter() - t0, 1)
