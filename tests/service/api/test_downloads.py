@@ -139,30 +139,53 @@ def test_every_get_is_a_pull_in_the_eviction_order(service: Service, tmp_path: P
 _KILLED_PULL = """
 import http.client, os, signal, sys
 sys.path[:0] = [sys.argv[1]]
-from client import Client
-limit, read = int(sys.argv[4]), [0]
+from client import Client, transfer
+limit, written = int(sys.argv[4]), [0]
+transfer.SPLICE = sys.argv[6] == "splice"
+
+def die(path):  # the first 1 MiB block is on disk by now: die like a killed process, mid-download
+    with open(sys.argv[7], "w") as f:
+        f.write(path)
+    os.kill(os.getpid(), signal.SIGKILL)
+
 original = http.client.HTTPResponse.readinto
 def readinto(self, b):
     n = original(self, b)
-    read[0] += n
-    if read[0] >= limit:  # the first 1 MiB block is on disk by now: die like a killed process, mid-download
-        os.kill(os.getpid(), signal.SIGKILL)
+    written[0] += n
+    if written[0] >= limit:
+        die("buffered")
     return n
 http.client.HTTPResponse.readinto = readinto
+
+splice = os.splice
+def spliced(src, dst, count, offset_src=None, offset_dst=None, flags=0):
+    n = splice(src, dst, count, offset_src, offset_dst, flags)
+    if offset_dst is not None:  # pipe -> file: the bytes are in the file
+        written[0] += n
+        if written[0] >= limit:
+            die("splice")
+    return n
+os.splice = spliced
 Client(sys.argv[2], cache_dir=sys.argv[3]).pull(sys.argv[5])
 """
 
 
+@pytest.mark.parametrize("path", ["splice", "buffered"])
 def test_a_pull_killed_midway_resumes_with_range_and_ends_verified(service: Service, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from client import Client
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   path: str) -> None:
+    """Both ways a pull writes (client/transfer.py): splice(2) from the socket into the file, and the buffered
+    path (TLS, chunked bodies, systems without splice); the killed process says which one it was in."""
+    from client import Client, transfer
 
     key, data = service.publish(tmp_path, 4_000_000)
     cache = tmp_path / "cache"
-    # Killed once the second 1 MB piece has arrived: the first is on disk by then (each waits for the one before).
+    # Killed once 2 MB are in the file: a prefix of the artifact is on disk by then.
+    marker = tmp_path / "killed-in"
     killed = subprocess.run([sys.executable, "-c", _KILLED_PULL, str(ROOT), service.url, str(cache),
-                             str(2_000_000), key], env={**os.environ, **S3}, timeout=120)
+                             str(2_000_000), key, path, str(marker)], env={**os.environ, **S3}, timeout=120)
     assert killed.returncode == -signal.SIGKILL
+    assert marker.read_text() == path
     part = cache / "artifacts" / f"{key}.pt2.part"
     have = part.stat().st_size
     assert 0 < have < len(data) and part.read_bytes() == data[:have]
@@ -187,6 +210,7 @@ def test_a_pull_killed_midway_resumes_with_range_and_ends_verified(service: Serv
 
     monkeypatch.setattr(http.client.HTTPConnection, "request", spy_request)
     monkeypatch.setattr(http.client.HTTPConnection, "getresponse", spy_getresponse)
+    monkeypatch.setattr(transfer, "SPLICE", path == "splice")
     with Client(service.url, cache_dir=cache) as c:
         path = c.pull(key)
     assert path.read_bytes() == data and not part.exists()
