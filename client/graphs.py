@@ -49,14 +49,14 @@ class GraphedArtifact:
         self.reason = self._why_plain()
         if self.reason is None:
             try:
-                self._pkg = load_for_graphs(package_path, device, weights)
+                self._pkg = load_for_graphs(package_path, device, weights, expect=self.spec)
                 self._runner = GraphRunner(self._pkg.run_flat, torch.device(device), allow=self._allow,
                                            clone_outputs=clone_outputs, max_graphs=max_graphs)
             except RuntimeError as e:
                 self.reason = str(e)
         if self.reason is not None:
             log.warning("artifact %s runs without CUDA graphs: %s", meta.get("key", package_path), self.reason)
-            self._plain = aoti_load_package(package_path, device, weights=weights)
+            self._plain = aoti_load_package(package_path, device, weights=weights, expect=self.spec)
 
     def _why_plain(self) -> str | None:
         if not self.device.startswith("cuda"):
@@ -71,7 +71,7 @@ class GraphedArtifact:
     def _allow(self, sig: Signature) -> str | None:
         want = [list(inp["shape"]) for inp in self.spec]
         got = [list(s) for s, _ in sig]
-        if want and len(want) == len(got) and want != got:
+        if want and want != got:
             return f"inputs {got} are not the artifact's static shapes {want}"
         return None
 

@@ -14,7 +14,6 @@ import importlib.metadata
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -36,11 +35,12 @@ from client.verify import ENV as TRUSTED_KEYS_ENV
 from client.verify import TrustSpec, Verifier, check_digest, check_file
 from compiler.errors import BadSignature, Unprocessable
 from compiler.shapes import format_shape, parse_shape
+from compiler.signing import ARTIFACT_KEY
 from compiler.targets import Target
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 log = logging.getLogger("aotc.client")
-_KEY = re.compile(r"^[0-9a-f]{32}$")  # an artifact key; anything else `load` reads as a registry reference
+_KEY = ARTIFACT_KEY  # an artifact key; anything else `load` reads as a registry reference
 
 
 class ClientError(Exception):
@@ -496,9 +496,9 @@ class Client:
             headers = {"Range": f"bytes={have}-", "If-Range": f'"{etag}"'} if have else {}
             try:
                 if direct:
-                    self._fetch(url, headers, f, digest, have)
+                    self._fetch(url, headers, f, digest, have, size - have)
                 else:
-                    self._fetch_httpx(url, headers, f, digest, have)
+                    self._fetch_httpx(url, headers, f, digest, have, size - have)
                 return digest.hexdigest()
             except transfer.Restart:
                 f.truncate(0)
@@ -507,29 +507,37 @@ class Client:
                     raise
         raise ClientError(502, f"artifact {art.key}: the service never sent the bytes asked for")
 
-    def _fetch(self, url: str, headers: dict[str, str], f: BinaryIO, digest: Any, have: int) -> None:
+    def _fetch(self, url: str, headers: dict[str, str], f: BinaryIO, digest: Any, have: int, limit: int) -> None:
         """The fast path (client/transfer.py): http.client into a few reused buffers, hashed as they are written."""
         sent = {**{k: v for k, v in self.http.headers.items() if k.lower() in ("authorization", "user-agent")},
                 **headers}
         timeout = self.http.timeout.read
         try:
-            transfer.fetch(self.url + url, sent, f, digest, have, timeout=timeout,
+            transfer.fetch(self.url + url, sent, f, digest, have, timeout=timeout, limit=limit,
                            redirect_headers={"Range": headers["Range"]} if have else {})
         except transfer.Refused as e:
             _raise_for(httpx.Response(e.status, content=e.body, headers={"content-type": "application/json"}))
             raise ClientError(e.status, e.body[:500].decode(errors="replace")) from None
 
-    def _fetch_httpx(self, url: str, headers: dict[str, str], f: BinaryIO, digest: Any, have: int) -> None:
+    def _fetch_httpx(self, url: str, headers: dict[str, str], f: BinaryIO, digest: Any, have: int,
+                     limit: int) -> None:
+        try:
+            self._stream_httpx(url, headers, f, digest, have, limit)
+        except transfer.Refused as e:  # more bytes than the signed size: as the fast path says it (ClientError)
+            raise ClientError(e.status, e.body[:500].decode(errors="replace")) from None
+
+    def _stream_httpx(self, url: str, headers: dict[str, str], f: BinaryIO, digest: Any, have: int,
+                      limit: int) -> None:
         with self.http.stream("GET", url, headers=headers) as resp:
             if resp.status_code == 307:  # S3: the bytes come from the presigned URL (S3 has its own ETag)
                 with self.direct.stream("GET", resp.headers["location"],
                                       headers={"Range": headers["Range"]} if have else {}) as direct:
-                    self._append(direct, f, digest, have)
+                    self._append(direct, f, digest, have, limit)
             else:
-                self._append(resp, f, digest, have)
+                self._append(resp, f, digest, have, limit)
 
     @staticmethod
-    def _append(resp: httpx.Response, f: BinaryIO, digest: Any, have: int) -> None:
+    def _append(resp: httpx.Response, f: BinaryIO, digest: Any, have: int, limit: int) -> None:
         if resp.status_code == 416:
             raise transfer.Restart  # what we hold is not a prefix of this artifact
         if not resp.is_success:
@@ -539,8 +547,11 @@ class Client:
             raise transfer.Restart
         if resp.status_code == 206 and not resp.headers.get("content-range", "").startswith(f"bytes {have}-"):
             raise transfer.Restart
+        transfer.within(resp.headers.get("content-length"), limit)
         try:
             for piece in resp.iter_bytes(1 << 20):
+                limit -= len(piece)
+                transfer.within(None, limit)
                 digest.update(piece)
                 f.write(piece)
         finally:  # what arrived is kept, in order, even when the stream was cut off: a resume starts after it
@@ -597,7 +608,7 @@ class Client:
                                         for b in artifact.buckets], pad=pad)
         if isinstance(artifact, Artifact):
             art = artifact
-        elif _KEY.match(artifact):
+        elif _KEY.fullmatch(artifact):
             art = self.artifact(artifact)
         else:
             art = self.artifact(self.pick(artifact, shapes, device=device or "auto", target=target)["key"])
@@ -619,7 +630,7 @@ class Client:
 
             fn = load_graphed(str(path), {"key": art.key, **art.meta}, device, weights=weights)
         else:
-            fn = aoti_load_package(str(path), device, weights=weights)
+            fn = aoti_load_package(str(path), device, weights=weights, expect=art.meta.get("spec"))
         if timings is None:
             return fn
         timings["bind_s"] = t1 - t0
@@ -639,7 +650,7 @@ class Client:
         blob is not downloaded: the caller's tensors are the weights."""
         if isinstance(artifact, Artifact):
             art = artifact
-        elif _KEY.match(artifact):
+        elif _KEY.fullmatch(artifact):
             art = self.artifact(artifact)
         else:
             art = self.artifact(self.pick(artifact, shapes, device=device or "auto", target=target,
@@ -655,7 +666,8 @@ class Client:
         _check_target(built, device, art.meta)
         from client.training import TrainStep  # imports torch: only to load
 
-        return TrainStep(str(path), train, (signed.weights or {}).get("constants") or [], model, device)
+        return TrainStep(str(path), train, (signed.weights or {}).get("constants") or [], model, device,
+                         expect=art.meta.get("spec"))
 
     def pull_weights(self, artifact: Artifact | str, dest: str | Path | None = None, *,
                      attempts: int = 3, rehash: bool = False) -> Path | None:

@@ -40,13 +40,16 @@ class TrainStep:
     """`loss, outputs = step(*batch)`: one training step of the package on the bound tensors (see the module)."""
 
     def __init__(self, package_path: str, manifest: Mapping[str, Any], constants: Sequence[Mapping[str, Any]],
-                 model_or_tensors: torch.nn.Module | Mapping[str, torch.Tensor], device: str = "cpu") -> None:
+                 model_or_tensors: torch.nn.Module | Mapping[str, torch.Tensor], device: str = "cpu",
+                 expect: list[dict[str, Any]] | None = None) -> None:
         self.manifest = dict(manifest)
         live = live_tensors(model_or_tensors)
         where = torch.device(device)
         if where.type == "cuda" and where.index is None:
             where = torch.device("cuda", 0)
         self.package = LoadedPackage(package_path, str(where))
+        if expect:  # the signed spec: a batch of another shape must not be read past its end (LoadedPackage.expect)
+            self.package.expect(expect)
         fqns = self.package.get_constant_fqns()
         signed = {str(c["fqn"]): c for c in constants}
         bind: dict[str, torch.Tensor] = {}

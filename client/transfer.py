@@ -99,10 +99,12 @@ def _connect(url: str, timeout: float | None) -> tuple[http.client.HTTPConnectio
 
 
 def fetch(url: str, headers: Mapping[str, str], f: BinaryIO, digest: Any, have: int, *,
-          timeout: float | None, redirect_headers: Mapping[str, str] | None = None) -> None:
+          timeout: float | None, redirect_headers: Mapping[str, str] | None = None, limit: int | None = None) -> None:
     """GET `url` and append its body to `f` (which holds `have` bytes already, hashed into `digest`), hashing
     every byte written. One 307 (the S3 blob store's presigned URL) is followed with `redirect_headers` only: a
-    presigned URL carries its own signature and must never see the API key. Raises Cutoff, Restart or Refused."""
+    presigned URL carries its own signature and must never see the API key. `limit`: the most bytes the body may
+    hold (what the signed size leaves): a longer one is refused (`within`) before it can fill the disk. Raises
+    Cutoff, Restart or Refused."""
     try:
         conn, target = _connect(url, timeout)
         try:
@@ -114,10 +116,12 @@ def fetch(url: str, headers: Mapping[str, str], f: BinaryIO, digest: Any, have: 
                 conn.close()
                 if not direct_ok(location):
                     raise Refused(502, f"the redirect to {location!r} cannot be fetched directly".encode())
-                return fetch(location, redirect_headers, f, digest, have, timeout=timeout, redirect_headers=None)
+                return fetch(location, redirect_headers, f, digest, have, timeout=timeout, redirect_headers=None,
+                             limit=limit)
             _expect(resp, have)
+            within(resp.length, limit)
             if not _splice_ok(conn, resp, f):
-                _drain(resp, f, digest)
+                _drain(resp, f, digest, limit)
             else:
                 _splice(conn, resp, f, digest)
         finally:
@@ -140,7 +144,21 @@ def _expect(resp: http.client.HTTPResponse, have: int) -> None:
         raise Restart
 
 
-def _drain(resp: http.client.HTTPResponse, f: BinaryIO, digest: Any) -> None:
+def within(length: int | str | None, limit: int | None) -> None:
+    """Refused when a body's announced `length` exceeds `limit` (what the signed size leaves), or, called with
+    no length, when `limit` has gone below 0 (more bytes came than it allowed)."""
+    if limit is None:
+        return
+    if length is None:
+        if limit < 0:
+            raise Refused(502, b"the server sent more bytes than the artifact's signed size")
+        return
+    if int(length) > limit:
+        raise Refused(502, f"the server announced {int(length)} bytes where the artifact's signed size leaves "
+                           f"{limit}".encode())
+
+
+def _drain(resp: http.client.HTTPResponse, f: BinaryIO, digest: Any, limit: int | None = None) -> None:
     """Read the body block by block into a few reused buffers: this thread receives and writes each block, a helper
     hashes it meanwhile, and the block is reused once hashed. On a failure midway, what filled the block so far is
     kept too (written and hashed), so a resume starts right after the last byte received."""
@@ -167,11 +185,16 @@ def _drain(resp: http.client.HTTPResponse, f: BinaryIO, digest: Any) -> None:
             i = free.get()
             n = 0
             try:
-                while n < BLOCK:
-                    got = resp.readinto(bufs[i][n:])
+                # A chunked body has no length to refuse up front: read at most one byte past the limit.
+                room = BLOCK if limit is None else max(0, min(BLOCK, limit + 1))
+                while n < room:
+                    got = resp.readinto(bufs[i][n:room])
                     if not got:
                         break
                     n += got
+                if limit is not None:
+                    limit -= n
+                    within(None, limit)
             finally:
                 try:
                     if n:
@@ -184,7 +207,7 @@ def _drain(resp: http.client.HTTPResponse, f: BinaryIO, digest: Any) -> None:
                         hashing.put((i, n))
                     else:
                         free.put(i)
-            if n < BLOCK:
+            if n < room:
                 break
     finally:
         hashing.put(None)

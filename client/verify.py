@@ -37,6 +37,7 @@ import httpx
 
 from compiler.errors import BadSignature
 from compiler.signing import (
+    ARTIFACT_KEY,
     Countersignature,
     Manifest,
     TrustedKey,
@@ -125,7 +126,12 @@ class Verifier:
 
     def manifest(self, key: str, meta: dict[str, Any]) -> Manifest:
         """The verified manifest of artifact `key`, whose record (`meta`) must agree on the package's sha256 and
-        size; BadSignature otherwise."""
+        size; BadSignature otherwise. Once it verifies, the record's fields that decide how the package is run are
+        replaced by the signed ones (`adopt`). A key that is not one (32 lowercase hex digits) is refused before it
+        names a URL or a file: a signed manifest names exactly the key it was asked for, so a worker made to sign
+        `../../x` would otherwise have pulls write outside the cache."""
+        if not isinstance(key, str) or not ARTIFACT_KEY.fullmatch(key):
+            raise BadSignature("malformed", f"{str(key)[:80]!r} is not an artifact key (32 lowercase hex digits)")
         resp = self.client.http.get(f"/v1/artifacts/{key}/manifest")
         if resp.status_code == 404 and _error(resp).get("reason") == "unsigned":
             raise BadSignature("unsigned", str(_error(resp).get("message") or f"artifact {key} is unsigned"))
@@ -139,6 +145,7 @@ class Verifier:
         signed.expect(key=key)
         signed.expect(sha256=str(meta.get("sha256")), size=int(meta.get("size") or 0))
         self.on_target(signed, meta, trusted)
+        adopt(signed, meta)
         return signed
 
     def on_target(self, signed: Manifest, meta: dict[str, Any],
@@ -165,6 +172,25 @@ class Verifier:
                            f"there{' (' + '; '.join(untrusted)[:400] + ')' if untrusted else ''}: wait for a worker "
                            "that serves it to check it, or take it unverified (allow_unverified=True, "
                            "--allow-unverified)", kid=signed.kid)
+
+
+def adopt(signed: Manifest, meta: dict[str, Any]) -> None:
+    """Put the signed facts in place of the service record's in `meta`, which is the service's and may have been
+    rewritten in its store: the inputs and shapes the package takes (`spec`, what picks a bucket for a call and
+    guards a CUDA graph's replay), the compile factors (the ISA pin the target check reads), the target and the
+    worker that built it. A record that lied about its spec once sent a batch of 1 to a package built for 4, which
+    read three rows past the caller's tensor and returned them (AOTInductor checks no input shapes by default)."""
+    p = signed.predicate
+    factors = p.get("factors")
+    if isinstance(factors, dict):
+        meta["factors"] = dict(factors)
+        if isinstance(factors.get("spec"), list):
+            meta["spec"] = factors["spec"]
+    if signed.target:
+        meta["target"] = signed.target
+    if isinstance(p.get("worker"), dict):
+        held = meta.get("worker")
+        meta["worker"] = {**(held if isinstance(held, dict) else {}), **p["worker"]}
 
 
 def check_file(signed: Manifest, path: Path) -> None:

@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -222,6 +223,11 @@ def statement(*, artifact_key: str, package_sha256: str, package_size: int, mode
             "worker": dict(worker), **extra,
         }),
     }
+
+
+# An artifact key: 32 lowercase hex digits (compiler.cachekey). A manifest names one, and consumers make file names
+# of it, so the worker signs nothing else and the client asks for nothing else.
+ARTIFACT_KEY = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import redis
 from compiler import ontarget, speed  # torch-free
 from compiler.errors import RETRYABLE, BadSignature, Failure
 from compiler.report import attach_check  # torch-free
-from compiler.signing import Signer, TrustedKey, countersign_statement, key_record, statement
+from compiler.signing import ARTIFACT_KEY, Signer, TrustedKey, countersign_statement, key_record, statement
 from compiler.signing import verify as verify_manifest
 from compiler.weightsfile import FormatError, describe, read_header_file
 from service.store import Lease, Store, keys
@@ -668,7 +668,12 @@ class JobRunner:
     def _sign(self, job: dict[str, Any], package: Path, check: dict[str, Any] | None,
               weights: dict[str, Any] | None = None, on_target: dict[str, Any] | None = None) -> dict[str, Any]:
         """The signed manifest (compiler/signing.py) of a package about to be published. Signed here, in the trusted
-        worker, from the file the dead child left: the key never reaches a child, and Redis only stores the result."""
+        worker, from the file the dead child left: the key never reaches a child, and Redis only stores the result.
+        The key it signs for comes from the job record in Redis, so it must be one (32 lowercase hex digits): the
+        signature would otherwise vouch for a name that consumers turn into a path (client/verify.py refuses one
+        too)."""
+        if not isinstance(job.get("key"), str) or not ARTIFACT_KEY.fullmatch(job["key"]):
+            raise RuntimeError(f"job key {str(job.get('key'))[:80]!r} is not an artifact key: nothing signed")
         signer = self.signer
         if signer is None:
             raise RuntimeError("this worker has no signing key (worker.main loads one at start)")

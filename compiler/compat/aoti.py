@@ -45,6 +45,45 @@ class LoadedPackage:
         self.unbound = metadata.get(WEIGHTS_METADATA) == "external"
         self.train_step = TRAIN_METADATA in metadata
         self.path = str(package_path)
+        self.device = torch.device("cuda", index) if index >= 0 else torch.device("cpu")
+        self.expected: list[dict[str, Any]] | None = None
+
+    def expect(self, spec: list[dict[str, Any]]) -> None:
+        """Check every call's inputs against `spec` (the signed one: compiler.shapes' form, each input's name,
+        dtype and dims, a dim one size or a {min, max} range) before the package runs. AOTInductor checks no input
+        by default (AOTI_RUNTIME_CHECK_INPUTS), and its kernels read each input as the dense tensor of the shape
+        they were built for: a smaller tensor, another dtype, or a view over too little storage is read past its
+        end, and what lies there comes back in the outputs."""
+        self.expected = [dict(inp) for inp in spec]
+
+    def check_inputs(self, flat: list[torch.Tensor]) -> None:
+        """ValueError naming the first input the package must not be given (see `expect`); nothing when none is
+        expected."""
+        if self.expected is None:
+            return
+        if len(flat) != len(self.expected):
+            raise ValueError(f"the package takes {len(self.expected)} input tensor(s) "
+                             f"({[i.get('name') for i in self.expected]}); this call gave {len(flat)}")
+        for t, inp in zip(flat, self.expected, strict=True):
+            name, dims = inp.get("name"), inp.get("shape") or []
+            if t.dim() != len(dims):
+                raise ValueError(f"input {name!r} has {t.dim()} dims {list(t.shape)}; the package was built for "
+                                 f"{len(dims)}")
+            for j, (n, d) in enumerate(zip(t.shape, dims, strict=True)):
+                lo, hi = (d["min"], d["max"]) if isinstance(d, dict) else (d, d)
+                if not lo <= n <= hi:
+                    want = f"{lo}..{hi}" if lo != hi else str(lo)
+                    raise ValueError(f"input {name!r} dim {j} is {n}; the package was built for {want} "
+                                     f"(shape {list(t.shape)})")
+            dtype = inp.get("dtype")
+            if dtype is not None and str(t.dtype).removeprefix("torch.") != dtype:
+                raise ValueError(f"input {name!r} is {str(t.dtype).removeprefix('torch.')}; the package was built "
+                                 f"for {dtype}")
+            if t.device.type != self.device.type:
+                raise ValueError(f"input {name!r} is on {t.device}; the package runs on {self.device}")
+            if t.numel() and t.untyped_storage().nbytes() < (t.storage_offset() + t.numel()) * t.element_size():
+                raise ValueError(f"input {name!r} is a view over less storage than its {t.numel()} elements "
+                                 "(an expanded or strided view): pass a dense tensor (.contiguous())")
 
     def _refuse_unbound(self) -> None:
         if self.unbound:
@@ -57,7 +96,9 @@ class LoadedPackage:
             raise RuntimeError(f"the package {self.path} is a train step (mode=training): load it with aotc's "
                                "Client.load_training(key, model), which binds it to the model's parameters")
         self._refuse_unbound()
-        return pytree.tree_unflatten(self.loader.boxed_run(self.flat_inputs(args, kwargs)), self.out_spec)
+        flat = self.flat_inputs(args, kwargs)
+        self.check_inputs(flat)
+        return pytree.tree_unflatten(self.loader.boxed_run(flat), self.out_spec)
 
     def get_metadata(self) -> dict[str, str]:
         return dict(self.loader.get_metadata())
@@ -85,6 +126,7 @@ class LoadedPackage:
         """Run on flat input tensors, on the current CUDA stream; the flat outputs. (boxed_run empties the list it is
         given, so it gets a copy.)"""
         self._refuse_unbound()
+        self.check_inputs(flat)
         return list(self.loader.boxed_run(list(flat)))
 
     def unflatten(self, outputs: list[Any]) -> Any:
@@ -140,13 +182,17 @@ def constant_fqns(package: Any) -> list[str]:
 
 
 def aoti_load_package(package_path: str, device: str = "cpu", *, run_single_threaded: bool = False,
-                      weights: dict[str, torch.Tensor] | None = None) -> Callable[..., Any]:
+                      weights: dict[str, torch.Tensor] | None = None,
+                      expect: list[dict[str, Any]] | None = None) -> Callable[..., Any]:
     """Load a package for `device` (cuda:N picks the GPU). Falls back to torch's own loader if the C++ loader's
     signature differs in this torch version. `run_single_threaded=True` loads it for CUDA graph capture.
     `weights` (FQN -> tensor on `device`) are bound into it; without them, a weights sidecar beside the package
-    (compiler.weights.sidecar) is loaded and bound if there is one."""
+    (compiler.weights.sidecar) is loaded and bound if there is one. `expect`: the spec every call's inputs are
+    checked against (`LoadedPackage.expect`; a consumer passes the signed one)."""
     try:
         package: Any = LoadedPackage(package_path, device, run_single_threaded)
+        if expect:
+            package.expect(expect)
     except (AttributeError, TypeError):
         from torch._inductor import aoti_load_package as _load
 
@@ -175,8 +221,8 @@ def _bind_weights(package: Any, package_path: str, device: str, weights: dict[st
         pass
 
 
-def load_for_graphs(package_path: str, device: str,
-                    weights: dict[str, torch.Tensor] | None = None) -> LoadedPackage:
+def load_for_graphs(package_path: str, device: str, weights: dict[str, torch.Tensor] | None = None,
+                    expect: list[dict[str, Any]] | None = None) -> LoadedPackage:
     """The package loaded in single-threaded mode with the flat-tensor interface CUDA graph capture needs, its
     weights bound as `aoti_load_package` binds them. Raises RuntimeError naming what this torch lacks when its
     loader cannot do that."""
@@ -185,6 +231,8 @@ def load_for_graphs(package_path: str, device: str,
     except (AttributeError, TypeError) as e:
         raise RuntimeError(f"torch {torch.__version__} has no AOTIModelPackageLoader(..., run_single_threaded, ...) "
                            f"to capture a package's run in a CUDA graph: {e}") from e
+    if expect:
+        package.expect(expect)
     _bind_weights(package, package_path, device, weights)
     return package
 

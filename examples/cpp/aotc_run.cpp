@@ -50,7 +50,7 @@ constexpr int kExitError = 1, kExitUsage = 2, kExitRefused = 3;
 constexpr const char* kUsage = R"(usage: aotc_run --package PKG.pt2 --inputs IN.pt --outputs OUT.pt
                 --artifact-key KEY --manifest MANIFEST.json --trusted-key KEY.b64 [--trusted-key ...]
                 [--weights W.safetensors] [--signing-keys KEYS.json] [--device cpu|cuda|cuda:N] [--repeat N]
-                [--train-steps N [--lr LR]]
+                [--train-steps N [--lr LR]] [--allow-unverified]
        aotc_run --package PKG.pt2 --inputs IN.pt --outputs OUT.pt --insecure-skip-verify [...]
 
 Verifies PKG.pt2 against its signed manifest (GET /v1/artifacts/KEY/manifest) and pinned public keys (raw
@@ -62,6 +62,9 @@ or NAME.weights.safetensors beside what aotc pull wrote), verified against the m
 --device cuda needs a program built against a CUDA torch wheel and a CUDA package.
 --train-steps N runs a train-step package (mode=training) N times on IN.pt's batch, SGD at --lr (default 0.05) on
 the weights blob's parameters between steps; OUT.pt gets (losses[N], every bound tensor after the last step).
+A package its builder signed as not run on its target (built for another architecture or level) is refused, as
+the Python SDK refuses one no trusted key countersigned; this loader reads no countersignature, so
+--allow-unverified takes it anyway.
 Exit status: 0 ran, 1 error, 2 usage, 3 refused (nothing loaded).
 )";
 
@@ -69,6 +72,7 @@ struct Args {
   std::string package, inputs, outputs, artifact_key, manifest, signing_keys, weights, device = "cpu";
   std::vector<std::string> trusted_keys;
   bool skip_verify = false;
+  bool allow_unverified = false;
   int repeat = 0;
   int train_steps = 0;
   double lr = 0.05;
@@ -88,6 +92,10 @@ Args parse_args(int argc, char** argv) {
     }
     if (flag == "--insecure-skip-verify") {
       a.skip_verify = true;
+      continue;
+    }
+    if (flag == "--allow-unverified") {
+      a.allow_unverified = true;
       continue;
     }
     if (i + 1 >= argc) throw UsageError(flag + " needs a value");
@@ -282,6 +290,13 @@ int run(const Args& args) {
     std::vector<std::string> revoked;
     if (!args.signing_keys.empty()) revoked = aotc::read_revoked(args.signing_keys);
     want = aotc::verify_manifest(aotc::read_file(args.manifest, 16 << 20), keys, revoked, args.artifact_key);
+    if (!want.run_on_target && !args.allow_unverified)
+      throw aotc::Refused("unverified on target: artifact " + want.artifact_key + " was built for " + want.target +
+                          " without being run there, and this loader reads no countersignature of a check on "
+                          "it: pull it with the Python SDK (which checks one), or pass --allow-unverified");
+    if (!want.run_on_target)
+      std::cerr << "aotc_run: WARNING: --allow-unverified: loading " << want.artifact_key << ", built for "
+                << want.target << " without being run there\n";
     aotc::Digest got = aotc::copy_and_hash(args.package, package);
     aotc::check_package(got, want, args.package);
     if (want.weights_sha256.empty() != args.weights.empty())

@@ -284,6 +284,10 @@ Expected verify_manifest(const std::string& envelope_json, const std::vector<Tru
   Expected out{artifact_key, sha, size, signer, "", 0, {}, {}};
   if (const json::Value* w = pred.find("weights")) read_weights(*w, out);
   if (const json::Value* c = pred.find("check"); c != nullptr && c->is_object()) read_train_roles(*c, out);
+  if (const json::Value* t = pred.find("target"); t != nullptr && t->is_string()) out.target = t->text;
+  if (const json::Value* ot = pred.find("on_target"); ot != nullptr && ot->is_object())
+    if (const json::Value* run = ot->find("run"); run != nullptr && run->type == T::Bool && !run->boolean)
+      out.run_on_target = false;
   return out;
 }
 

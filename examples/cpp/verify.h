@@ -58,6 +58,11 @@ struct Expected {
   // (predicate.check.training.outputs): "loss", "output:i", "grad:<fqn>", each with its index. Empty: not a
   // train step.
   std::vector<std::pair<std::string, std::size_t>> train_roles;
+  // False where the builder signed that it did not run the package on its target (predicate.on_target.run, a build
+  // for another architecture or level). The Python SDK then wants a trusted countersignature of a check on the
+  // target; this loader reads none, so it refuses such a package unless told --allow-unverified.
+  bool run_on_target = true;
+  std::string target;  // predicate.target, for the message
 };
 
 // A file holding one base64 public key (surrounding whitespace allowed).

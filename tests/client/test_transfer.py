@@ -41,7 +41,10 @@ class OneShot:
                 while b"\r\n\r\n" not in request:
                     request += conn.recv(4096)
                 self.requests.append(request)
-                self.answer(conn, request)
+                try:
+                    self.answer(conn, request)
+                except OSError:  # the client hung up first: some tests are about exactly that
+                    pass
 
     def close(self) -> None:
         self.sock.close()
@@ -129,4 +132,44 @@ def test_a_stalled_body_is_given_up_within_the_timeout(way: str, tmp_path: Path)
         assert part.read_bytes() == BODY[: 1 << 20]
     finally:
         release.set()
+        server.close()
+
+
+@pytest.mark.parametrize("splice", [True, False])
+def test_a_body_announced_longer_than_the_signed_size_is_refused_before_a_byte_is_written(
+        splice: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`limit` is what the signed size leaves: a server that announces more (a hostile one filling the consumer's
+    disk: the size was only compared once the whole body had landed) is refused at the headers."""
+    monkeypatch.setattr(transfer, "SPLICE", splice)
+    server = OneShot(lambda c, _: c.sendall(_head(len(BODY), BODY[:1000])) or c.sendall(BODY[1000:]))
+    try:
+        part = tmp_path / "blob.part"
+        with open(part, "ab") as f, pytest.raises(transfer.Refused) as got:
+            transfer.fetch(server.url, {}, f, hashlib.sha256(), 0, timeout=10, limit=1000)
+        assert got.value.status == 502 and b"signed size leaves 1000" in got.value.body
+        assert part.stat().st_size == 0
+    finally:
+        server.close()
+
+
+def test_a_chunked_body_is_cut_at_the_signed_size(tmp_path: Path) -> None:
+    """A chunked body has no length to refuse up front: the pull reads at most one byte past the limit, then
+    refuses, however much more the server would send."""
+    def answer(conn: socket.socket, _: bytes) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(0, len(BODY), 65536):  # the client hangs up long before the end
+            piece = BODY[i:i + 65536]
+            conn.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        conn.sendall(b"0\r\n\r\n")
+
+    server = OneShot(answer)
+    try:
+        part = tmp_path / "blob.part"
+        limit = 100_000
+        with open(part, "ab") as f, pytest.raises(transfer.Refused) as got:
+            transfer.fetch(server.url, {}, f, hashlib.sha256(), 0, timeout=10, limit=limit)
+        assert b"more bytes than the artifact's signed size" in got.value.body
+        assert part.stat().st_size <= limit + 1
+        assert part.read_bytes() == BODY[:part.stat().st_size]
+    finally:
         server.close()

@@ -126,6 +126,21 @@ def _revoked(p: Pulled, tmp: Path) -> dict[str, Path]:
     return {"signing_keys": tmp / "revoked.json"}
 
 
+def _not_run_on_target(p: Pulled, tmp: Path) -> dict[str, Path]:
+    """The served statement, marked as a build its builder did not run on its target (compiler/ontarget.py), signed
+    by a key the loader is told to trust: what the Python SDK refuses without a countersignature."""
+    import base64
+
+    from compiler.signing import b64, raw_public
+
+    statement = json.loads(base64.b64decode(json.loads(p.manifest.read_bytes())["payload"]))
+    statement["predicate"]["on_target"] = {"run": False, "built_on": "x86-64-v4"}
+    other = Signer.generate()
+    (tmp / "cross.json").write_text(json.dumps(other.sign(statement)))
+    (tmp / "other.b64").write_text(b64(raw_public(other.public)))
+    return {"manifest": tmp / "cross.json", "trusted_key": tmp / "other.b64", "signing_keys": None}
+
+
 def _another_artifact(p: Pulled, tmp: Path) -> dict[str, str]:
     return {"artifact_key": "0" * 32}
 
@@ -145,6 +160,7 @@ REFUSALS: dict[str, tuple[Callable[[Pulled, Path], dict], str]] = {
     "another key under the trusted id": (lambda p, t: _resigned(p, t, claim_trusted_kid=True), "bad signature: "),
     "revoked key": (_revoked, "revoked key: "),
     "manifest of another artifact": (_another_artifact, "subject mismatch: "),
+    "built, not run on its target": (_not_run_on_target, "unverified on target: "),
     "tampered weights": (_tampered_weights, "have sha256 "),
     "no weights for a weightless package": (lambda p, t: {"weights": None}, "binds its weights at load: pass"),
 }
@@ -157,6 +173,19 @@ def test_cpp_example_refuses_before_loading(aotc_run: Path, pulled: Pulled, tmp_
     assert done.returncode == 3, (done.stdout, done.stderr)
     assert "aotc_run: refused " in done.stderr and message in done.stderr, done.stderr
     assert "loaded with" not in done.stdout and not (tmp_path / "out.pt").exists()
+
+
+def test_cpp_example_takes_a_build_not_run_on_its_target_only_when_told(aotc_run: Path, pulled: Pulled,
+                                                                       tmp_path: Path) -> None:
+    """Refused without the flag (the REFUSALS case above); with it, loaded and run, with a warning."""
+    over = _not_run_on_target(pulled, tmp_path)
+    torch.save([torch.randn(2, 32)], tmp_path / "in.pt")
+    exe = [str(aotc_run), "--allow-unverified", "--package", str(pulled.package), "--artifact-key", pulled.key,
+           "--manifest", str(over["manifest"]), "--trusted-key", str(over["trusted_key"]),
+           "--inputs", str(tmp_path / "in.pt"), "--outputs", str(tmp_path / "out.pt"), "--weights", str(pulled.weights)]
+    taken = subprocess.run(exe, capture_output=True, text=True, timeout=120)
+    assert taken.returncode == 0, taken.stderr
+    assert "WARNING: --allow-unverified" in taken.stderr and (tmp_path / "out.pt").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a machine without CUDA")

@@ -214,6 +214,52 @@ def test_a_tampered_manifest_is_refused(signed: Signed, tmp_path: Path) -> None:
         _set_record(signed, record)
 
 
+def test_a_record_that_lies_about_shapes_cannot_make_the_package_read_past_its_input(signed: Signed,
+                                                                                     tmp_path: Path) -> None:
+    """The record is the service's, and its `spec` is not signed. It once chose the inputs a package was given: a
+    record saying batch 1 about a package built for batch 4 had a 1-row tensor read as 4 rows, the 3 past its end
+    returned as outputs (AOTInductor checks no input shapes by default). Now the signed spec replaces the record's
+    once the manifest verifies, and every call's inputs are checked against it before the package runs."""
+    key = signed.art.key
+    record = _record(signed, key)
+    forged = json.loads(json.dumps(record))
+    forged["spec"] = [{**inp, "shape": [1, *inp["shape"][1:]]} for inp in record["spec"]]
+    forged["factors"]["spec"] = forged["spec"]  # the record's own copy of the factors is unsigned too
+    _set_record(signed, forged)
+    try:
+        with _client(signed, tmp_path) as c:
+            art = c.artifact(key)
+            assert art.meta["spec"][0]["shape"][0] == 1  # what the service now says
+            fn = c.load(art)
+            assert art.meta["spec"] == record["spec"]  # what the worker signed
+            assert art.meta["factors"] == record["factors"]
+        x = torch.randn(4, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(fn(x), signed.model(x), rtol=1e-4, atol=1e-5)
+            with pytest.raises(ValueError, match=r"dim 0 is 1; the package was built for 4"):
+                fn(torch.randn(1, 16))
+            with pytest.raises(ValueError, match=r"less storage"):
+                fn(torch.randn(1, 16).expand(4, 16))  # the right shape over one row's storage
+            with pytest.raises(ValueError, match=r"is float64; the package was built for float32"):
+                fn(torch.randn(4, 16, dtype=torch.float64))
+            with pytest.raises(ValueError, match=r"takes 1 input tensor"):
+                fn(x, x)
+    finally:
+        _set_record(signed, record)
+
+
+def test_a_key_that_is_not_a_key_is_refused_before_it_names_a_url_or_a_file(signed: Signed, tmp_path: Path) -> None:
+    """A signed manifest names exactly the key it was asked for, and the pull makes the cache's file names from it.
+    A worker made to sign a job whose key (in Redis) was `../../x` would have had pulls write outside the cache;
+    the worker refuses to sign one (worker/job.py `_sign`), and the client refuses to ask for one."""
+    with _client(signed, tmp_path) as c:
+        for bad in ("../../escaped/evil", "/tmp/abs", signed.art.key + "\n", signed.art.key.upper(), ""):
+            with pytest.raises(BadSignature) as got:
+                c.verifier.manifest(bad, dict(signed.art.meta))
+            assert got.value.reason == "malformed" and "is not an artifact key" in got.value.message
+    assert not (tmp_path / "escaped").exists()
+
+
 def test_a_manifest_resigned_by_another_key_is_refused_even_if_its_key_is_listed(signed: Signed,
                                                                                   tmp_path: Path) -> None:
     key, store = signed.art.key, signed.cluster.store
@@ -293,3 +339,4 @@ def test_rotation_a_new_key_signs_and_revoking_the_old_one_refuses_what_it_signe
     done = subprocess.run([sys.executable, "-m", "worker"], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode != 0 and f"signing key {old.kid}" in done.stderr and "was revoked" in done.stderr
+
