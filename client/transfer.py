@@ -15,12 +15,12 @@ memory or be read back from the file, and the API process that serves them share
 
 Over plain HTTP with a Content-Length, on Linux, the body does not pass through this process at all (`_splice`):
 splice(2) moves the socket's bytes into a pipe and on into the file's page cache, and the helper thread hashes the
-file's new pages through an mmap, a window behind. That is one copy in the kernel where `readinto` and `write` make
-two through a user buffer: 0.78x the client's CPU per verified GB and 1.14x the rate, in alternating pulls on 2 cores
-(bench/README.md, "Verified pull by splice"). TLS (the bytes must be decrypted here) and chunked bodies take the
-buffered path above. Either way a body that ends before its Content-Length is a `Cutoff`, which `Client.pull`
-resumes with `Range`: http.client itself ends such a body silently, which once made a clean early close look like
-tampering (a size mismatch) and threw away what had arrived.
+file's new pages through an mmap, a window behind. That is one copy in the kernel where `readinto` and `write`
+make two through a user buffer: 0.83x the client's CPU per verified GB and 1.13x the rate, in alternating pulls
+on 2 cores (bench/pull_splice.py; bench/README.md, "Verified pull by splice"). TLS (the bytes must be decrypted
+here) and chunked bodies take the buffered path above. Either way a body that ends before its Content-Length is a
+`Cutoff`, which `Client.pull` resumes with `Range`: http.client itself ends such a body silently, which once made a
+clean early close look like tampering (a size mismatch) and threw away what had arrived.
 
 Only plain `http://` and `https://` without a proxy take this path (`direct_ok`); a proxied URL, or a Client whose
 `http` was replaced (a test's scripted transport), uses httpx as before.
@@ -244,8 +244,8 @@ def _splice(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, f:
     """The body into `f` without copying it through this process: splice(2) moves the socket's bytes into a pipe
     and from the pipe into the file's page cache, and a helper thread hashes the file's new pages through an mmap
     (reading the page cache in place) a window behind. Receiving and writing cost one copy in the kernel instead of
-    two copies in and out of a user buffer (bench/README.md, "Verified pull"). What arrived before a failure is in
-    the file and hashed, as `_drain` keeps it: a resume starts right after it."""
+    two copies in and out of a user buffer (bench/README.md, "Verified pull by splice"). What arrived before a
+    failure is in the file and hashed, as `_drain` keeps it: a resume starts right after it."""
     assert resp.length is not None
     fd = resp.fp.fileno()
     # What the response's reader buffered past the headers goes the ordinary way first; the rest is on the socket.
