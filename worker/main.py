@@ -173,10 +173,10 @@ class Worker:
         if self.runner.signer is not None:
             self._until_redis(self.publish_signing_key, "publish the signing key")
         self._until_redis(self.ensure_queues, "create the queues")
-        self._until_redis(self.heartbeat, "register")
         if self.runner.signer is not None and self.verifies:  # it can countersign: what verifiers gave up on is its
             self._until_redis(partial(requeue_failed_verifies, self.store, self.verifies,
                                       self.settings.verify_max_attempts), "queue failed verify jobs again")
+        self._until_redis(self.heartbeat, "register")  # last: a registered worker has done its start-up's work
         hb = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         hb.start()
         self.runner.prepare()  # the trusted precompiled headers: found, built now, or building in a thread
