@@ -52,7 +52,8 @@ def rank(
     than eager (compiler.speed) is picked only where every candidate is: it never outranks one that is not, however
     specialised or new. A dynamic artifact's graph figure never ranks: a dynamic artifact is not replayed
     (compiler.speed.NOT_REPLAYABLE). A package built for the target without being run on it (compiler.ontarget) is
-    picked only with `allow_unverified`, and then only where no countersigned or native build fits."""
+    picked only with `allow_unverified`, and then only where no countersigned or native build fits. A self-contained
+    build (options.embed_weights) is picked only where no equally specialised weightless one fits."""
     fits = [
         a
         for a in artifacts
@@ -70,6 +71,9 @@ def rank(
     fits = [a for a in fits if not _slower(a)] or fits
     widths = [_width(a["factors"]["spec"]) for a in fits]
     best = [a for a, w in zip(fits, widths, strict=True) if w == min(widths)]
+    # A self-contained build (weights inside: `self-contained`, for tools that cannot bind a blob) serves only where
+    # no package that binds the shared weights blob is as specialised: that one is the service's own answer.
+    best = [a for a in best if not a["factors"]["options"].get("embed_weights")] or best
     timed = [(t, a) for a in best if (t := _measured(a, graphs)) is not None]
     if graphs and len(timed) < len(best):
         timed = [(t, a) for a in best if (t := _measured(a)) is not None]

@@ -38,6 +38,9 @@ def test_a_self_contained_pull_loads_with_torch_alone_and_is_signed(api_url, wor
     assert built.meta["factors"]["options"]["embed_weights"] is True and not built.meta.get("weights")
     assert built.meta["factors"]["spec"] == art.meta["factors"]["spec"]
     assert api.get(f"{api_url}/v1/artifacts/{built.key}/weights").status_code == 409  # nothing to bind
+    # A lookup still answers the package that binds the shared blob, though the build is newer and as specialised.
+    found = client.lookup(dynamic_mlp.record["id"], {"x": [8, 32]}, target="cpu")
+    assert found is not None and found.key == art.key
     # A package that carries its weights is its own self-contained build.
     assert api.post(f"{api_url}/v1/artifacts/{built.key}/self-contained").json()["key"] == built.key
 

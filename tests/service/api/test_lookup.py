@@ -12,8 +12,8 @@ from procs import api
 
 def _publish(store, tmp_path, model_id: str, spec: list, mode: str, ms: float | None = None,
              device: str = "Test CPU", method: str | None = None, graph_ms: float | None = None,
-             graph_ok: bool = True, eager_ms: float | None = None) -> str:
-    options = {"mode": mode}
+             graph_ok: bool = True, eager_ms: float | None = None, embed: bool = False) -> str:
+    options = {"mode": mode, **({"embed_weights": True} if embed else {})}
     factors = cachekey.factors(model_id, spec, "cpu-x86_64-test", {"torch": "test"}, options)
     key = cachekey.cache_key(factors)
     package = tmp_path / f"{key}.pt2"
@@ -76,6 +76,26 @@ def test_of_equally_specialised_artifacts_the_faster_measured_one_is_served(api_
     tuned = _publish(store, tmp_path, other, static, "max-autotune", ms=0.9)  # the faster one, whichever is newer
     assert _lookup(api_url, other).json()["key"] == tuned
     assert _lookup(api_url, other, mode="default").json()["key"] == default
+
+
+def test_a_self_contained_build_serves_only_where_no_as_specialised_weightless_one_fits(api_url, store, tmp_path):
+    """A self-contained build (weights inside, for tools that cannot bind a blob) is newer than what it was built
+    from and often as fast: it once won lookups by that, and tests/e2e/test_compile_path.py's lookup found it
+    instead of the artifact it asked about whenever tests/e2e/test_self_contained.py had run first."""
+    model_id = "e1" * 32
+    _model(store, model_id)
+    static = [{"name": "x", "dtype": "float32", "shape": [8, 4]}]
+    weightless = _publish(store, tmp_path, model_id, static, "default", ms=1.0)
+    _publish(store, tmp_path, model_id, static, "default", ms=0.8, embed=True)  # newer and faster
+    assert _lookup(api_url, model_id).json()["key"] == weightless
+
+    only = "e2" * 32
+    _model(store, only)
+    embedded = _publish(store, tmp_path, only, static, "default", embed=True)
+    wide = _publish(store, tmp_path, only, [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 32}, 4]}],
+                    "default")
+    assert _lookup(api_url, only).json()["key"] == embedded  # the more specialised, self-contained or not
+    assert _lookup(api_url, only, shape="x=9x4").json()["key"] == wide
 
 
 def test_times_from_different_devices_are_not_compared_the_newest_is_served(api_url, store, tmp_path):
