@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
@@ -41,8 +42,8 @@ import httpx
 import typer
 
 from client import render
-from client.sdk import Client, ClientError, JobFailed
-from client.verify import check_here
+from client.sdk import Artifact, Client, ClientError, JobFailed, asked_by_pick
+from client.verify import Asked, check_here
 from compiler.errors import BadSignature, Unprocessable
 from compiler.options import Convolutions, Mode, Precision
 from compiler.refs import Ref
@@ -287,6 +288,7 @@ def pull(
     serves the target countersigns it, unless --allow-unverified or --verify. The path is stdout's last line; exit 3
     when the artifact is refused (or fails --verify), with nothing written; exit 1 when nothing of a reference fits
     this machine (each candidate and why)."""
+    asked: Asked | None = None
     with _service(ctx) as c:
         c.verifier.allow_unverified = allow_unverified or verify is not None
         if not re.fullmatch(r"[0-9a-f]{32}", key):
@@ -297,6 +299,7 @@ def pull(
             try:
                 picked = c.pick(key, _shapes(shape or []), device=device,
                                 target=_target(target) if target else None)
+                asked = asked_by_pick(key, picked, _shapes(shape or []))
             except ClientError as e:
                 if e.status != 404:
                     raise
@@ -305,12 +308,15 @@ def pull(
                  f"{picked['host']}: {picked['key']} ({picked['target']}, {picked['match']}): {picked['reason']}")
             key = picked["key"]
         try:
+            art: Artifact | str = key
             if self_contained:
                 with render.JobProgress() as progress:
-                    built = c.self_contained(key, progress=progress)
+                    art = built = c.self_contained(key, progress=progress)
                 _say(f"{key}: its self-contained build is {built.key}")
                 key = built.key
-            path = c.pull(key, output)
+            if asked is not None:  # the picked artifact's signed manifest must answer what the pick asked
+                art = replace(art if isinstance(art, Artifact) else c.artifact(key), asked=asked)
+            path = c.pull(art, output)
             weights = c.pull_weights(key, sidecar(path))
             checked = _verify_here(c, key, path, verify, device) if verify is not None else ""
         except BadSignature as e:

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
@@ -32,7 +32,7 @@ from httpx_sse import connect_sse
 from client import transfer
 from client.buckets import BucketedModel, Bundle
 from client.verify import ENV as TRUSTED_KEYS_ENV
-from client.verify import TrustSpec, Verifier, check_digest, check_file
+from client.verify import Asked, TrustSpec, Verifier, check_digest, check_file
 from compiler.errors import BadSignature, Unprocessable
 from compiler.shapes import format_shape, parse_shape
 from compiler.signing import ARTIFACT_KEY
@@ -63,10 +63,23 @@ class JobFailed(Exception):
 class Artifact:
     key: str
     meta: dict[str, Any]
+    # What the service was asked when it answered with this artifact (a lookup, a reference's pick): the signed
+    # manifest is held to it before a byte is pulled (client/verify.py, Asked)
+    asked: Asked | None = field(default=None, compare=False, repr=False)
 
     @property
     def sha256(self) -> str:
         return str(self.meta["sha256"])
+
+
+def asked_by_pick(ref: str, answer: Mapping[str, Any], shapes: Mapping[str, Any] | None = None, *,
+                  training: bool = False) -> Asked:
+    """What a pick of `ref` asked (`Client.pick`'s `answer`), for the picked artifact's signed manifest to answer:
+    the version's model (the service's word for which model a tag names: docs/auth.md), a target the host runs,
+    the shapes, inference or a train step."""
+    return Asked(model_id=str(answer["version"]["model_id"]), host=str(answer["host"]), training=training,
+                 shapes={name: format_shape(_shape_of(s)) for name, s in (shapes or {}).items()},
+                 how=f"the reference {ref!r}")
 
 
 def _raise_for(resp: httpx.Response) -> None:
@@ -99,13 +112,15 @@ def _shape_of(x: Any) -> list[Any]:
 class Client:
     def __init__(self, url: str | None = None, *, timeout: float = 60.0, cache_dir: str | Path | None = None,
                  api_key: str | None = None, trusted_keys: TrustSpec | None = None,
-                 allow_unverified: bool = False) -> None:
+                 allow_unverified: bool = False, redirect_hosts: str | Sequence[str] | None = None) -> None:
         """`api_key`: sent as `Authorization: Bearer`; default $AOTC_API_KEY (a server on loopback without keys
         needs none). `trusted_keys`: the public keys an artifact's manifest must be signed by, in AOTC_TRUSTED_KEYS's
         syntax (client/verify.py), default $AOTC_TRUSTED_KEYS; unset, the keys the service lists (pinning is the
         secure choice: a compromised service can list a key of its own). `allow_unverified`: lookups, picks and pulls
         also take a package built for its target but not yet run there (compiler/ontarget.py); by default one needs
-        a countersignature by a trusted key."""
+        a countersignature by a trusted key. `redirect_hosts`: hosts a pull may be redirected to besides the
+        service's own and https by host name (an object store on plain HTTP or addressed by IP), in
+        AOTC_REDIRECT_HOSTS's syntax, default $AOTC_REDIRECT_HOSTS (client/transfer.py `refuse_redirect`)."""
         self.url = (url or os.environ.get("AOTC_URL") or DEFAULT_URL).rstrip("/")
         key = api_key or os.environ.get("AOTC_API_KEY")
         self.http = httpx.Client(base_url=self.url, timeout=timeout,
@@ -116,6 +131,8 @@ class Client:
         self.cache_dir = Path(cache_dir or os.environ.get("AOTC_CACHE_DIR") or Path.home() / ".cache" / "aotc")
         pins = trusted_keys if trusted_keys is not None else os.environ.get(TRUSTED_KEYS_ENV) or None
         self.verifier = Verifier(self, _raise_for, pins, allow_unverified)
+        self.redirect_hosts = transfer.redirect_hosts(
+            redirect_hosts if redirect_hosts is not None else os.environ.get(transfer.REDIRECT_HOSTS_ENV))
 
     @property
     def direct(self) -> httpx.Client:
@@ -372,6 +389,13 @@ class Client:
                  answer["reason"])
         return answer
 
+    def _picked(self, ref: str, shapes: Mapping[str, Any] | None, device: str | None, target: str | None, *,
+                training: bool) -> Artifact:
+        """The artifact `pick` answers for a reference, with what was asked, which its signed manifest must answer
+        (the version's model, a target this host runs, the shapes, inference or a train step)."""
+        answer = self.pick(ref, shapes, device=device or "auto", target=target, training=training)
+        return replace(self.artifact(answer["key"]), asked=asked_by_pick(ref, answer, shapes, training=training))
+
     def lookup(self, model_id: str, shapes: Mapping[str, Any], target: str = "cpu", *,
                graphs: bool = False) -> Artifact | None:
         """The artifact serving (model, shapes, target), or None. For inference servers at deploy time. `graphs`:
@@ -390,7 +414,9 @@ class Client:
             return None
         _raise_for(resp)
         meta = resp.json()
-        return Artifact(meta["key"], meta)
+        asked = Asked(model_id=model_id, target=target, training=False,
+                      shapes={name: format_shape(_shape_of(shape)) for name, shape in shapes.items()})
+        return Artifact(meta["key"], meta, asked)
 
     def self_contained(self, artifact: Artifact | str, *, progress: Callable[[dict[str, Any]], None] | None = None,
                        timeout: float | None = None) -> Artifact:
@@ -431,7 +457,7 @@ class Client:
             artifact = self.self_contained(artifact)
         t0 = time.perf_counter()
         art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
-        signed = self.verifier.manifest(art.key, art.meta)  # the record agrees with it: art.sha256 is signed
+        signed = self.verifier.manifest(art.key, art.meta, art.asked)  # the record agrees: art.sha256 is signed
         cached = self.cache_dir / "artifacts" / f"{art.key}.pt2"
         hit = _verified(cached, signed.sha256, signed.size, rehash)
         t1 = time.perf_counter()
@@ -514,7 +540,7 @@ class Client:
         timeout = self.http.timeout.read
         try:
             transfer.fetch(self.url + url, sent, f, digest, have, timeout=timeout, limit=limit,
-                           redirect_headers={"Range": headers["Range"]} if have else {})
+                           redirect_headers={"Range": headers["Range"]} if have else {}, allowed=self.redirect_hosts)
         except transfer.Refused as e:
             _raise_for(httpx.Response(e.status, content=e.body, headers={"content-type": "application/json"}))
             raise ClientError(e.status, e.body[:500].decode(errors="replace")) from None
@@ -530,6 +556,9 @@ class Client:
                       limit: int) -> None:
         with self.http.stream("GET", url, headers=headers) as resp:
             if resp.status_code == 307:  # S3: the bytes come from the presigned URL (S3 has its own ETag)
+                why = transfer.refuse_redirect(resp.headers.get("location", ""), self.url, self.redirect_hosts)
+                if why:
+                    raise ClientError(502, why)
                 with self.direct.stream("GET", resp.headers["location"],
                                       headers={"Range": headers["Range"]} if have else {}) as direct:
                     self._append(direct, f, digest, have, limit)
@@ -611,7 +640,7 @@ class Client:
         elif _KEY.fullmatch(artifact):
             art = self.artifact(artifact)
         else:
-            art = self.artifact(self.pick(artifact, shapes, device=device or "auto", target=target)["key"])
+            art = self._picked(artifact, shapes, device, target, training=False)
         path = self.pull(art, rehash=rehash, timings=timings)
         from compiler.compat.aoti import aoti_load_package  # imports torch: only to load
 
@@ -653,9 +682,8 @@ class Client:
         elif _KEY.fullmatch(artifact):
             art = self.artifact(artifact)
         else:
-            art = self.artifact(self.pick(artifact, shapes, device=device or "auto", target=target,
-                                          training=True)["key"])
-        signed = self.verifier.manifest(art.key, art.meta)
+            art = self._picked(artifact, shapes, device, target, training=True)
+        signed = self.verifier.manifest(art.key, art.meta, art.asked)
         train = (signed.predicate.get("check") or {}).get("training")
         if not isinstance(train, Mapping):
             raise ValueError(f"artifact {art.key} is not a train-step package (compile with mode=training); load it "
@@ -845,8 +873,14 @@ class _FirstCallTimed:
 # (user-managed), so three buckets of a model hold one copy. They stay for the life of the process.
 _LOADED: dict[tuple[str, str], dict[str, Any]] = {}
 _LOADED_LOCK = threading.Lock()
-# Blob files verified in this process (path -> (sha256, size, mtime_ns)): a second bucket skips hashing them again.
-_VERIFIED: dict[Path, tuple[str, int, int]] = {}
+# Blob files verified in this process (path -> (sha256, size, and the file's identity: inode, device, mtime and
+# ctime in ns, as the pull's `.verified` record keeps them)): a second bucket skips hashing them again. ctime, which
+# no one can set, tells a file rewritten in place under the same size and a restored mtime.
+_VERIFIED: dict[Path, tuple[str, int, tuple[int, ...]]] = {}
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _weights_verified(path: Path, sha: str, size: int, signed: Mapping[str, Any], rehash: bool = False) -> bool:
@@ -856,7 +890,7 @@ def _weights_verified(path: Path, sha: str, size: int, signed: Mapping[str, Any]
         st = path.stat()
     except FileNotFoundError:
         return False
-    if not rehash and _VERIFIED.get(path) == (sha, size, st.st_mtime_ns):
+    if not rehash and _VERIFIED.get(path) == (sha, size, _identity(st)):
         return True
     if not _verified(path, sha, size, rehash):  # by its record where it has one: a new process hashes no
         return False                                  # blob a pull already verified
@@ -867,7 +901,7 @@ def _weights_verified(path: Path, sha: str, size: int, signed: Mapping[str, Any]
             return False
     except FormatError:
         return False
-    _VERIFIED[path] = (sha, size, st.st_mtime_ns)
+    _VERIFIED[path] = (sha, size, _identity(st))
     return True
 
 

@@ -32,6 +32,8 @@ import contextlib
 import errno
 import fcntl
 import http.client
+import ipaddress
+import json
 import mmap
 import os
 import queue
@@ -39,7 +41,7 @@ import select
 import ssl
 import threading
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
@@ -68,6 +70,54 @@ class Refused(Exception):
     def __init__(self, status: int, body: bytes) -> None:
         super().__init__(f"{status}")
         self.status, self.body = status, body
+
+
+REDIRECT_HOSTS_ENV = "AOTC_REDIRECT_HOSTS"
+
+
+def redirect_hosts(spec: str | Sequence[str] | None) -> frozenset[str]:
+    """The hosts a pull may be redirected to besides the default ones (`refuse_redirect`): AOTC_REDIRECT_HOSTS's
+    syntax (comma-separated host names, `*.example.com` for every name under one), lowercased."""
+    entries = spec.split(",") if isinstance(spec, str) else list(spec or [])
+    return frozenset(e.strip().lower().rstrip(".") for e in entries if e.strip())
+
+
+def refuse_redirect(location: str, origin: str, allowed: frozenset[str] = frozenset()) -> str | None:
+    """Why a pull must not follow the service's redirect from `origin` to `location` (None: it may). The service is
+    not trusted for where it sends the consumer: a hostile one could point the pull at anything the consumer's
+    network reaches (a cloud metadata address, an internal plain-HTTP service) and have it fetched from there,
+    though the bytes would then fail their signed digest. Followed: the service's own host (any port or scheme),
+    a host `allowed` names (AOTC_REDIRECT_HOSTS: an object store on plain HTTP, or addressed by IP), and https
+    to a host name (a presigned S3 URL), and from a service on loopback to loopback; refused: anything else, an IP
+    address or plain HTTP to another host."""
+    u, o = urlsplit(location), urlsplit(origin)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        return f"the service redirected the pull to {location[:200]!r}, which is not an http(s) URL"
+    host, home = u.hostname.lower().rstrip("."), (o.hostname or "").lower().rstrip(".")
+    if host == home or (_loopback(host) and _loopback(home)) or host in allowed \
+            or any(a.startswith("*.") and host.endswith(a[1:]) for a in allowed):
+        return None
+    literal = _ip(host) is not None
+    if u.scheme == "https" and not literal:
+        return None
+    what = "an IP address" if literal else "plain http"
+    return (f"the service redirected the pull to {host} ({what}, not the service's host); a pull follows a redirect "
+            f"only to the service's host, to https by host name, or to a host named in {REDIRECT_HOSTS_ENV} (or "
+            "Client(redirect_hosts=...)): name your object store's host there if it is one")
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _loopback(host: str) -> bool:
+    """localhost or a loopback address: a service there redirects within the consumer's own machine (docker
+    compose's object store at localhost:8333, the client at 127.0.0.1:8000)."""
+    ip = _ip(host)
+    return host == "localhost" or (ip is not None and ip.is_loopback)
 
 
 def direct_ok(url: str) -> bool:
@@ -99,12 +149,14 @@ def _connect(url: str, timeout: float | None) -> tuple[http.client.HTTPConnectio
 
 
 def fetch(url: str, headers: Mapping[str, str], f: BinaryIO, digest: Any, have: int, *,
-          timeout: float | None, redirect_headers: Mapping[str, str] | None = None, limit: int | None = None) -> None:
+          timeout: float | None, redirect_headers: Mapping[str, str] | None = None, limit: int | None = None,
+          allowed: frozenset[str] = frozenset()) -> None:
     """GET `url` and append its body to `f` (which holds `have` bytes already, hashed into `digest`), hashing
     every byte written. One 307 (the S3 blob store's presigned URL) is followed with `redirect_headers` only: a
     presigned URL carries its own signature and must never see the API key. `limit`: the most bytes the body may
-    hold (what the signed size leaves): a longer one is refused (`within`) before it can fill the disk. Raises
-    Cutoff, Restart or Refused."""
+    hold (what the signed size leaves): a longer one is refused (`within`) before it can fill the disk. The redirect
+    is followed only where `refuse_redirect` allows (`allowed`: AOTC_REDIRECT_HOSTS). Raises Cutoff, Restart or
+    Refused."""
     try:
         conn, target = _connect(url, timeout)
         try:
@@ -114,6 +166,9 @@ def fetch(url: str, headers: Mapping[str, str], f: BinaryIO, digest: Any, have: 
                 location = resp.getheader("location") or ""
                 resp.read()
                 conn.close()
+                why = refuse_redirect(location, url, allowed)
+                if why:
+                    raise Refused(502, json.dumps({"error": {"message": why}}).encode())
                 if not direct_ok(location):
                     raise Refused(502, f"the redirect to {location!r} cannot be fetched directly".encode())
                 return fetch(location, redirect_headers, f, digest, have, timeout=timeout, redirect_headers=None,

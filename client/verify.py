@@ -29,13 +29,15 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
-from compiler.errors import BadSignature
+from compiler.errors import AotcError, BadSignature
+from compiler.shapes import bounds, format_shape, parse_shape
 from compiler.signing import (
     ARTIFACT_KEY,
     Countersignature,
@@ -46,6 +48,7 @@ from compiler.signing import (
     verify,
     verify_countersignature,
 )
+from compiler.targets import Target
 
 ENV = "AOTC_TRUSTED_KEYS"
 TrustSpec = str | Sequence[str | Path]
@@ -124,7 +127,7 @@ class Verifier:
         self.raise_for(resp)
         return dict(resp.json())
 
-    def manifest(self, key: str, meta: dict[str, Any]) -> Manifest:
+    def manifest(self, key: str, meta: dict[str, Any], asked: Asked | None = None) -> Manifest:
         """The verified manifest of artifact `key`, whose record (`meta`) must agree on the package's sha256 and
         size; BadSignature otherwise. Once it verifies, the record's fields that decide how the package is run are
         replaced by the signed ones (`adopt`). A key that is not one (32 lowercase hex digits) is refused before it
@@ -146,6 +149,8 @@ class Verifier:
         signed.expect(sha256=str(meta.get("sha256")), size=int(meta.get("size") or 0))
         self.on_target(signed, meta, trusted)
         adopt(signed, meta)
+        if asked is not None:
+            asked.expect(signed)
         return signed
 
     def on_target(self, signed: Manifest, meta: dict[str, Any],
@@ -172,6 +177,73 @@ class Verifier:
                            f"there{' (' + '; '.join(untrusted)[:400] + ')' if untrusted else ''}: wait for a worker "
                            "that serves it to check it, or take it unverified (allow_unverified=True, "
                            "--allow-unverified)", kid=signed.kid)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a caller asked the service for when it answered with an artifact (a lookup, or a reference resolved for
+    a load): the model, the target, the shapes (name -> a shape string, '4x32' or '1..8x3') and whether a train
+    step. The service's answer is not signed; the manifest is, and `expect` holds it to the question, so that a
+    hostile service cannot answer with another validly signed artifact (another model's, another target's, one
+    built for other shapes, a train step for an inference load). None of a field: not asked, not compared."""
+
+    model_id: str | None = None
+    target: str | None = None  # a lookup's: the signed target must match it (compiler.targets.Target.matches)
+    host: str | None = None  # a pick's: the signed target must run on this host (a lower x86-64 level does)
+    shapes: Mapping[str, str] = field(default_factory=dict)
+    training: bool | None = None
+    how: str = "the lookup"  # what asked, for messages: "the lookup", "the reference 'bert:prod'"
+
+    def expect(self, signed: Manifest) -> None:
+        """BadSignature (`mismatch`) unless the signed factors answer this question."""
+        factors = signed.predicate.get("factors")
+        f: dict[str, Any] = factors if isinstance(factors, dict) else {}
+
+        def refuse(what: str) -> BadSignature:
+            return BadSignature("mismatch", f"artifact {signed.key} does not answer what {self.how} asked: {what}; "
+                                            "the service answered with another artifact than the one asked for",
+                                kid=signed.kid)
+
+        if self.model_id is not None and f.get("model") != self.model_id:
+            raise refuse(f"it is signed as built from model {str(f.get('model'))[:12]}, not {self.model_id[:12]}")
+        if self.target is not None:
+            try:
+                fits = Target.parse(self.target).matches(str(signed.target))
+            except AotcError:
+                fits = False
+            if not fits:
+                raise refuse(f"it is signed for target {signed.target}, not {self.target}")
+        if self.host is not None:
+            try:
+                why = Target.parse(str(signed.target)).cannot_run_on(Target.parse(self.host))
+            except AotcError as e:
+                why = str(e)
+            if why:
+                raise refuse(f"it is signed for target {signed.target}, which cannot run on {self.host} ({why})")
+        mode = (f.get("options") or {}).get("mode") if isinstance(f.get("options"), dict) else None
+        if self.training is not None and (mode == "training") != self.training:
+            raise refuse(f"it is signed as {'a train step' if mode == 'training' else 'an inference package'}, "
+                         f"not {'a train step' if self.training else 'an inference package'}")
+        if self.shapes:
+            spec = f.get("spec")
+            held = {str(i.get("name")): i.get("shape") for i in spec if isinstance(i, dict)} \
+                if isinstance(spec, list) else {}
+            for name, text in self.shapes.items():
+                if not _covers(held.get(name), parse_shape(text)):
+                    shape = held.get(name)
+                    raise refuse(f"input {name!r} is signed as "
+                                 f"{format_shape(shape) if isinstance(shape, list) else 'absent'}, which does not "
+                                 f"take {text}")
+
+
+def _covers(have: Any, want: list[Any]) -> bool:
+    """Whether a signed input shape takes `want` (each dim a size or a range inside the signed one)."""
+    if not isinstance(have, list) or len(have) != len(want):
+        return False
+    try:
+        return all(bounds(h)[0] <= bounds(w)[0] and bounds(w)[1] <= bounds(h)[1] for h, w in zip(have, want))
+    except (KeyError, TypeError):
+        return False
 
 
 def adopt(signed: Manifest, meta: dict[str, Any]) -> None:

@@ -35,7 +35,7 @@ class Ref:
     def parse(cls, text: str) -> Ref:
         if len(text) > HARD_MAX_CHARS:
             raise Unprocessable(f"the reference is {len(text)} characters; at most {HARD_MAX_CHARS} are read")
-        m = _REF.match(text)
+        m = _REF.fullmatch(text)  # not match: its `$` takes a final newline
         if not m:
             raise Unprocessable(
                 f"cannot read the reference {text!r}: write NAME, NAME:TAG or NAME@VERSION, where a name or tag is "
@@ -55,7 +55,7 @@ def check_word(kind: str, text: str, max_chars: int, setting: str) -> str:
     if len(text) > max_chars:
         raise Unprocessable(f"the {kind} is {len(text)} characters; the limit is {max_chars} ({setting})",
                             setting=setting)
-    if not _NAME.match(text):
+    if not _NAME.fullmatch(text):  # not match: its `$` takes a final newline
         raise Unprocessable(f"the {kind} {text[:HARD_MAX_CHARS]!r} is not allowed: use lowercase letters, digits, "
                             "'.', '_' and '-', starting with a letter or a digit")
     return text

@@ -41,11 +41,14 @@ std::vector<std::int64_t> shape_of(const json::Value& v, const std::string& name
   if (!v.is_array()) throw Refused("weights header: " + name + " has no shape list");
   std::vector<std::int64_t> out;
   for (const auto& d : v.items) {
+    std::uint64_t u;
     try {
-      out.push_back(std::int64_t(json::as_uint64(d, "weights header shape")));
+      u = json::as_uint64(d, "weights header shape");
     } catch (const json::Error& e) {
       throw Refused(e.what());
     }
+    if (u > std::uint64_t(INT64_MAX)) throw Refused("weights header: " + name + " has a dim above 2^63 - 1");
+    out.push_back(std::int64_t(u));
   }
   return out;
 }
@@ -107,10 +110,16 @@ std::unordered_map<std::string, at::Tensor> load_weights(const std::string& path
     } catch (const json::Error& err) {
       throw Refused(err.what());
     }
-    std::uint64_t numel = 1;
-    for (auto d : shape) numel *= std::uint64_t(d);
+    // Checked products: wrapped around 2^64, a made-up shape could claim exactly the bytes its offsets span (an
+    // unverified blob's header is anyone's; a verified one's constants are signed).
+    std::uint64_t numel = 1, nbytes = 0;
+    bool wrapped = false;
+    for (auto d : shape) wrapped |= __builtin_mul_overflow(numel, std::uint64_t(d), &numel);
     const std::uint64_t elem = c10::elementSize(dtype->type);
-    if (b > en || en > data_len || en - b != numel * elem)
+    wrapped |= __builtin_mul_overflow(numel, elem, &nbytes);
+    if (wrapped || numel > std::uint64_t(INT64_MAX))
+      throw Refused("weights header: " + c.fqn + " has a shape whose size overflows");
+    if (b > en || en > data_len || en - b != nbytes)
       throw Refused("weights header: " + c.fqn + " has bytes outside the file or of the wrong size");
     at::Tensor t = bytes.narrow(0, std::int64_t(data_start + b), std::int64_t(en - b));
     // The writer puts the widest elements first, so offsets are aligned; another writer's may not be: copy those.

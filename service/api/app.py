@@ -119,7 +119,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     openapi.install(app, settings)
     app.add_middleware(CountRequests)  # cache hits and misses, bytes served: /metrics
     # 408 for request bodies that stall or trickle (the header deadline is the protocol's: service/api/http.py).
-    app.add_middleware(BodyDeadlines, idle_s=settings.body_idle_timeout_s, min_rate_kbps=settings.body_min_rate_kbps)
+    # 413 for a body over AOTC_MAX_BODY_KB on every route but the upload, before FastAPI parses it or checks a key.
+    app.add_middleware(BodyDeadlines, idle_s=settings.body_idle_timeout_s, min_rate_kbps=settings.body_min_rate_kbps,
+                       max_body_kb=settings.max_body_kb)
     return app
 
 

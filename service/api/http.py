@@ -60,8 +60,12 @@ class RequestTimeout(HTTPException):
 
 def _raw_408(message: str) -> bytes:
     """A whole 408 answer, written on the socket itself: no request exists yet for uvicorn to answer."""
-    body = json.dumps({"error": {"code": "request_timeout", "message": message}}, separators=(",", ":")).encode()
-    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    return _raw(b"408 Request Timeout", "request_timeout", message)
+
+
+def _raw(status: bytes, code: str, message: str) -> bytes:
+    body = json.dumps({"error": {"code": code, "message": message}}, separators=(",", ":")).encode()
+    return (b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
@@ -143,11 +147,35 @@ class HTTPProtocol(_HeaderDeadline, H11Protocol):
 if _HttpTools is not None:
 
     class HttpToolsProtocol(_HeaderDeadline, _HttpTools):
-        """uvicorn's httptools protocol, with the same AOTC_HEADER_TIMEOUT_S as HTTPProtocol."""
+        """uvicorn's httptools protocol, with the same AOTC_HEADER_TIMEOUT_S as HTTPProtocol, and AOTC_MAX_HEADER_KB
+        on a request's line and headers: httptools has no limit, and it parsed a 128 MiB header on the event loop
+        for 21 s (each header value grows by concatenation), so the bytes of a request's head are counted before
+        they are parsed, and the parser never sees more than the limit of them."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._in_body = False  # between a request's headers and its end
+            self._max_head = get_settings().max_header_kb * KIB
+            self._head = 0  # bytes of the current request's line and headers fed to the parser so far
+
+        def data_received(self, data: bytes) -> None:
+            while data:
+                if self._in_body:  # a body's bytes (and what follows them in this read): bounded elsewhere
+                    super().data_received(data)
+                    return
+                room = self._max_head - self._head
+                if room <= 0:
+                    self.transport.write(_raw(b"431 Request Header Fields Too Large", "headers_too_large",
+                                              f"the request line and headers passed {self._max_head} bytes "
+                                              f"(AOTC_MAX_HEADER_KB={self._max_head // KIB})"))
+                    self._unset_keepalive_if_required()
+                    self.transport.close()
+                    return
+                piece, data = data[:room], data[room:]
+                self._head += len(piece)
+                super().data_received(piece)
+                if self.transport.is_closing():
+                    return
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
@@ -158,6 +186,7 @@ if _HttpTools is not None:
 
         def on_headers_complete(self) -> None:
             self._in_body = True
+            self._head = 0
             self._disarm()  # the route's own time starts
             if self._fd >= 0:
                 self.scope["extensions"] = {**(self.scope.get("extensions") or {}), SENDFILE: {}}
@@ -274,25 +303,52 @@ def protocol(choice: str) -> str:
     return "service.api.http:HttpToolsProtocol"
 
 
-class BodyDeadlines:
-    """ASGI middleware: AOTC_BODY_IDLE_TIMEOUT_S and AOTC_BODY_MIN_RATE_KBPS on request bodies."""
+class BodyTooLarge(HTTPException):
+    """413 for a request body over AOTC_MAX_BODY_KB, raised from the body's `receive`: as RequestTimeout, FastAPI's
+    own body reading passes it on, so a JSON body is refused before the key is checked, and its connection closed."""
 
-    def __init__(self, app: ASGIApp, idle_s: float, min_rate_kbps: float) -> None:
+    def __init__(self, message: str) -> None:
+        super().__init__(413, detail=message, headers={"Connection": "close"})
+
+
+# Routes whose bodies have a limit of their own (the upload: AOTC_MAX_UPLOAD_MB, spooled to disk as it arrives).
+OWN_BODY_LIMIT = frozenset({("POST", "/v1/models")})
+
+
+class BodyDeadlines:
+    """ASGI middleware: AOTC_BODY_IDLE_TIMEOUT_S and AOTC_BODY_MIN_RATE_KBPS on request bodies, and AOTC_MAX_BODY_KB
+    on every body but an upload's."""
+
+    def __init__(self, app: ASGIApp, idle_s: float, min_rate_kbps: float, max_body_kb: int | None = None) -> None:
         self.app = app
         self.idle_s = idle_s
         self.min_bytes = min_rate_kbps * KIB * idle_s  # per window of idle_s spent waiting
+        self.max_body = max_body_kb * KIB if max_body_kb else None
+
+    def _cap(self, scope: Scope) -> int | None:
+        if self.max_body is None or (scope["method"], scope["path"]) in OWN_BODY_LIMIT:
+            return None
+        return self.max_body
+
+    def _too_large(self, what: str) -> BodyTooLarge:
+        return BodyTooLarge(f"the request body {what}; the limit is {self.max_body} bytes on this route "
+                            f"(AOTC_MAX_BODY_KB={(self.max_body or 0) // KIB})")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         done = False
-        window_s, window_bytes = 0.0, 0
+        window_s, window_bytes, total = 0.0, 0, 0
+        cap = self._cap(scope)
+        said = next((v for k, v in scope["headers"] if k == b"content-length"), None) if cap is not None else None
 
         async def timed_receive() -> Message:
-            nonlocal done, window_s, window_bytes
+            nonlocal done, window_s, window_bytes, total
             if done:  # the body is in: what follows is the wait for a disconnect (streaming answers)
                 return await receive()
+            if said is not None and cap is not None and (not said.isdigit() or len(said) > 18 or int(said) > cap):
+                raise self._too_large(f"is {said[:30].decode('latin-1')} bytes")
             short = window_bytes < self.min_bytes
             limit = self.idle_s - window_s if short else self.idle_s
             t0 = time.monotonic()
@@ -303,6 +359,10 @@ class BodyDeadlines:
                     raise RequestTimeout(f"the request body sent nothing for {self.idle_s:g} s "
                                          "(AOTC_BODY_IDLE_TIMEOUT_S)") from None
                 raise self._too_slow(window_bytes) from None
+            if message["type"] == "http.request" and cap is not None:
+                total += len(message.get("body", b""))
+                if total > cap:  # chunked, or more than its Content-Length said (the server cuts that, too)
+                    raise self._too_large(f"passed {cap} bytes")
             if message["type"] != "http.request" or not message.get("more_body", False):
                 done = True
                 return message

@@ -493,10 +493,11 @@ class CompilationRequest(BaseModel):
         "each routed to a worker that serves it. 'all' stands for every concrete target a live worker serves. A "
         "target that no live worker serves is reported in its entry of `targets` and does not fail the others.",
         examples=[["cpu-x86_64-avx2", "cuda-sm90"], ["all"]])
-    name: str | None = Field(default=None, max_length=REF_MAX, description="Record a new version of this registry "
+    name: str | None = Field(default=None, max_length=REF_MAX, pattern=REG_WORD,
+                             description="Record a new version of this registry "
                              "name (in the caller's namespace) pointing at the model: lowercase letters, digits, "
                              "'.', '_', '-', at most AOTC_MAX_REGISTRY_NAME_CHARS.")
-    tags: list[Annotated[str, StringConstraints(max_length=REF_MAX)]] = Field(
+    tags: list[Annotated[str, StringConstraints(max_length=REF_MAX, pattern=REG_WORD)]] = Field(
         default_factory=list, max_length=16, description="Tags to move to the new version (needs `name`).")
 
 

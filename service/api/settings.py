@@ -80,6 +80,9 @@ class Settings(StorageSettings):
                            "too (`aotc-server --insecure`): whoever reaches the API is an admin.")
     auth_cache_s: float = Field(default=5.0, ge=0, le=60, description="How long an API process trusts a key it "
                                 "has checked: a revoked key stops working within this.")
+    ns_kept_jobs: int = Field(default=10_000, gt=0, description="Most jobs a namespace keeps a record of: past it, "
+                              "each new job lets go of its oldest ended ones (a job no namespace holds any more is "
+                              "deleted with its event stream), so submitting and cancelling cannot fill Redis.")
     ns_max_jobs: int = Field(default=64, gt=0, description="Default quota: queued plus running jobs of a namespace "
                              "(429 past it). An admin sets another per namespace.")
     ns_max_stored_gb: float = Field(default=100.0, gt=0, description="Default quota: bytes a namespace's models "
@@ -98,6 +101,9 @@ class Settings(StorageSettings):
                                     "complete within this (from its start, or from the end of the previous answer "
                                     "on a kept-alive connection) is closed, with a 408 if it sent part of them. "
                                     "Applies where aotc-server runs the API.")
+    max_header_kb: int = Field(default=64, gt=0, le=1024, description="The most bytes a request's line and headers "
+                               "may hold, in KiB (431 past it, the connection closed). Applies where aotc-server "
+                               "runs the API with httptools, which has no limit of its own (h11 refuses past 16 KiB).")
     # The HTTP parser and event loop aotc-server's API processes run on (bench/README.md "Lookups": httptools and
     # uvloop take the lookup past 2,000 req/s at 32 connections on 2 cores, where h11 and asyncio stop short).
     http: Literal["auto", "httptools", "h11"] = Field(
@@ -118,6 +124,10 @@ class Settings(StorageSettings):
     body_min_rate_kbps: float = Field(default=8.0, ge=0, description="The slowest a request body may arrive, in "
                                       "KiB/s, averaged over each AOTC_BODY_IDLE_TIMEOUT_S of waiting for it (408 "
                                       "below it); 0: no minimum.")
+    max_body_kb: int = Field(default=1024, gt=0, description="The largest request body, in KiB, on every route but "
+                             "the upload (POST /v1/models, AOTC_MAX_UPLOAD_MB): answered 413 as soon as its "
+                             "Content-Length or its bytes pass it. FastAPI reads and parses a JSON body before the "
+                             "key is checked, so without it a caller with no key could have the API hold any size.")
 
     # The registry (service/store/names.py): names, versions and tags are records a caller adds, so each is bounded.
     max_registry_name_chars: int = Field(default=64, gt=0, le=64, description="Longest registry name or tag "

@@ -64,6 +64,7 @@ class Namespaces:
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
         self._admit = r.register_script(scripts.ADMIT)
+        self._trim_jobs = r.register_script(scripts.TRIM_JOBS)
 
     # -- models --------------------------------------------------------------------------------------------------
 
@@ -141,6 +142,15 @@ class Namespaces:
         """Give back what `add_job` did not fill (a request that failed or joined fewer jobs); filled ones are gone."""
         if reservations:
             self.r.zrem(keys.ns(ns, "reserved"), *reservations)
+
+    def trim_jobs(self, ns: str, keep: int, batch: int = 8, scan: int = 256) -> int:
+        """Let go of the namespace's oldest ended jobs past `keep` (at most `batch` of them, among its `scan` oldest:
+        queued and running ones, at most its job quota, are passed over); a job no namespace holds any more is
+        deleted with its events. Each new job calls it, so what one namespace's jobs hold in Redis stays bounded
+        however many it submits and cancels. Returns how many it let go of."""
+        return int(cast(int, self._trim_jobs(
+            keys=[keys.ns(ns, "jobs"), keys.JOBS_INDEX, keys.DEADLETTER, keys.METRICS_OBSERVED],
+            args=[ns, keep, batch, scan, keys.job("")])))
 
     def has_job(self, ns: str, job_id: str) -> bool:
         return self.r.zscore(keys.ns(ns, "jobs"), job_id) is not None

@@ -474,6 +474,37 @@ return {1, active, reserved}
 """
 
 
+# KEYS: the namespace's jobs (zset by when it asked), the global job index, the dead letters, the metrics' observed
+#       jobs. ARGV: the namespace, how many of its jobs to keep, the most to drop in one call, the most to look at
+#       (from the oldest), and the key prefix of a job record (its events and namespaces are `<prefix><id>:events`,
+#       `<prefix><id>:namespaces`).
+# Drops the namespace's oldest jobs past the number it keeps, ended ones only (a queued or running job is skipped,
+# never dropped, and its place goes to the next): the namespace lets go of each; a job no namespace holds any more
+# goes with its record, its event stream and its index entries. Returns how many the namespace let go of.
+TRIM_JOBS = """
+local over = math.min(redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[2]), tonumber(ARGV[3]))
+if over <= 0 then return 0 end
+local dropped = 0
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[4]) - 1)) do
+  if dropped >= over then break end
+  local job = ARGV[5] .. id
+  local st = redis.call('HGET', job, 'state')
+  if st ~= 'queued' and st ~= 'running' then
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('SREM', job .. ':namespaces', ARGV[1])
+    dropped = dropped + 1
+    if redis.call('SCARD', job .. ':namespaces') == 0 then
+      redis.call('DEL', job, job .. ':events', job .. ':namespaces')
+      redis.call('ZREM', KEYS[2], id)
+      redis.call('LREM', KEYS[3], 0, id)
+      redis.call('SREM', KEYS[4], id)
+    end
+  end
+end
+return dropped
+"""
+
+
 # -- the registry: names, versions and tags (service/store/names.py) ---------------------------------------------
 # A name's versions, tags and tag history change together in one script each, so a reader never sees a tag on a
 # version that is gone, and two tag moves racing are ordered, each recorded with who made it and when.

@@ -156,3 +156,33 @@ def test_a_pull_by_name_detects_the_cpu_level_without_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     detected, expected, torch_loaded = out.stdout.split()
     assert detected == expected and torch_loaded == "False"
+
+
+def test_a_weights_blob_rewritten_in_place_is_hashed_again_though_its_mtime_was_restored(tmp_path) -> None:
+    """A process remembers the blobs it verified, so a second bucket skips hashing them. It remembered a file by
+    its mtime alone, which whoever can write the file can also set back: same size, same mtime, other bytes were
+    taken as verified. Now it keys on the file's identity as the pull's `.verified` record does (inode, device,
+    mtime and ctime, which no one can set)."""
+    import os
+    import time
+
+    from client import sdk
+    from compiler.weightsfile import describe, read_header_file, write
+
+    path = tmp_path / "w.safetensors"
+    with open(path, "wb") as f:
+        write(f, [("fc.weight", "float32", (4, 4), bytes(range(64)))], {})
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    signed = {"constants": describe(read_header_file(path))}
+    assert sdk._weights_verified(path, sha, path.stat().st_size, signed)
+    assert sdk._VERIFIED[path][0] == sha
+
+    st = path.stat()
+    time.sleep(0.05)  # past the file system's timestamp tick (a coarse clock: a jiffy, up to 10 ms)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # a weight's byte: the header still reads the same
+    with open(path, "r+b") as f:  # in place: the same inode and size
+        f.write(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_mtime_ns == st.st_mtime_ns and path.stat().st_ino == st.st_ino
+    assert not sdk._weights_verified(path, sha, path.stat().st_size, signed)

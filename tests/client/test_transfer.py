@@ -23,9 +23,9 @@ BODY = os.urandom(3 * (1 << 20) + 12345)  # more than one pipe's worth, not a mu
 class OneShot:
     """A loopback HTTP server that answers each connection with `answer(conn, request_bytes)`, in a thread."""
 
-    def __init__(self, answer: Callable[[socket.socket, bytes], None]) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/blob"
+    def __init__(self, answer: Callable[[socket.socket, bytes], None], host: str = "127.0.0.1") -> None:
+        self.sock = socket.create_server((host, 0))
+        self.url = f"http://{host}:{self.sock.getsockname()[1]}/blob"
         self.answer, self.requests = answer, []  # type: ignore[var-annotated]
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -173,3 +173,69 @@ def test_a_chunked_body_is_cut_at_the_signed_size(tmp_path: Path) -> None:
         assert part.read_bytes() == BODY[:part.stat().st_size]
     finally:
         server.close()
+
+
+def test_a_redirect_is_followed_only_to_the_services_host_https_names_and_hosts_named_for_it() -> None:
+    refuse = transfer.refuse_redirect
+    origin = "http://127.0.0.1:8000/v1/artifacts/k/package"
+    assert refuse("http://127.0.0.1:9000/bucket/k?X-Amz-Signature=s", origin) is None  # the service's host
+    assert refuse("https://bucket.s3.eu-west-1.amazonaws.com/k?sig", origin) is None  # https by name
+    assert refuse("http://localhost:8333/b/k", origin) is None  # loopback to loopback: docker-compose's store
+    assert refuse("http://127.0.0.1:8333/b/k", "http://localhost:8000/") is None
+    message = refuse("http://127.0.0.1:8333/b/k", "https://aotc.example/")  # a remote service: not to loopback
+    assert message is not None and "an IP address" in message
+    for bad, why in [("http://169.254.169.254/latest/meta-data/", "an IP address"),
+                     ("https://169.254.169.254/x", "an IP address"), ("https://[fd00::1]/x", "an IP address"),
+                     ("http://minio.internal:9000/b/k", "plain http"), ("file:///etc/passwd", "not an http(s) URL"),
+                     ("gopher://x/", "not an http(s) URL"), ("http:///nohost", "not an http(s) URL")]:
+        message = refuse(bad, origin)
+        assert message is not None and why in message, (bad, message)
+    allowed = transfer.redirect_hosts(" minio.internal, *.store.example ,10.0.0.7,")
+    assert allowed == {"minio.internal", "*.store.example", "10.0.0.7"}
+    for ok in ("http://minio.internal:9000/b/k", "http://MINIO.internal./b", "http://a.b.store.example/k",
+               "http://10.0.0.7/k"):
+        assert refuse(ok, origin, allowed) is None, ok
+    assert refuse("http://store.example/k", origin, allowed) is not None  # the wildcard names what is under it
+    assert refuse("http://evilminio.internal/k", origin, allowed) is not None
+
+
+def test_a_pull_redirected_to_another_host_is_refused_unless_that_host_is_named(tmp_path: Path) -> None:
+    """The service's 307 (a presigned URL) once took the pull to any host it named: a hostile service could have a
+    consumer fetch from its cloud's metadata address or an internal plain-HTTP service. Here the service is on
+    another host than loopback would be (this machine's own non-loopback address, where it has one) and redirects
+    to a loopback address that stands for such a host: not fetched from by default, fetched from once named."""
+    home = _own_address()
+    if home is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    target = OneShot(lambda c, _: c.sendall(_head(len(BODY), BODY)), host="127.0.0.2")
+    service = OneShot(host=home, answer=lambda c, _: c.sendall(
+        f"HTTP/1.1 307 Temporary Redirect\r\nLocation: {target.url}?X-Amz-Signature=s\r\nContent-Length: 0\r\n\r\n"
+        .encode()))
+    try:
+        part = tmp_path / "blob.part"
+        with open(part, "ab") as f:
+            with pytest.raises(transfer.Refused) as got:
+                transfer.fetch(service.url, {}, f, hashlib.sha256(), 0, timeout=10, redirect_headers={})
+        assert got.value.status == 502 and b"redirected the pull to 127.0.0.2 (an IP address" in got.value.body, \
+            got.value.body
+        assert target.requests == [] and part.stat().st_size == 0
+        digest = hashlib.sha256()
+        with open(part, "ab") as f:
+            transfer.fetch(service.url, {"Authorization": "Bearer secret"}, f, digest, 0, timeout=10,
+                           redirect_headers={}, allowed=transfer.redirect_hosts("127.0.0.2"))
+        assert part.read_bytes() == BODY and digest.hexdigest() == hashlib.sha256(BODY).hexdigest()
+        assert len(target.requests) == 1 and b"secret" not in target.requests[0]  # the API key stays behind
+    finally:
+        service.close()
+        target.close()
+
+
+def _own_address() -> str | None:
+    """This machine's address on its default route (no packet is sent: a UDP socket only picks its source)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed anywhere real
+            addr = str(s.getsockname()[0])
+        except OSError:
+            return None
+    return None if addr.startswith("127.") else addr

@@ -19,10 +19,20 @@ def test_references_parse_and_print_back(text, name, tag, version):
 
 
 @pytest.mark.parametrize("text", ["", "Bert", "-x", "a/b", "a:b:c", "a@0", "a@x", "a@1234567890", "a b", "a:",
-                                  "bert\u202e", "bert\x1b[31m", "é", "a" * 130])
+                                  "bert\u202e", "bert\x1b[31m", "é", "a" * 130, "evil\n", "evil:prod\n",
+                                  "evil@1\n"])
 def test_anything_else_is_refused_with_the_grammar(text):
     with pytest.raises(Unprocessable):
         Ref.parse(text)
+
+
+@pytest.mark.parametrize("text", ["evil\n", "x\n", "prod\n"])
+def test_a_final_newline_is_not_part_of_a_word(text):
+    """The grammar's `$` took a final newline under `re.match`: a compile request named 'evil\\n' made a name no
+    route could read, tag or delete, and a Redis key with a newline in it."""
+    for check in (lambda: check_word("name", text, 64, "S"), lambda: check_tag(text, 64, "S")):
+        with pytest.raises(Unprocessable, match="is not allowed"):
+            check()
 
 
 def test_words_are_bounded_by_the_setting_they_name_and_latest_is_never_set():

@@ -9,6 +9,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,6 +174,37 @@ def test_cpp_example_refuses_before_loading(aotc_run: Path, pulled: Pulled, tmp_
     assert done.returncode == 3, (done.stdout, done.stderr)
     assert "aotc_run: refused " in done.stderr and message in done.stderr, done.stderr
     assert "loaded with" not in done.stdout and not (tmp_path / "out.pt").exists()
+
+
+def test_cpp_example_refuses_a_huge_manifest_without_spending_seconds_on_it(aotc_run: Path, pulled: Pulled,
+                                                                             tmp_path: Path) -> None:
+    """The manifest is parsed before its signature is checked, and the parser once compared each key with every
+    key before it: a 975 kB object of distinct keys cost 9.4 s of CPU. Now an ordered set finds the duplicate."""
+    distinct = [f'"k{i:07d}":0' for i in range(75_000)]  # 975 kB: under the 1 MiB cap
+    (tmp_path / "huge.json").write_text("{" + ",".join(distinct) + ',"k0074999":1}')
+    t0 = time.monotonic()
+    done = run_cpp(aotc_run, pulled, tmp_path, torch.randn(2, 32), manifest=tmp_path / "huge.json")
+    took = time.monotonic() - t0
+    assert done.returncode == 3 and "duplicate key" in done.stderr and "k0074999" in done.stderr, done.stderr
+    assert took < 4, f"{took:.1f} s"  # the process's start included; the old parser alone took 9.4 s (-O2)
+    print(f"\naotc_run refused a {len(distinct)}-key manifest in {took:.2f} s")
+
+
+def test_cpp_example_refuses_an_unverified_blob_whose_shape_overflows(aotc_run: Path, pulled: Pulled,
+                                                                    tmp_path: Path) -> None:
+    """With --insecure-skip-verify a weights blob's header is anyone's. A shape whose element count wraps around
+    2^64 (2^32 x 2^32 = 0) once claimed exactly the zero bytes its offsets span, and a tensor of that shape over no
+    memory went on to the package. Now the products are checked."""
+    header = json.dumps({"fc1.weight": {"dtype": "F32", "shape": [1 << 32, 1 << 32], "data_offsets": [0, 0]}}).encode()
+    header += b" " * (-len(header) % 8)
+    (tmp_path / "w.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    torch.save([torch.randn(2, 32)], tmp_path / "in.pt")
+    done = subprocess.run([str(aotc_run), "--package", str(pulled.package), "--insecure-skip-verify", "--inputs",
+                           str(tmp_path / "in.pt"), "--outputs", str(tmp_path / "out.pt"), "--weights",
+                           str(tmp_path / "w.safetensors")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert "fc1.weight has a shape whose size overflows" in done.stderr, done.stderr
+    assert not (tmp_path / "out.pt").exists()
 
 
 def test_cpp_example_takes_a_build_not_run_on_its_target_only_when_told(aotc_run: Path, pulled: Pulled,

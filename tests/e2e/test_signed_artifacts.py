@@ -248,6 +248,62 @@ def test_a_record_that_lies_about_shapes_cannot_make_the_package_read_past_its_i
         _set_record(signed, record)
 
 
+def test_a_lookup_or_a_pick_answered_with_another_artifact_is_refused(signed: Signed, tmp_path: Path) -> None:
+    """The service's answer to a lookup or a pick is not signed. A hostile one (here: its Redis rewritten) answered
+    another model's lookup with this validly signed artifact, and a lookup for shapes it was not built for with a
+    record that claimed a range; the client pulled and ran it. Now the manifest is held to the question (the model,
+    the target, the shapes, inference; client/verify.py `Asked`) before a byte is written."""
+    r = signed.cluster.store.r
+    key = signed.art.key
+    record = _record(signed, key)
+    x = torch.randn(4, 16)
+    with _client(signed, tmp_path) as c:
+        # 1. Another model's lookup, and a pick of a version of it, answered with this artifact.
+        other = c.upload(seeded(MLP, 72, d_in=16, hidden=32, d_out=4), (x,), name="other")["id"]
+        assert other != record["model_id"]
+        r.sadd(keys.artifacts_by_model(other), key)
+        try:
+            art = c.lookup(other, {"x": x}, "cpu")
+            assert art is not None and art.key == key  # the service answered with it
+            with pytest.raises(BadSignature) as got:
+                c.pull(art, tmp_path / "out.pt2")
+            assert got.value.reason == "mismatch"
+            assert f"signed as built from model {record['model_id'][:12]}, not {other[:12]}" in got.value.message
+            _nothing_written(c, tmp_path / "out.pt2")
+            c.add_version("other", other)
+            with pytest.raises(BadSignature, match=r"does not answer what the reference 'other@1' asked"):
+                c.load("other@1", shapes={"x": x})
+            _nothing_written(c, tmp_path / "out.pt2")
+        finally:
+            r.srem(keys.artifacts_by_model(other), key)
+        # 2. Its own model's lookup for a batch it was not built for, answered by records (the model's and the
+        # artifact's) that claim a range.
+        forged = json.loads(json.dumps(record))
+        forged["spec"] = [{**inp, "shape": [{"min": 1, "max": 8}, *inp["shape"][1:]]} for inp in record["spec"]]
+        forged["factors"]["spec"] = forged["spec"]
+        model_raw = r.get(keys.model(record["model_id"]))
+        assert model_raw
+        model = json.loads(model_raw)
+        model["inputs"] = [{**inp, "shape": [{"min": 1, "max": 8}, *inp["shape"][1:]]} for inp in model["inputs"]]
+        r.set(keys.model(record["model_id"]), json.dumps(model))
+        _set_record(signed, forged)
+        try:
+            art = c.lookup(record["model_id"], {"x": torch.randn(2, 16)}, "cpu")
+            assert art is not None and art.key == key
+            with pytest.raises(BadSignature, match=r"input 'x' is signed as 4x16, which does not take 2x16"):
+                c.load(art)
+            _nothing_written(c, tmp_path / "out.pt2")
+        finally:
+            _set_record(signed, record)
+            r.set(keys.model(record["model_id"]), model_raw)
+        # The honest answer to the same question still loads and runs.
+        art = c.lookup(record["model_id"], {"x": x}, "cpu")
+        assert art is not None and art.key == key
+        fn = c.load(art)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), signed.model(x), rtol=1e-4, atol=1e-5)
+
+
 def test_a_key_that_is_not_a_key_is_refused_before_it_names_a_url_or_a_file(signed: Signed, tmp_path: Path) -> None:
     """A signed manifest names exactly the key it was asked for, and the pull makes the cache's file names from it.
     A worker made to sign a job whose key (in Redis) was `../../x` would have had pulls write outside the cache;

@@ -56,6 +56,8 @@ def _answer(store: Store, settings: Settings, who: Principal, model: dict[str, A
     # Decided by the namespace's own record alone (one atomic ZADD NX): of identical requests racing, exactly one
     # per namespace is "queued", even when another one's submit created the job first.
     new_here = store.namespaces.add_job(who.namespace, job_id, reservation)
+    if new_here:
+        store.namespaces.trim_jobs(who.namespace, settings.ns_kept_jobs)
     return {"status": "queued" if new_here else "joined", "key": key, "job": store.jobs.get(job_id)}
 
 

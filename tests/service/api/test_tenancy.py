@@ -74,10 +74,12 @@ def model_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return path.read_bytes()
 
 
-# Tight limits, so that each can be met in a second or two: 3 streams and 2 uploads per key, 2 s leases, and a body
-# must not stall 1.5 s nor average under 1 KiB/s.
+# Tight limits, so that each can be met in a second or two: 3 streams and 2 uploads per key, 2 s leases, a body
+# must not stall 1.5 s nor average under 1 KiB/s, no body but an upload's may pass 8 KiB, and a namespace keeps
+# the records of 5 jobs.
 LIMITS = {"AOTC_MAX_STREAMS_PER_KEY": "3", "AOTC_MAX_UPLOADS_PER_KEY": "2", "AOTC_SLOT_LEASE_S": "2",
-          "AOTC_BODY_IDLE_TIMEOUT_S": "1.5", "AOTC_BODY_MIN_RATE_KBPS": "1"}
+          "AOTC_BODY_IDLE_TIMEOUT_S": "1.5", "AOTC_BODY_MIN_RATE_KBPS": "1", "AOTC_MAX_BODY_KB": "8",
+          "AOTC_NS_KEPT_JOBS": "5"}
 
 
 @pytest.fixture(scope="module")
@@ -395,6 +397,64 @@ def test_a_stalled_or_trickling_body_is_408_naming_the_setting(limited, fake_tar
     assert out.startswith(b"HTTP/1.1 408 ") and b"(AOTC_BODY_" in out, out
 
 
+def test_a_body_over_the_limit_is_413_before_a_key_is_checked_and_an_upload_is_not_held_to_it(limited, model_bytes):
+    """FastAPI reads and parses a JSON body before its dependencies check the key: a caller with no key once had
+    the API hold a 100 MiB body (its peak memory 78 -> 696 MB, 543 MB kept). Now every body but an upload's is
+    refused past AOTC_MAX_BODY_KB, from its Content-Length or as its bytes pass it."""
+    (url, _), _ = limited
+    # Announced: refused at once, whatever follows (nothing does here), with no key.
+    sock = _raw(url)
+    sock.sendall(b"POST /v1/compilations HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 104857600\r\n\r\n{\"model_id\": \"")
+    out, took = _read_all(sock, 10)
+    assert out.startswith(b"HTTP/1.1 413 ") and b"AOTC_MAX_BODY_KB=8" in out and b"is 104857600 bytes" in out, out
+    assert took < 5
+    # Chunked (no length said): refused once 8 KiB have come, not after the whole body.
+    sock = _raw(url)
+    sock.sendall(b"POST /v1/keys HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n")
+    chunk = b'"' + b"x" * 4094 + b'"'
+    sent = 0
+    try:
+        for _ in range(64):  # 256 KiB if the server took it all
+            sock.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            sent += len(chunk)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    out, _ = _read_all(sock, 10)
+    assert out.startswith(b"HTTP/1.1 413 ") and b"passed 8192 bytes" in out, out
+    # A JSON body within the limit is the route's business (no key: 401), and an upload is held to its own limit.
+    r = httpx.post(f"{url}/v1/compilations", json={"model_id": "0" * 64, "shapes": {}}, timeout=30)
+    assert r.status_code == 401, r.text
+    assert len(model_bytes) > 8 * 1024
+    key = _key(url, "compile", f"big-{uuid.uuid4().hex[:6]}")
+    assert _upload(url, key, model_bytes)
+
+
+def test_submitting_and_cancelling_in_a_loop_keeps_a_namespaces_jobs_bounded(limited, fake_target, model_bytes, store):
+    """Cancelling a queued job frees its quota slot at once, and job records were never deleted: a compile key that
+    submitted and cancelled in a loop grew Redis by 8 KB a job (0.6 MiB/s from one client) until Redis, which must
+    not evict, was full for every tenant. Now each new job lets go of the namespace's oldest ended ones past
+    AOTC_NS_KEPT_JOBS (5 here); their records and event streams go with them."""
+    (url, _), _ = limited
+    ns = f"spam-{uuid.uuid4().hex[:6]}"
+    key = _key(url, "compile", ns)
+    ids = []
+    for _ in range(12):
+        job_id = _queued_job(url, key, model_bytes, batch=54)
+        ids.append(job_id)
+        r = httpx.delete(f"{url}/v1/jobs/{job_id}", headers=_bearer(key), timeout=30)
+        assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+    assert len(set(ids)) == 12
+    kept = store.namespaces.job_ids(ns, 100)
+    assert kept == ids[-5:][::-1], (kept, ids)  # the newest first
+    listed = httpx.get(f"{url}/v1/jobs", headers=_bearer(key), params={"limit": 100}, timeout=30).json()["jobs"]
+    assert [j["id"] for j in listed] == kept
+    for gone in ids[:7]:
+        assert httpx.get(f"{url}/v1/jobs/{gone}", headers=_bearer(key), timeout=30).status_code == 404
+        assert not store.r.exists(keys.job(gone)) and not store.r.exists(keys.job_events(gone))
+
+
 def test_concurrent_compile_requests_admit_exactly_the_job_quota(limited, fake_target, model_bytes):
     (url_a, _), (url_b, _) = limited
     max_jobs, n = 2, 16
@@ -485,6 +545,46 @@ def _modes(root: Path) -> dict[str, int]:
 
 
 @pytest.mark.slow
+def test_aotc_server_refuses_a_head_over_the_limit_with_431_and_never_parses_it(tmp_path, servers, monkeypatch,
+                                                                                 model_bytes):
+    """httptools has no limit on a request's head: a 128 MiB header held the API's event loop for 21 s (every other
+    tenant waited), 256 MiB for 126 s. Now aotc-server's httptools protocol feeds the parser no more than
+    AOTC_MAX_HEADER_KB of a request's line and headers; a body, even one that arrives with its headers in one
+    read, is not counted."""
+    monkeypatch.setenv("AOTC_HTTP", "httptools")
+    monkeypatch.setenv("AOTC_MAX_HEADER_KB", "8")
+    server = AotcServer(tmp_path / "data", "--workers", "0", "--api-workers", "1")
+    servers.append(server)
+    server.wait_ready()
+
+    sock = _raw(server.url)
+    t0 = time.monotonic()
+    try:  # 32 MiB of one header's value, sent until the server stops reading
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * (32 << 20))
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    out, _ = _read_all(sock, 10)
+    assert out.startswith(b"HTTP/1.1 431 ") and b"AOTC_MAX_HEADER_KB=8" in out, out
+    assert time.monotonic() - t0 < 5
+    assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
+
+    # Within the limit, over several reads and on a kept-alive connection: answered as ever.
+    sock = _raw(server.url)
+    for _ in range(2):
+        for piece in (b"GET /healthz HTTP/1.1\r\nHost: t\r\n", b"X-Pad: " + b"p" * 6000 + b"\r\n", b"\r\n"):
+            sock.sendall(piece)
+        got = b""
+        sock.settimeout(5)
+        while not got.endswith(b'{"ok":true}'):
+            got += sock.recv(65536)
+        assert got.startswith(b"HTTP/1.1 200 "), got
+    sock.close()
+
+    # An upload's head and body in one write: the body's bytes are not the head's.
+    r = httpx.post(f"{server.url}/v1/models", content=model_bytes * 8, headers=_bearer(ADMIN_KEY), timeout=30)
+    assert len(model_bytes) * 8 > 8 * 1024 and r.status_code != 431, r.text
+
+
 def test_aotc_server_keeps_its_data_dir_private_and_a_sandboxed_compile_still_runs(tmp_path, servers):
     data = tmp_path / "data"
     # What an older version left: world-readable dirs, and a Redis log that redis-server goes on appending to.
