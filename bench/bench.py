@@ -24,6 +24,12 @@ Per model (in --models order, or the --partition's share of zoo.py):
    Memory: the allocator's peak, and the device memory in use after the run (cudaMemGetInfo; it sees the
    package's constants and CUDA-graph pools, which the allocator statistics do not all see).
 
+`--profile` adds, in each peer's process after its timing, torch.profiler over 20 calls (CUPTI reports the kernels
+a CUDA graph replays, too): the kernels per call, their summed device time, the span from the first kernel's start to
+the last one's end, and the kernels by time, their names with Inductor's numbering dropped. `--batch 1` measures batch
+1 only and `--peers` a subset: e.g. `--batch 1 --peers tc_reduce_overhead,aot_graphs --profile` asks why a package
+replayed from a graph is behind `reduce-overhead` at batch 1 (issue 24), and prints the two side by side at the end.
+
 Resumable: a (model, batch, peer) already in --out is not measured again; --budget-s stops before a model that
 would start after it. The JSON is schema 2 (schema 1 was the 2026-11-22 run: one batch, three peers).
 """
@@ -48,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 T_START = time.perf_counter()
+PROFILE_CALLS = 20
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -94,6 +101,8 @@ def child(peer: str, name: str, batches: list[int], keys: dict[str, str], url: s
                 from compiler.check import measure
 
                 rec["measure"] = measure(call, "cuda:0")
+            if os.environ.get("BENCH_PROFILE"):
+                rec["profile"] = _profile(call)
         torch.cuda.synchronize()
         rec["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
         rec["device_mem_bytes"] = free0 - torch.cuda.mem_get_info()[0]
@@ -105,6 +114,43 @@ def child(peer: str, name: str, batches: list[int], keys: dict[str, str], url: s
         torch._dynamo.reset()
         torch.cuda.empty_cache()
     return out
+
+
+def _kernel_family(name: str) -> str:
+    """A kernel's name without what changes between two compiles of one program: Inductor's numbering and the
+    templates' tile suffixes (triton_poi_fused_add_gelu_3 -> triton_poi_fused_add_gelu), cut at 90 characters."""
+    import re
+
+    base = re.sub(r"(_\d+)+$", "", name.split("(")[0].strip())
+    return base[:90]
+
+
+def _profile(call: Any) -> dict[str, Any]:
+    """torch.profiler over PROFILE_CALLS calls: per call, the kernels, their device time and span; the kernel
+    families by time (microseconds per call)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILE_CALLS):
+            call()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.name.startswith(("Memcpy", "Memset"))]
+    if not kernels:
+        return {"kernels_per_call": 0, "note": "the profiler saw no kernels"}
+    by: dict[str, float] = {}
+    for e in kernels:
+        key = _kernel_family(e.name)
+        by[key] = by.get(key, 0.0) + e.device_time / PROFILE_CALLS  # microseconds
+    starts = sorted(e.time_range.start for e in kernels)
+    ends = sorted(e.time_range.end for e in kernels)
+    return {"calls": PROFILE_CALLS, "kernels_per_call": len(kernels) / PROFILE_CALLS,
+            "kernel_us_per_call": sum(by.values()), "span_us_per_call": (ends[-1] - starts[0]) / PROFILE_CALLS,
+            "families": dict(sorted(((k, round(v, 2)) for k, v in by.items()), key=lambda kv: -kv[1])[:40])}
 
 
 def _build_peer(peer: str, name: str, batch: int, rec: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
@@ -220,10 +266,13 @@ def start_service(port: int, data_dir: Path, workers: int, gpu: str | None = Non
     raise RuntimeError("the service did not come up with its cuda workers")
 
 
+ONLY_BATCH: int | None = None  # --batch
+
+
 def batches_of(name: str) -> list[int]:
     from bench.zoo import MODELS
 
-    return sorted({1, MODELS[name].batch})
+    return [ONLY_BATCH] if ONLY_BATCH else sorted({1, MODELS[name].batch})
 
 
 def submit_all(names: list[str], url: str, state: Path, submitted: queue.Queue[tuple[str, dict[str, Any]]]) -> None:
@@ -361,8 +410,18 @@ def main() -> int:
     ap.add_argument("--worker-cpus", default=None, help="cores the workers are pinned to, e.g. 8-31")
     ap.add_argument("--lanes", default="", help="where peers are measured, GPU:cores each, e.g. 1:0-7,0:8-15; a "
                     "lane on --compile-gpu opens when the compiles are over, and the others measure meanwhile")
+    ap.add_argument("--batch", type=int, default=None, help="this batch only (default: 1 and the serving batch)")
+    ap.add_argument("--peers", default="", help=f"comma-separated, a subset of {','.join(PEERS)}")
+    ap.add_argument("--profile", action="store_true", help="profile PROFILE_CALLS calls in each peer's process")
     ap.add_argument("--child", nargs="+", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    global ONLY_BATCH
+    ONLY_BATCH = a.batch
+    if a.profile:
+        os.environ["BENCH_PROFILE"] = "1"  # the peers' processes inherit it
+    unknown = set(filter(None, a.peers.split(","))) - set(PEERS)
+    if unknown:
+        raise SystemExit(f"--peers: unknown {sorted(unknown)}; known: {', '.join(PEERS)}")
 
     if a.child:
         if os.environ.get("BENCH_CPUS"):  # before torch, so its threads and compile workers inherit it
@@ -387,6 +446,8 @@ def main() -> int:
     results.setdefault("models", {})
     results.setdefault("runs", []).append({"started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:]})
     peers = [p for p in PEERS if p != "tc_max_autotune" or a.max_autotune]
+    if a.peers:
+        peers = [p for p in peers if p in a.peers.split(",")]
     names = a.models.split(",") if a.models else list(MODELS)
     if a.partition:
         i, n = (int(x) for x in a.partition.split("/"))
@@ -441,7 +502,7 @@ def main() -> int:
             ready.put(None)
 
     def measure(lane: Lane) -> None:
-        if lane.after_compiles and len(lanes) > 1:
+        if lane.after_compiles and (len(lanes) > 1 or a.compile_gpu is not None):
             compiled.wait()
             print(f"compiles over: lane {lane} opens", flush=True)
         while (name := ready.get()) is not None:
@@ -477,7 +538,37 @@ def main() -> int:
             if p is service[-1]:
                 p.terminate()
             p.wait(60)
+    if a.profile:
+        print(profile_table(results, ("tc_reduce_overhead", "aot_graphs")))
     return 0
+
+
+def profile_table(results: dict[str, Any], pair: tuple[str, str]) -> str:
+    """Two peers' profiles side by side, per model and batch: latency, kernels per call, their summed time and span,
+    and the kernel families whose time differs most between the two (the second's minus the first's)."""
+    lines = []
+    for name, row in results.get("models", {}).items():
+        for b, brow in row.get("batches", {}).items():
+            got = {}
+            for p in pair:
+                rounds = (brow["peers"].get(p) or {}).get("rounds", [])
+                prof = [r["profile"] for r in rounds if (r.get("profile") or {}).get("kernels_per_call")]
+                if prof:
+                    got[p] = (brow["peers"][p].get("latency_ms"), prof[-1])
+            if len(got) < 2:
+                continue
+            (la, pa), (lb, pb) = got[pair[0]], got[pair[1]]
+            lines.append(f"{name} b={b}: {pair[1]} {lb:.3f} ms against {pair[0]} {la:.3f} ms ({la / lb:.3f}x); "
+                         f"kernels/call {pb['kernels_per_call']:.0f} vs {pa['kernels_per_call']:.0f}, kernel us "
+                         f"{pb['kernel_us_per_call']:.1f} vs {pa['kernel_us_per_call']:.1f}, span us "
+                         f"{pb['span_us_per_call']:.1f} vs {pa['span_us_per_call']:.1f}")
+            fams = set(pa["families"]) | set(pb["families"])
+            diff = sorted(((pb["families"].get(f, 0.0) - pa["families"].get(f, 0.0), f) for f in fams),
+                          key=lambda d: -abs(d[0]))
+            for d, f in diff[:6]:
+                lines.append(f"    {d:+8.1f} us  {f}  ({pb['families'].get(f, 0.0):.1f} vs "
+                             f"{pa['families'].get(f, 0.0):.1f})")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
