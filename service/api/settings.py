@@ -133,6 +133,8 @@ class Settings(StorageSettings):
     max_registry_name_chars: int = Field(default=64, gt=0, le=64, description="Longest registry name or tag "
                                          "(`aotc compile --name`, `aotc tag`); 64 at most, as the API's paths say.")
     max_registry_names: int = Field(default=10_000, gt=0, description="Most registry names one namespace holds.")
+    max_registry_versions: int = Field(default=50_000, gt=0, description="Most versions one namespace holds over all "
+                                       "its names (delete old ones to add more): about 1 KB of Redis each.")
     max_versions_per_name: int = Field(default=1_000, gt=0, description="Most versions one name holds at once "
                                        "(delete old ones to add more).")
     max_tags_per_name: int = Field(default=100, gt=0, description="Most tags on one name's versions.")
@@ -142,7 +144,8 @@ class Settings(StorageSettings):
 
     def registry_limits(self) -> RegistryLimits:
         return RegistryLimits(max_names=self.max_registry_names, max_versions=self.max_versions_per_name,
-                              max_tags=self.max_tags_per_name, history=self.tag_history_len)
+                              max_tags=self.max_tags_per_name, history=self.tag_history_len,
+                              max_ns_versions=self.max_registry_versions)
 
     def bootstrap_admin_key(self) -> str | None:
         """AOTC_ADMIN_KEY, else the contents of AOTC_ADMIN_KEY_FILE; None: no keys (open mode)."""

@@ -38,11 +38,13 @@ class Limits:
     max_versions: int = 1_000  # AOTC_MAX_VERSIONS_PER_NAME: versions a name holds at once
     max_tags: int = 100  # AOTC_MAX_TAGS_PER_NAME
     history: int = 1_000  # AOTC_TAG_HISTORY_LEN: tag moves kept per name
+    max_ns_versions: int = 50_000  # AOTC_MAX_REGISTRY_VERSIONS: versions in all of a namespace's names
 
 
 _SETTING = {"names": ("AOTC_MAX_REGISTRY_NAMES", "names in namespace"),
             "versions": ("AOTC_MAX_VERSIONS_PER_NAME", "versions of"),
-            "tags": ("AOTC_MAX_TAGS_PER_NAME", "tags on")}
+            "tags": ("AOTC_MAX_TAGS_PER_NAME", "tags on"),
+            "ns_versions": ("AOTC_MAX_REGISTRY_VERSIONS", "versions in namespace")}
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class Version:
 
 def _refused(what: str, limit: str, ns: str, name: str) -> Unprocessable:
     setting, words = _SETTING[what]
-    where = f"namespace {ns!r}" if what == "names" else f"{name!r}"
+    where = f"namespace {ns!r}" if what in ("names", "ns_versions") else f"{name!r}"
     return Unprocessable(f"{words} {where} would pass the limit of {limit} ({setting}); delete some first",
                          setting=setting)
 
@@ -99,9 +101,11 @@ class Names:
         raw = canonical_json(record)
         status, value = cast(list[Any], self._add(
             keys=[keys.ns(ns, "reg"), keys.reg(ns, name, "seq"), keys.reg(ns, name, "versions"),
-                  keys.reg(ns, name, "tags"), keys.reg(ns, name, "history"), keys.model_pins(model_id)],
+                  keys.reg(ns, name, "tags"), keys.reg(ns, name, "history"), keys.model_pins(model_id),
+                  keys.ns(ns, "reg-versions")],
             args=[name, raw, now, by, f"{ns}/{name}@", limits.max_names, limits.max_versions, limits.max_tags,
-                  limits.history, json.dumps(list(dict.fromkeys(tags)))]))
+                  limits.history, json.dumps(list(dict.fromkeys(tags))), limits.max_ns_versions,
+                  keys.ns(ns, "reg:")]))
         if status != "ok":
             raise _refused(str(status), str(value), ns, name)
         return Version.from_raw(name, int(value), raw, list(tags))
@@ -135,7 +139,7 @@ class Names:
             raise NotFound(f"no version {name}@{version}")
         removed = self._delete(
             keys=[keys.ns(ns, "reg"), keys.reg(ns, name, "versions"), keys.reg(ns, name, "tags"),
-                  keys.reg(ns, name, "history"), keys.model_pins(got.model_id)],
+                  keys.reg(ns, name, "history"), keys.model_pins(got.model_id), keys.ns(ns, "reg-versions")],
             args=[name, version, self.holder(ns, name, version), by, time.time(), limits.history])
         if removed is None:  # deleted by someone else meanwhile
             raise NotFound(f"no version {name}@{version}")

@@ -519,15 +519,34 @@ local function record_move(hist, cap, tag, from, to, by, at)
 end
 """
 
-# KEYS: the namespace's names zset, seq, versions, tags, history, the model's pins set.
+# The namespace's count of versions (KEYS[n]), made once from every name's versions hash (`prefix .. name ..
+# ':versions'`) where it is missing: a namespace from before the count starts at what it holds.
+_NS_VERSIONS = """
+local function ns_versions(count, names, prefix)
+  local n = redis.call('GET', count)
+  if n then return tonumber(n) end
+  local total = 0
+  for _, name in ipairs(redis.call('ZRANGE', names, 0, -1)) do
+    total = total + redis.call('HLEN', prefix .. name .. ':versions')
+  end
+  redis.call('SET', count, total)
+  return total
+end
+"""
+
+# KEYS: the namespace's names zset, seq, versions, tags, history, the model's pins set, the namespace's count of
+#       versions.
 # ARGV: name, version record (JSON), ts, by, holder prefix ('{ns}/{name}@'), max names, max versions, max tags,
-#       history cap, JSON list of tags to move to the new version.
-# Returns {'ok', version} or {refusal, limit}: 'names', 'versions' or 'tags' when a limit would be passed.
-VERSION_ADD = _REGISTRY_PRELUDE + """
+#       history cap, JSON list of tags to move to the new version, max versions in the namespace, the key prefix of
+#       a name's keys ('<prefix>{name}:versions').
+# Returns {'ok', version} or {refusal, limit}: 'names', 'versions', 'ns_versions' or 'tags' when a limit would be
+# passed.
+VERSION_ADD = _REGISTRY_PRELUDE + _NS_VERSIONS + """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[6]) then
   return {'names', ARGV[6]}
 end
 if redis.call('HLEN', KEYS[3]) >= tonumber(ARGV[7]) then return {'versions', ARGV[7]} end
+if ns_versions(KEYS[7], KEYS[1], ARGV[12]) >= tonumber(ARGV[11]) then return {'ns_versions', ARGV[11]} end
 local tags = cjson.decode(ARGV[10])
 local new = 0
 for _, t in ipairs(tags) do
@@ -536,6 +555,7 @@ end
 if redis.call('HLEN', KEYS[4]) + new > tonumber(ARGV[8]) then return {'tags', ARGV[8]} end
 local v = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[3], v, ARGV[2])
+redis.call('INCR', KEYS[7])
 redis.call('ZADD', KEYS[1], 'NX', ARGV[3], ARGV[1])
 redis.call('SADD', KEYS[6], ARGV[5] .. v)
 for _, t in ipairs(tags) do
@@ -568,13 +588,14 @@ record_move(KEYS[2], ARGV[4], ARGV[1], old, nil, ARGV[2], ARGV[3])
 return old
 """
 
-# KEYS: names zset, versions, tags, history, the model's pins set.
+# KEYS: names zset, versions, tags, history, the model's pins set, the namespace's count of versions.
 # ARGV: name, version, holder ('{ns}/{name}@{v}'), by, ts, history cap.
 # Deletes a version, the tags on it (each move recorded) and its hold on the model: the model's artifacts stay
 # pinned only while another version holds it. Returns false when there is no such version, else the tags removed.
 VERSION_DELETE = _REGISTRY_PRELUDE + """
 if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then return false end
 redis.call('HDEL', KEYS[2], ARGV[2])
+if redis.call('EXISTS', KEYS[6]) == 1 then redis.call('DECR', KEYS[6]) end  -- else made whole at the next add
 redis.call('SREM', KEYS[5], ARGV[3])
 local removed = {}
 local all = redis.call('HGETALL', KEYS[3])

@@ -166,6 +166,30 @@ def test_limits_are_settings_named_in_the_error(api_url, store):
     assert len(api.get(f"{api_url}/v1/names/{name}").json()["versions"]) == 3  # a refusal changed nothing
 
 
+def test_a_namespace_holds_at_most_its_limit_of_versions_over_all_its_names(api_url, store):
+    """The limits were per name (1,000 versions on each of 10,000 names): about 10 GB of Redis one namespace could
+    hold. AOTC_MAX_REGISTRY_VERSIONS counts every name's versions; a count missing (a namespace from before it) is
+    made from what the namespace holds."""
+    from service.store import keys
+    from service.store.names import Limits
+
+    ns, model_id = f"vcap{RUN}", _model(store)
+    limits = Limits(max_ns_versions=4)
+    for name in ("a", "b", "c"):
+        store.names.add_version(ns, f"{name}-{RUN}", model_id, "test", limits=limits)
+    store.names.add_version(ns, f"a-{RUN}", model_id, "test", limits=limits)
+    with pytest.raises(Exception) as refused:
+        store.names.add_version(ns, f"d-{RUN}", model_id, "test", limits=limits)
+    assert "versions in namespace" in str(refused.value) and "AOTC_MAX_REGISTRY_VERSIONS" in str(refused.value)
+    assert store.names.delete_version(ns, f"b-{RUN}", 1, "test") == []
+    store.names.add_version(ns, f"d-{RUN}", model_id, "test", limits=limits)  # room again
+    assert int(store.r.get(keys.ns(ns, "reg-versions"))) == 4
+    store.r.delete(keys.ns(ns, "reg-versions"))  # as a namespace from before the count
+    with pytest.raises(Exception, match="AOTC_MAX_REGISTRY_VERSIONS"):
+        store.names.add_version(ns, f"e-{RUN}", model_id, "test", limits=limits)
+    assert int(store.r.get(keys.ns(ns, "reg-versions"))) == 4
+
+
 def test_a_name_resolves_only_in_its_namespace_and_a_pull_key_only_reads(api_url, store):
     a, b = f"rega{RUN}", f"regb{RUN}"
     compile_a, pull_a, compile_b = _key(api_url, "compile", a), _key(api_url, "pull", a), _key(api_url, "compile", b)
