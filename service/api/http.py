@@ -341,14 +341,15 @@ class BodyDeadlines:
         done = False
         window_s, window_bytes, total = 0.0, 0, 0
         cap = self._cap(scope)
-        said = next((v for k, v in scope["headers"] if k == b"content-length"), None) if cap is not None else None
 
         async def timed_receive() -> Message:
             nonlocal done, window_s, window_bytes, total
             if done:  # the body is in: what follows is the wait for a disconnect (streaming answers)
                 return await receive()
-            if said is not None and cap is not None and (not said.isdigit() or len(said) > 18 or int(said) > cap):
-                raise self._too_large(f"is {said[:30].decode('latin-1')} bytes")
+            if cap is not None and total == 0:  # the first read of the body (a route that reads none pays nothing)
+                said = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+                if said is not None and (not said.isdigit() or len(said) > 18 or int(said) > cap):
+                    raise self._too_large(f"is {said[:30].decode('latin-1')} bytes")
             short = window_bytes < self.min_bytes
             limit = self.idle_s - window_s if short else self.idle_s
             t0 = time.monotonic()
