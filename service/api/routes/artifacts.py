@@ -107,9 +107,34 @@ def report(art: ArtifactDep, store: StoreDep) -> dict[str, Any]:
     return rep
 
 
+class _LocalZip(zipfile.ZipFile):
+    """A sources archive read from its file on this machine's disk (the file blob store): only the members asked
+    for are read, and the file is closed with the archive."""
+
+    def __init__(self, f: Any) -> None:
+        self._own = f
+        try:
+            super().__init__(f)
+        except BaseException:
+            f.close()
+            raise
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._own.close()
+
+
 def _sources(store: Store, art: dict[str, Any]) -> zipfile.ZipFile:
+    """The artifact's sources archive: from its file where the blob store keeps one on this machine, so that a
+    request holds only what it reads; else (Redis, S3) read whole, up to SOURCES_LIMIT."""
     key = art["key"]
-    data = store.blobs.read("sources", store.artifacts.blob_id(art), SOURCES_LIMIT)
+    blob = store.artifacts.blob_id(art)
+    local = open_local(store.blobs, "sources", blob)
+    if local is not None:
+        return _LocalZip(local)
+    data = store.blobs.read("sources", blob, SOURCES_LIMIT)
     if data is None:
         raise NotFound(f"artifact {key} has no stored sources (it was built before reports existed)")
     return zipfile.ZipFile(io.BytesIO(data))
