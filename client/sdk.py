@@ -75,8 +75,8 @@ class Artifact:
 def asked_by_pick(ref: str, answer: Mapping[str, Any], shapes: Mapping[str, Any] | None = None, *,
                   training: bool = False) -> Asked:
     """What a pick of `ref` asked (`Client.pick`'s `answer`), for the picked artifact's signed manifest to answer:
-    the version's model (the service's word for which model a tag names: docs/auth.md), a target the host runs,
-    the shapes, inference or a train step."""
+    the version's model (the service's word for which model a tag names: tags and versions are not signed), a
+    target the host runs, the shapes, inference or a train step."""
     return Asked(model_id=str(answer["version"]["model_id"]), host=str(answer["host"]), training=training,
                  shapes={name: format_shape(_shape_of(s)) for name, s in (shapes or {}).items()},
                  how=f"the reference {ref!r}")
@@ -453,8 +453,9 @@ class Client:
 
         `timings`, if given, gets `verify_s` (manifest and signature, and the cached copy's check) and `pull_s`
         (the download, hashed on the way; 0 when the cache had it)."""
-        if self_contained:
-            artifact = self.self_contained(artifact)
+        if self_contained:  # built from the same model for the same target and shapes: it answers the same question
+            asked = artifact.asked if isinstance(artifact, Artifact) else None
+            artifact = replace(self.self_contained(artifact), asked=asked)
         t0 = time.perf_counter()
         art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
         signed = self.verifier.manifest(art.key, art.meta, art.asked)  # the record agrees: art.sha256 is signed
