@@ -169,8 +169,9 @@ def _inspect(zf: zipfile.ZipFile, root: str, limits: Limits) -> dict[str, Any]:
             to_scan.append(n)  # not read by torch.export.load today, but pickled bytes get no benefit of doubt
 
     scanned = sorted(set(to_scan))
+    budget = pickles.Budget()  # all of the upload's pickle streams together (pickles.MAX_PICKLE_TOTAL)
     for n in scanned:
-        scan_pickle_entry(zf, by_name[n])
+        scan_pickle_entry(zf, by_name[n], budget)
 
     return {
         "root": root,

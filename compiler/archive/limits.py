@@ -18,7 +18,8 @@ class Limits:
     max_entries: int = 20_000  # AOTC_MAX_ZIP_ENTRIES
     max_unpacked_bytes: int = 8192 * MB  # AOTC_MAX_UNPACKED_MB: all entries, uncompressed, as the zip declares them
     max_entry_bytes: int = 4096 * MB  # AOTC_MAX_ENTRY_MB: one entry, uncompressed
-    max_compression_ratio: int = 100  # AOTC_MAX_COMPRESSION_RATIO: uncompressed/compressed of one entry over 1 MiB
+    # AOTC_MAX_COMPRESSION_RATIO: uncompressed/compressed, of each entry over 1 MiB and of the whole archive
+    max_compression_ratio: int = 100
     # the JSON inside (models/model.json and the payload configs)
     max_json_bytes: int = 32 * MB  # AOTC_MAX_JSON_MB
     max_json_depth: int = 64  # AOTC_MAX_JSON_DEPTH: nesting of arrays and objects

@@ -64,9 +64,22 @@ HOPS: dict[str, Hop] = {
 _SPARSE_UNSAFE = "builds a sparse tensor from indices nothing validates (eager code then writes where they point); " \
     "aotc compiles no sparse tensors"
 _OUT_FORM = "is the out= form of an op that aotc compiles only in its checked functional form; export never writes it"
+# ATen kernels that index with the values of an integer tensor they never check, which Inductor runs as fallbacks
+# (no lowering, so none of its index asserts) and compiler.bounds has no checked form for. Found by an audit that
+# had a checked, signed package write 1,020 int64 values past a 5-element buffer through the first one, from a
+# float input the check's samples never pushed out of range; the others crash or read out of bounds in eager.
+_TRUSTS_INDICES = ("trusts the index values it is given (an ATen kernel that checks none, which the compiled "
+                   "package calls as is: a caller's out-of-range value reads or writes outside its buffers)")
 UNBOUNDED: dict[str, str] = {
     **{f"torch.ops.aten._sparse_{k}_tensor_unsafe.default": _SPARSE_UNSAFE
        for k in ("coo", "csr", "csc", "bsr", "bsc", "compressed")},
+    **{f"torch.ops.aten.{op}": _TRUSTS_INDICES
+       for op in ("_convert_indices_from_coo_to_csr.default", "_convert_indices_from_coo_to_csr.out",
+                  "_convert_indices_from_csr_to_coo.default", "_convert_indices_from_csr_to_coo.out",
+                  "_segment_reduce_backward.default", "_segment_reduce_backward.out",
+                  "_ctc_loss.default", "_ctc_loss.Tensor", "_ctc_loss.out", "_ctc_loss.Tensor_out",
+                  "_ctc_loss_backward.default", "_ctc_loss_backward.Tensor", "_ctc_loss_backward.out",
+                  "_cudnn_ctc_loss.default", "_cudnn_ctc_loss.Tensor", "_cudnn_ctc_loss.out")},
     **{f"torch.ops.aten.{op}.out": _OUT_FORM
        for op in ("max_unpool2d", "max_unpool3d", "as_strided_copy", "as_strided_scatter", "_index_put_impl")},
 }

@@ -19,10 +19,22 @@ from typing import IO
 
 from compiler.errors import UnsafeArchive
 
-# A torch.save zip nests its pickle as `<archive name>/data.pkl`; any other `.pkl` inside is scanned too.
+# A torch.save zip nests its pickle as `<archive name>/data.pkl`, its one `.pkl`: one with another is refused.
 ZIP_MAGIC = b"PK\x03\x04"
-MAX_PICKLE_BYTES = 256 * 2**20  # one pickle stream; tensor payloads live outside it, so this is generous
+MAX_PICKLE_BYTES = 256 * 2**20  # one pickle stream, where no Budget applies
+# All the pickle streams of one upload, together. The scan walks each opcode in Python (about 0.8 s of CPU a MiB):
+# a 25 MB upload of ten 256 MiB streams of one-byte opcodes once cost hours. An export's pickles (its sample inputs,
+# a pickled constant) hold a few kB: tensors' bytes live outside them.
+MAX_PICKLE_TOTAL = 4 * 2**20
 MAX_NESTED_ENTRIES = 100_000
+MAX_NESTED_RATIO = 100  # a nested entry inflating more than this, past 1 MiB, is a bomb (container.MAX_RATIO's)
+
+
+class Budget:
+    """What is left of MAX_PICKLE_TOTAL for one upload's pickle streams."""
+
+    def __init__(self, total: int = MAX_PICKLE_TOTAL) -> None:
+        self.left = total
 
 _DTYPES = (
     "uint8 int8 int16 int32 int64 uint16 uint32 uint64 float16 float32 float64 bfloat16 bool "
@@ -78,8 +90,9 @@ class PickleError(Exception):
 class _Bounded(io.RawIOBase):
     """Read at most `limit` bytes from `f`; reading past it is an error, not a truncation."""
 
-    def __init__(self, f: IO[bytes], limit: int) -> None:
+    def __init__(self, f: IO[bytes], limit: int, why: str = "") -> None:
         self._f, self._left, self._pos = f, limit, 0
+        self._why = why or f"pickle stream is over {MAX_PICKLE_BYTES} bytes"
 
     def readable(self) -> bool:
         return True
@@ -91,7 +104,7 @@ class _Bounded(io.RawIOBase):
         view = memoryview(b)
         if self._left <= 0:
             if self._f.read(1):
-                raise PickleError(f"pickle stream is over {MAX_PICKLE_BYTES} bytes")
+                raise PickleError(self._why)
             return 0
         data = self._f.read(min(len(view), self._left))
         self._left -= len(data)
@@ -143,21 +156,31 @@ def _globals_in_stream(f: IO[bytes]) -> Iterator[tuple[str, str]]:
         raise PickleError("pickle has no STOP opcode")
 
 
-def _scan_raw(f: IO[bytes]) -> list[str]:
+def _scan_raw(f: IO[bytes], budget: Budget | None = None) -> list[str]:
     """Globals of a byte stream that must be one or more complete pickles and nothing else."""
     found: list[str] = []
-    bounded = io.BufferedReader(_Bounded(f, MAX_PICKLE_BYTES))
-    while True:
-        for module, name in _globals_in_stream(bounded):
-            if not (_IDENT.match(module) and _IDENT.match(name)):
-                raise PickleError(f"global {module!r}.{name!r} is not a dotted identifier")
-            found.append(f"{module}.{name}")
-        if not bounded.peek(1)[:1]:
-            return found  # a second pickle after the first is scanned too: pickle.load can be called again
+    if budget is None:
+        raw = _Bounded(f, MAX_PICKLE_BYTES)
+    else:
+        raw = _Bounded(f, min(MAX_PICKLE_BYTES, budget.left),
+                       f"the upload's pickles hold more than {MAX_PICKLE_TOTAL} bytes together; an exported "
+                       "program's hold a few kB (the tensors' bytes live outside them)")
+    bounded = io.BufferedReader(raw)
+    try:
+        while True:
+            for module, name in _globals_in_stream(bounded):
+                if not (_IDENT.match(module) and _IDENT.match(name)):
+                    raise PickleError(f"global {module!r}.{name!r} is not a dotted identifier")
+                found.append(f"{module}.{name}")
+            if not bounded.peek(1)[:1]:
+                return found  # a second pickle after the first is scanned too: pickle.load can be called again
+    finally:
+        if budget is not None:
+            budget.left -= raw.tell()
 
 
-def _scan_zip(f: IO[bytes]) -> list[str]:
-    """Globals of every `.pkl` member of a torch.save zip (normally just `<name>/data.pkl`)."""
+def _scan_zip(f: IO[bytes], budget: Budget | None = None) -> list[str]:
+    """Globals of the one `.pkl` member of a torch.save zip, `<name>/data.pkl`."""
     with zipfile.ZipFile(f) as z:
         infos = z.infolist()
         if len(infos) > MAX_NESTED_ENTRIES:
@@ -166,25 +189,27 @@ def _scan_zip(f: IO[bytes]) -> list[str]:
         if len(set(names)) != len(names):
             raise PickleError("nested zip has duplicate entry names")
         pkls = [i for i in infos if i.filename.endswith(".pkl")]
-        if not any(i.filename.endswith("data.pkl") for i in pkls):
-            raise PickleError("torch.save zip without a data.pkl")
-        found: list[str] = []
-        for info in pkls:
-            with z.open(info) as member:
-                found.extend(_scan_raw(member))
-        return found
+        if len(pkls) != 1 or not pkls[0].filename.endswith("data.pkl"):
+            raise PickleError(f"a torch.save zip holds one data.pkl; this one holds {[i.filename for i in pkls][:5]}")
+        for info in infos:
+            if info.file_size > 2**20 and info.file_size > MAX_NESTED_RATIO * max(info.compress_size, 1):
+                raise PickleError(f"nested entry {info.filename} inflates {info.compress_size} bytes to "
+                                  f"{info.file_size}, more than {MAX_NESTED_RATIO} times")
+        with z.open(pkls[0]) as member:
+            return _scan_raw(member, budget)
 
 
-def scan_file(f: IO[bytes]) -> list[str]:
-    """Like scan_pickle, for a seekable binary file (lets a caller scan a zip member without reading it whole)."""
+def scan_file(f: IO[bytes], budget: Budget | None = None) -> list[str]:
+    """Like scan_pickle, for a seekable binary file (lets a caller scan a zip member without reading it whole).
+    `budget`: what is left for all of one upload's pickle streams (MAX_PICKLE_TOTAL), spent here."""
     try:
         head = f.read(4)
         f.seek(0)
         if head == ZIP_MAGIC:
-            return _scan_zip(f)
+            return _scan_zip(f, budget)
         if not head or head[0] != 0x80:
             raise PickleError("neither a pickle (protocol 2+) nor a torch.save zip")
-        return _scan_raw(f)
+        return _scan_raw(f, budget)
     except PickleError:
         raise
     except Exception as e:  # hostile bytes: genops/zipfile raise ValueError, EOFError, BadZipFile, struct errors...
@@ -205,10 +230,10 @@ def disallowed(globals_: list[str]) -> list[str]:
     return sorted(set(g for g in globals_ if g not in allowed))
 
 
-def check_file(f: IO[bytes], entry: str) -> list[str]:
+def check_file(f: IO[bytes], entry: str, budget: Budget | None = None) -> list[str]:
     """Scan one archive entry; raise UnsafeArchive naming it unless every global is allow-listed."""
     try:
-        found = scan_file(f)
+        found = scan_file(f, budget)
     except PickleError as e:
         raise UnsafeArchive(f"{entry}: the pickle cannot be verified as safe ({e})", entry=entry) from None
     bad = disallowed(found)

@@ -50,7 +50,8 @@ class Settings(StorageSettings):
                                  description="Largest total uncompressed size of an upload's entries.")
     max_entry_mb: int = Field(default=4096, gt=0, description="Largest uncompressed size of one entry of an upload.")
     max_compression_ratio: int = Field(default=100, gt=0,
-                                       description="Largest uncompressed/compressed ratio of an entry over 1 MiB.")
+                                       description="Largest uncompressed/compressed ratio of an entry over 1 MiB, "
+                                       "and of the whole archive over 1 MiB.")
     max_json_mb: int = Field(default=32, gt=0,
                              description="Largest models/model.json (or weights/constants config) inside an upload.")
     max_json_depth: int = Field(default=64, gt=0, description="Deepest nesting of arrays and objects in that JSON.")

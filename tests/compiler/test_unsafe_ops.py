@@ -130,6 +130,28 @@ def test_a_sparse_tensor_built_from_unchecked_indices_is_refused_at_upload_and_b
            "validates" in worker.value.message
 
 
+@pytest.mark.parametrize("op", ["_convert_indices_from_coo_to_csr", "_convert_indices_from_csr_to_coo"])
+def test_an_aten_fallback_that_trusts_its_indices_is_refused_at_upload_and_by_the_worker(op, tmp_path):
+    """An audit had the first of these checked and signed: indices computed from a float input (zero for every value
+    the check drew, the caller's otherwise) made the package write 1,020 int64 values past a 5-element buffer.
+    Inductor has no lowering for it, so none of its index asserts apply, and compiler.bounds had no checked form."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        rows = torch.where(x > 1000, x, torch.zeros_like(x)).long()
+        return getattr(aten, op).default(rows, 4) if op.endswith("csr") else getattr(aten, op).default(
+            rows[:5].int(), rows.int())
+
+    ep = exported(f, torch.randn(8))
+    assert f"aten.{op}.default" in ops(ep)
+    path = tmp_path / "fallback.pt2"
+    torch.export.save(ep, str(path))
+    with pytest.raises(UnsafeArchive) as upload:
+        inspect_archive(str(path))
+    assert f"calls torch.ops.aten.{op}.default, which trusts the index values it is given" in upload.value.message
+    with pytest.raises(BadModel) as worker:
+        bound_program(ep)
+    assert f"calls aten.{op}.default, which trusts the index values" in worker.value.message
+
+
 def test_programs_without_unsafe_ops_are_left_alone():
     ep = exported(lambda x, i: torch.nn.functional.embedding(i, x) + torch.nn.functional.interpolate(
         x[None, None], scale_factor=2)[0, 0, :4, :4].sum(), torch.randn(16, 4), torch.zeros(4, dtype=torch.long))

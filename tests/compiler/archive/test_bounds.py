@@ -3,6 +3,7 @@ and expressions whose evaluation could explode. Each refusal is quick and names 
 
 from __future__ import annotations
 
+import json
 import struct
 import time
 import warnings
@@ -135,6 +136,16 @@ def test_compression_bomb(mlp: Path, tmp_path: Path) -> None:
     refuse(p, "extra/zeros", "AOTC_MAX_COMPRESSION_RATIO")
 
 
+def test_many_small_entries_that_inflate_like_a_bomb_are_refused(mlp: Path, tmp_path: Path) -> None:
+    """Each entry under the 1 MiB floor where the ratio is checked: 512 entries of 1 MiB of zeros, each inflated once
+    (a 9 MB upload of 8,000 such entries cost 26 s of CPU, accepted). The whole archive's ratio is checked too."""
+    p = rezip(mlp, tmp_path / "small-bombs.pt2", compression=zipfile.ZIP_DEFLATED,
+              add={f"mlp/extra/zeros{i}": bytes(2**20) for i in range(512)})
+    assert p.stat().st_size < 2**20
+    refuse(p, "the archive's entries inflate", "AOTC_MAX_COMPRESSION_RATIO")
+    inspect_archive(str(rezip(mlp, tmp_path / "deflated.pt2", compression=zipfile.ZIP_DEFLATED)))  # a real one
+
+
 def test_entry_and_total_size_limits(mlp: Path, tmp_path: Path) -> None:
     p = rezip(mlp, tmp_path / "big.pt2", add={"mlp/extra/blob": bytes(3 * 2**20)})
     refuse(p, "AOTC_MAX_ENTRY_MB", limits=Limits(max_entry_bytes=2**20))
@@ -171,6 +182,60 @@ def test_json_bombs_are_refused_before_parsing(bomb: bytes, setting: str) -> Non
 
 def test_json_with_brackets_in_strings_passes() -> None:
     check_json_shape(b'{"a": "' + b"[" * 500 + b'", "b": [[1, 2], {"c": "]}]}"}]}', "x")
+
+
+def test_strings_are_removed_in_linear_time_whatever_they_hold() -> None:
+    """The regular expression that removed strings before the second depth count tried every quote of an unclosed
+    run to the end of the text: 80 kB cost 20 s of CPU (the GIL held), a 120 kB upload stalled the API 47 s."""
+    from compiler.archive.container import _without_strings
+
+    for bomb in (b"[" + b'"\\' * 2_000_000, b"[" + b'"' * 4_000_000, b"[" + b'"a\\"' * 1_000_000):
+        t0 = time.perf_counter()
+        check_json_shape(bomb, "x")  # unbalanced, not deep: left to the parse that follows, which refuses it
+        assert time.perf_counter() - t0 < 1.0, len(bomb)
+        with pytest.raises(ValueError):
+            json.loads(bomb)
+    # On JSON, it removes exactly what the old expression did: strings of any content, escapes included.
+    import random
+    import re
+
+    old = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # the expression, as it was
+    rng = random.Random(0)
+    alphabet = ['"', "\\", "[", "]", "{", "}", ",", ":", "a", " ", "\n", "\u0001", "é"]
+
+    def doc(depth: int) -> object:
+        word = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
+        if depth == 0 or rng.random() < 0.3:
+            return word
+        if rng.random() < 0.5:
+            return [doc(depth - 1) for _ in range(rng.randint(0, 3))]
+        return {"".join(rng.choice(alphabet) for _ in range(3)): doc(depth - 1) for _ in range(rng.randint(0, 3))}
+
+    for _ in range(300):
+        text = json.dumps(doc(4), ensure_ascii=rng.random() < 0.5).encode()
+        assert _without_strings(text) == old.sub(b"", text), text
+    deep = b'{"s": "\\"' + b'", "t": ' + b"[" * 100 + b"]" * 100 + b"}"
+    with pytest.raises(Unprocessable, match="AOTC_MAX_JSON_DEPTH"):
+        check_json_shape(deep, "x")
+
+
+def test_an_uploads_pickles_are_scanned_within_one_budget(mlp: Path, tmp_path: Path) -> None:
+    """The sample inputs swapped for a torch.save zip whose data.pkl is 6 MiB of one-byte opcodes: refused once the
+    upload's pickles pass 4 MiB together, in about as long as 4 MiB take to walk. Deflated, such a member (a 15 kB
+    upload, once accepted after 6.4 s of the API's CPU; 24 MiB ones cost 49 s) is refused before, as a bomb."""
+    import io
+
+    for compression, why in ((zipfile.ZIP_STORED, "pickles hold more than 4194304 bytes together"),
+                             (zipfile.ZIP_DEFLATED, "more than 100 times")):
+        bomb = io.BytesIO()
+        with zipfile.ZipFile(bomb, "w", compression=compression) as z:
+            z.writestr("archive/data.pkl", b"\x80\x02" + b"N" * (6 << 20) + b".")
+            z.writestr("archive/version", b"3\n")
+        p = rewrite(mlp, tmp_path / "pickle-bomb.pt2", {"data/sample_inputs/model.pt": bomb.getvalue()})
+        t0 = time.perf_counter()
+        with pytest.raises(UnsafeArchive, match=why):
+            inspect_archive(str(p))
+        assert time.perf_counter() - t0 < 8.0
 
 
 def test_json_bomb_in_an_archive(mlp: Path, tmp_path: Path) -> None:
