@@ -82,6 +82,14 @@ def asked_by_pick(ref: str, answer: Mapping[str, Any], shapes: Mapping[str, Any]
                  how=f"the reference {ref!r}")
 
 
+def _asked_by_compile(art: Artifact, model_id: str, shapes: Mapping[str, Any], target: str,
+                      options: Mapping[str, Any]) -> Artifact:
+    """`art` with what `Client.compile` asked for (the uploaded bytes' model, the target, the shapes, inference or a
+    train step), which its signed manifest must answer when it is pulled."""
+    return replace(art, asked=Asked(model_id=model_id, target=target, training=options.get("mode") == "training",
+                                    shapes={n: format_shape(d) for n, d in shapes.items()}, how="the compile"))
+
+
 def _raise_for(resp: httpx.Response) -> None:
     if resp.is_success or resp.status_code == 304:
         return
@@ -163,12 +171,20 @@ class Client:
 
     def upload(self, model: Any, example_inputs: Sequence[Any] | None = None, *, name: str | None = None,
                dynamic_shapes: Any = None) -> dict[str, Any]:
-        """Upload a .pt2 path, an ExportedProgram, or an nn.Module (exported here with `example_inputs`)."""
+        """Upload a .pt2 path, an ExportedProgram, or an nn.Module (exported here with `example_inputs`). The model
+        id is the sha256 of the bytes: one the service names otherwise is refused (BadSignature, `mismatch`), so
+        that what `compile` builds from it can be held to it."""
         if isinstance(model, (str, Path)):
             path = Path(model)
             with open(path, "rb") as f:
-                return self._json("POST", "/v1/models", content=f, params={"name": name or path.stem},
-                                  headers={"content-type": "application/octet-stream"})
+                sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+                f.seek(0)
+                record = self._json("POST", "/v1/models", content=f, params={"name": name or path.stem},
+                                    headers={"content-type": "application/octet-stream"})
+            if record.get("id") != sha256:
+                raise BadSignature("mismatch", f"the service named the upload of {path.name} model "
+                                               f"{str(record.get('id'))[:64]!r}, but its bytes' sha256 is {sha256}")
+            return dict(record)
         import torch  # only to export
 
         ep = model
@@ -259,11 +275,13 @@ class Client:
             parts = [answer, *answer.get("buckets", [])]
             arts = [Artifact(a["key"], a["artifact"]) if a["status"] == "cached"
                     else self.wait(a["job"]["id"], progress=progress, timeout=timeout) for a in parts]
+            arts = [_asked_by_compile(a, record["id"], s, target, options)
+                    for a, s in zip(arts, [shapes, *body["buckets"]], strict=True)]
             return Bundle(arts[0], arts[1:])
         answer = self.submit(record["id"], shapes, target, priority=priority, name=name, tags=tags, **options)
-        if answer["status"] == "cached":
-            return Artifact(answer["key"], answer["artifact"])
-        return self.wait(answer["job"]["id"], progress=progress, timeout=timeout)
+        art = (Artifact(answer["key"], answer["artifact"]) if answer["status"] == "cached"
+               else self.wait(answer["job"]["id"], progress=progress, timeout=timeout))
+        return _asked_by_compile(art, record["id"], shapes, target, options)
 
     def job(self, job_id: str) -> dict[str, Any]:
         return dict(self._json("GET", f"/v1/jobs/{job_id}"))

@@ -186,3 +186,50 @@ def test_a_weights_blob_rewritten_in_place_is_hashed_again_though_its_mtime_was_
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert path.stat().st_mtime_ns == st.st_mtime_ns and path.stat().st_ino == st.st_ino
     assert not sdk._weights_verified(path, sha, path.stat().st_size, signed)
+
+
+def test_an_upload_the_service_names_with_another_model_id_is_refused(tmp_path) -> None:
+    """A model's id is the sha256 of its bytes. Client.compile holds the artifact it gets back to that id (its
+    signed manifest must name it), so the id must be the bytes' own, not whatever the service answers."""
+    path = tmp_path / "m.pt2"
+    path.write_bytes(b"not really a program, but bytes all the same")
+    honest = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/models"
+        return httpx.Response(201, json={"id": answer["id"], "inputs": []})
+
+    answer = {"id": honest}
+    with scripted(tmp_path, handler) as c:
+        assert c.upload(path)["id"] == honest
+        answer["id"] = "f" * 64
+        with pytest.raises(BadSignature) as got:
+            c.upload(path)
+    assert got.value.reason == "mismatch" and f"its bytes' sha256 is {honest}" in got.value.message
+
+
+def test_a_compile_answered_with_another_models_artifact_is_refused_before_a_byte_is_written(tmp_path) -> None:
+    """What Client.compile returns is held to what it asked: the uploaded bytes' model (their sha256), the target,
+    the shapes. Here the service answers the compile with an artifact validly signed for another model."""
+    path = tmp_path / "m.pt2"
+    path.write_bytes(b"the program's bytes")
+    model_id = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if (answer := signed(request)) is not None:
+            return answer
+        if request.url.path == "/v1/models":
+            return httpx.Response(201, json={"id": model_id, "inputs": [{"name": "x", "shape": [4, 8]}]})
+        if request.url.path == "/v1/compilations":
+            return httpx.Response(200, json={"status": "cached", "key": KEY, "artifact": META})
+        raise AssertionError(f"unexpected {request.method} {request.url}")  # no byte of the package is asked for
+
+    with scripted(tmp_path, handler) as c:
+        art = c.compile(path, {"x": [4, 8]}, target="cpu")
+        assert art.key == KEY and art.asked is not None and art.asked.model_id == model_id
+        with pytest.raises(BadSignature) as got:
+            c.pull(art)
+    assert got.value.reason == "mismatch"
+    assert f"does not answer what the compile asked: it is signed as built from model None, not {model_id[:12]}" \
+        in got.value.message
+    assert not (tmp_path / "cache" / "artifacts").exists() or not list((tmp_path / "cache" / "artifacts").iterdir())
