@@ -106,10 +106,11 @@ def test_embed_weights_builds_a_self_contained_package_under_a_key_of_its_own():
         CompileOptions(mode="training", embed_weights=True)
 
 
-def test_lookup_serves_weightless_self_contained_and_pre_weights_artifacts_alike():
-    """Artifacts of key format 3 (published before weights were stored once: embedded, no `weights` factor),
-    weightless ones and self-contained builds (embed_weights) of the same spec are candidates alike: with no
-    figures the newest wins, with figures from one kind of device the fastest, whatever its weights layout."""
+def test_lookup_serves_weightless_and_pre_weights_artifacts_alike_and_self_contained_builds_last():
+    """Artifacts of key format 3 (published before weights were stored once: embedded, no `weights` factor) and
+    weightless ones of the same spec are candidates alike: with no figures the newest wins, with figures from one
+    kind of device the fastest, whatever its weights layout. A self-contained build (embed_weights, made on request
+    for tools that cannot bind a blob) serves only where none of them fits, however new or fast."""
     spec = [{"name": "x", "dtype": "float32", "shape": [4, 16]}]
     make = lambda o: cachekey.factors("ab" * 32, spec, "cpu-x86_64-v3", {"torch": "2.13.0+cpu"}, o)  # noqa: E731
     weightless = make(CompileOptions().canonical())
@@ -118,18 +119,21 @@ def test_lookup_serves_weightless_self_contained_and_pre_weights_artifacts_alike
     kinds = {"weightless": weightless, "self-contained": embedded, "pre-weights": pre_weights}
     assert len({cachekey.cache_key(f) for f in kinds.values()}) == 3
     target = Target.parse("cpu-x86_64-v3")
-    for newest in kinds:
-        records = [_record(f, 2.0 if name == newest else 1.0) for name, f in kinds.items()]
-        assert rank(records, target, spec)["factors"] is kinds[newest]
+    served = [name for name in kinds if name != "self-contained"]
 
     def timed(factors: dict, ms: float, created: float) -> dict:
         check = {"latency": {"compiled": {"median_ms": ms, "method": "wall"}}, "device_info": {"name": "Xeon"}}
         return {**_record(factors, created), "check": check}
 
-    for fastest in kinds:
-        records = [timed(f, 1.0 if name == fastest else 2.0, 3.0 if name != fastest else 1.0)
-                   for name, f in kinds.items()]
-        assert rank(records, target, spec)["factors"] is kinds[fastest]
+    for best in served:
+        newest = [_record(f, 3.0 if name == "self-contained" else 2.0 if name == best else 1.0)
+                  for name, f in kinds.items()]
+        assert rank(newest, target, spec)["factors"] is kinds[best]
+        fastest = [timed(f, 0.5 if name == "self-contained" else 1.0 if name == best else 2.0,
+                         3.0 if name != best else 1.0) for name, f in kinds.items()]
+        assert rank(fastest, target, spec)["factors"] is kinds[best]
+    alone = [_record(embedded, 1.0)]
+    assert rank(alone, target, spec)["factors"] is embedded
 
 
 def test_layout_optimization_is_an_allowed_setting_that_keeps_old_keys_when_unset():
