@@ -238,6 +238,35 @@ def test_an_uploads_pickles_are_scanned_within_one_budget(mlp: Path, tmp_path: P
         assert time.perf_counter() - t0 < 8.0
 
 
+def test_long_symbolic_expressions_are_parsed_within_one_budget(mlp: Path, tmp_path: Path) -> None:
+    """Expressions past 512 characters are not cached, and were parsed each time with no budget over the document:
+    400 distinct valid ones of 76 kB (a 7 MB upload) cost 24 s of CPU and were accepted. Now the distinct long
+    ones share 2 MiB, and a repeated one is parsed once."""
+    import random
+
+    rnd = random.Random(0)
+
+    def expr() -> str:
+        return "Add(Symbol('s0')" + "".join(f", Integer({rnd.randrange(10**5, 10**6)})" for _ in range(4500)) + ")"
+
+    def many(count: int, distinct: bool) -> Any:
+        one = expr()
+
+        def edit(doc: Any) -> Any:
+            doc["graph_module"]["graph"]["sym_int_values"] = {
+                f"e{k}": {"as_expr": {"expr_str": expr() if distinct else one, "hint": None}} for k in range(count)}
+            return doc
+        return edit
+
+    t0 = time.perf_counter()
+    with pytest.raises(Unprocessable, match="symbolic expressions longer than 512 characters hold more than"):
+        inspect_archive(str(edit_json(mlp, tmp_path / "exprs.pt2", "models/model.json", many(60, True))))
+    assert time.perf_counter() - t0 < 8.0
+    t0 = time.perf_counter()
+    inspect_archive(str(edit_json(mlp, tmp_path / "same.pt2", "models/model.json", many(200, False))))
+    assert time.perf_counter() - t0 < 8.0  # one parse, not 200
+
+
 def test_json_bomb_in_an_archive(mlp: Path, tmp_path: Path) -> None:
     p = rewrite(mlp, tmp_path / "bomb.pt2", {"models/model.json": b"[" * 10_000 + b"]" * 10_000})
     refuse(p, "AOTC_MAX_JSON_DEPTH")
