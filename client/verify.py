@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import httpx
 
 from compiler.errors import AotcError, BadSignature
-from compiler.shapes import bounds, format_shape, parse_shape
+from compiler.shapes import covers, format_shape, parse_shape
 from compiler.signing import (
     ARTIFACT_KEY,
     Countersignature,
@@ -237,11 +237,9 @@ class Asked:
 
 
 def _covers(have: Any, want: list[Any]) -> bool:
-    """Whether a signed input shape takes `want` (each dim a size or a range inside the signed one)."""
-    if not isinstance(have, list) or len(have) != len(want):
-        return False
+    """Whether a signed input shape takes `want` (compiler.shapes.covers, for one input)."""
     try:
-        return all(bounds(h)[0] <= bounds(w)[0] and bounds(w)[1] <= bounds(h)[1] for h, w in zip(have, want))
+        return isinstance(have, list) and covers([{"shape": have}], [want])
     except (KeyError, TypeError):
         return False
 

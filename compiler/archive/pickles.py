@@ -27,7 +27,7 @@ MAX_PICKLE_BYTES = 256 * 2**20  # one pickle stream, where no Budget applies
 # a pickled constant) hold a few kB: tensors' bytes live outside them.
 MAX_PICKLE_TOTAL = 4 * 2**20
 MAX_NESTED_ENTRIES = 100_000
-MAX_NESTED_RATIO = 100  # a nested entry inflating more than this, past 1 MiB, is a bomb (container.MAX_RATIO's)
+MAX_NESTED_RATIO = 100  # a nested entry inflating more than this, past 1 MiB, is a bomb (the outer zip's default)
 
 
 class Budget:

@@ -311,7 +311,9 @@ class _Walk:
                 raise
             self.passed.add((grammar, s))
         elif grammar == "expr":
-            if len(s) > LONG_EXPR and ("expr", s) not in self.passed:
+            if len(s) <= LONG_EXPR:
+                check_sym_expr(s, self.where)  # cached across uploads
+            elif ("expr", s) not in self.passed:
                 # Each parse of a long one costs about 0.8 ms a kB: 400 distinct 76 kB expressions (a 7 MB upload)
                 # once cost 24 s of the API's CPU. A real program's are short, and repeat.
                 self.long_expr_chars += len(s)
@@ -321,10 +323,6 @@ class _Walk:
                                         "exported program's are short")
                 check_sym_expr(s, self.where)
                 self.passed.add(("expr", s))
-            elif len(s) > LONG_EXPR:
-                return  # checked already in this document
-            else:
-                check_sym_expr(s, self.where)
         elif grammar == "guard":
             check_guard(s, f"{self.where}: {_render(path)}")
         elif grammar == "treespec":

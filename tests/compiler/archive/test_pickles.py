@@ -88,30 +88,30 @@ def test_second_pickle_in_stream_is_scanned() -> None:
     assert f"{os.system.__module__}.system" in pickles.scan_pickle(data)
 
 
+def _torch_save_with(name: str, data: bytes, compression: int = zipfile.ZIP_STORED) -> bytes:
+    """A torch.save zip of one tensor with an entry of our own added."""
+    good = io.BytesIO()
+    torch.save(torch.zeros(1), good)
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(good.getvalue())) as src, zipfile.ZipFile(out, "w") as z:
+        for info in src.infolist():
+            z.writestr(info, src.read(info))
+        z.writestr(name, data, compress_type=compression)
+    return out.getvalue()
+
+
 def test_a_nested_zip_with_another_pkl_than_its_data_pkl_is_refused() -> None:
     """torch.save writes one data.pkl. Every other `.pkl` was scanned too, each up to 256 MiB of opcodes walked in
     Python: a few kB of upload that cost minutes of CPU. Now any other `.pkl` is refused unread."""
-    good = io.BytesIO()
-    torch.save(torch.zeros(1), good)
-    out = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(good.getvalue())) as src, zipfile.ZipFile(out, "w") as z:
-        for info in src.infolist():
-            z.writestr(info, src.read(info))
-        z.writestr("archive/other.pkl", exec_pickle(Path("/nonexistent")))
+    out = _torch_save_with("archive/other.pkl", exec_pickle(Path("/nonexistent")))
     with pytest.raises(UnsafeArchive, match=r"holds one data.pkl; this one holds \['archive/data.pkl', 'archive/ot"):
-        pickles.check_pickle(out.getvalue(), "nested")
+        pickles.check_pickle(out, "nested")
 
 
 def test_a_nested_entry_that_inflates_like_a_bomb_is_refused() -> None:
-    good = io.BytesIO()
-    torch.save(torch.zeros(1), good)
-    out = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(good.getvalue())) as src, zipfile.ZipFile(out, "w") as z:
-        for info in src.infolist():
-            z.writestr(info, src.read(info))
-        z.writestr("archive/data/9", b"\0" * (8 << 20), compress_type=zipfile.ZIP_DEFLATED)
+    out = _torch_save_with("archive/data/9", b"\0" * (8 << 20), zipfile.ZIP_DEFLATED)
     with pytest.raises(UnsafeArchive, match="inflates .* to 8388608, more than 100 times"):
-        pickles.check_pickle(out.getvalue(), "nested")
+        pickles.check_pickle(out, "nested")
 
 
 def test_one_uploads_pickles_share_one_budget() -> None:
