@@ -140,13 +140,20 @@ class Settings(StorageSettings):
                                        "(delete old ones to add more).")
     max_tags_per_name: int = Field(default=100, gt=0, description="Most tags on one name's versions.")
     tag_history_len: int = Field(default=1_000, gt=0, description="Tag moves kept per name (older ones drop off).")
+    max_tag_history: int = Field(default=100_000, gt=0, description="Tag moves kept over all of one namespace's "
+                                 "names (about 90 bytes of Redis each). Past it, the oldest deleted names are "
+                                 "forgotten first, then a name whose tag moves keeps only its newest 10.")
+    max_gone_names: int = Field(default=10_000, gt=0, description="Deleted names (no version left) whose tag "
+                                "history and last version number one namespace keeps; past it the oldest is "
+                                "forgotten, and that name made again starts at version 1.")
     max_targets_per_request: int = Field(default=16, gt=0, le=64, description="Most targets one compile request "
                                          "names (after `all` is expanded).")
 
     def registry_limits(self) -> RegistryLimits:
         return RegistryLimits(max_names=self.max_registry_names, max_versions=self.max_versions_per_name,
                               max_tags=self.max_tags_per_name, history=self.tag_history_len,
-                              max_ns_versions=self.max_registry_versions)
+                              max_ns_versions=self.max_registry_versions, max_ns_history=self.max_tag_history,
+                              max_gone=self.max_gone_names)
 
     def bootstrap_admin_key(self) -> str | None:
         """AOTC_ADMIN_KEY, else the contents of AOTC_ADMIN_KEY_FILE; None: no keys (open mode)."""

@@ -58,11 +58,15 @@ All keys live under one prefix so a shared Redis can host aotc beside other tena
                                         -> when (ms, Redis's clock) the reservation lapses (scripts.py, ADMIT)
     job:{id}:namespaces           set   the namespaces whose requests share this job
     ns:{ns}:reg                   zset  the namespace's registry names -> when first used (service/store/names.py)
-    ns:{ns}:reg:{name}:seq        int   the last version number given to the name (numbers are never reused)
+    ns:{ns}:reg:{name}:seq        int   the last version number given to the name (not reused until a gone name is
+                                        forgotten)
     ns:{ns}:reg:{name}:versions   hash  version -> record (JSON): model_id, created, by, builds
     ns:{ns}:reg:{name}:tags       hash  tag -> version
     ns:{ns}:reg:{name}:history    list  tag moves, newest first (JSON: tag, from, to, by, at), capped at
-                                        AOTC_TAG_HISTORY_LEN
+                                        AOTC_TAG_HISTORY_LEN, and over the namespace at AOTC_MAX_TAG_HISTORY
+    ns:{ns}:reg-history           int   how many tag moves all of the namespace's histories keep
+    ns:{ns}:reg-gone              zset  names whose last version was deleted -> when; past AOTC_MAX_GONE_NAMES the
+                                        oldest is forgotten (history, last version number)
     pins:model:{model}            set   the versions that hold a model ('{ns}/{name}@{v}'): while any does, the
                                         EVICT script keeps every artifact of that model
     tuning:gemm:{ns}:{target}:{system}

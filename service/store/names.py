@@ -1,10 +1,13 @@
 """The registry: names, their versions and tags, inside one namespace.
 
     ns:{ns}:reg                  zset  names -> when first used
-    ns:{ns}:reg:{name}:seq       int   the last version number given (numbers are never reused)
+    ns:{ns}:reg:{name}:seq       int   the last version number given (not reused until a gone name is forgotten)
     ns:{ns}:reg:{name}:versions  hash  version -> record (JSON): model_id, created, by, builds
     ns:{ns}:reg:{name}:tags      hash  tag -> version
-    ns:{ns}:reg:{name}:history   list  tag moves, newest first, capped
+    ns:{ns}:reg:{name}:history   list  tag moves, newest first, capped per name and over the namespace
+    ns:{ns}:reg-history          int   how many tag moves all the namespace's histories keep
+    ns:{ns}:reg-gone             zset  names whose last version was deleted -> when: their history and last version
+                                       number are kept until newer gone names or the history's budget push them out
     pins:model:{model}           set   '{ns}/{name}@{v}' of every version that holds the model
 
 A version points at a model the namespace holds; `latest` is always the highest version that still exists. While
@@ -39,6 +42,8 @@ class Limits:
     max_tags: int = 100  # AOTC_MAX_TAGS_PER_NAME
     history: int = 1_000  # AOTC_TAG_HISTORY_LEN: tag moves kept per name
     max_ns_versions: int = 50_000  # AOTC_MAX_REGISTRY_VERSIONS: versions in all of a namespace's names
+    max_ns_history: int = 100_000  # AOTC_MAX_TAG_HISTORY: tag moves kept in all of a namespace's histories
+    max_gone: int = 10_000  # AOTC_MAX_GONE_NAMES: deleted names whose history and version numbers are kept
 
 
 _SETTING = {"names": ("AOTC_MAX_REGISTRY_NAMES", "names in namespace"),
@@ -79,6 +84,15 @@ def _refused(what: str, limit: str, ns: str, name: str) -> Unprocessable:
                          setting=setting)
 
 
+def _history_keys(ns: str) -> list[str]:
+    """The keys every registry script takes last, for the history's bounds (scripts.py, _HISTORY_SETUP)."""
+    return [keys.ns(ns, "reg-history"), keys.ns(ns, "reg"), keys.ns(ns, "reg-gone")]
+
+
+def _history_args(ns: str, limits: Limits) -> list[Any]:
+    return [keys.ns(ns, "reg:"), limits.max_ns_history, limits.max_gone]
+
+
 class Names:
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
@@ -102,10 +116,10 @@ class Names:
         status, value = cast(list[Any], self._add(
             keys=[keys.ns(ns, "reg"), keys.reg(ns, name, "seq"), keys.reg(ns, name, "versions"),
                   keys.reg(ns, name, "tags"), keys.reg(ns, name, "history"), keys.model_pins(model_id),
-                  keys.ns(ns, "reg-versions")],
+                  keys.ns(ns, "reg-versions"), *_history_keys(ns)],
             args=[name, raw, now, by, f"{ns}/{name}@", limits.max_names, limits.max_versions, limits.max_tags,
                   limits.history, json.dumps(list(dict.fromkeys(tags))), limits.max_ns_versions,
-                  keys.ns(ns, "reg:")]))
+                  keys.ns(ns, "reg:"), *_history_args(ns, limits)]))
         if status != "ok":
             raise _refused(str(status), str(value), ns, name)
         return Version.from_raw(name, int(value), raw, list(tags))
@@ -114,8 +128,9 @@ class Names:
                  limits: Limits = Limits()) -> int | None:
         """Point `tag` at `version`; returns the version it named before (None: a new tag)."""
         status, value = cast(list[Any], self._move(
-            keys=[keys.reg(ns, name, "versions"), keys.reg(ns, name, "tags"), keys.reg(ns, name, "history")],
-            args=[tag, version, by, time.time(), limits.max_tags, limits.history]))
+            keys=[keys.reg(ns, name, "versions"), keys.reg(ns, name, "tags"), keys.reg(ns, name, "history"),
+                  *_history_keys(ns)],
+            args=[tag, version, by, time.time(), limits.max_tags, limits.history, *_history_args(ns, limits)]))
         if status == "version":
             raise NotFound(f"no version {name}@{version}; `aotc versions {name}` lists them")
         if status == "tags":
@@ -124,8 +139,8 @@ class Names:
 
     def untag(self, ns: str, name: str, tag: str, by: str, *, limits: Limits = Limits()) -> int:
         """Remove a tag; returns the version it named."""
-        old = self._untag(keys=[keys.reg(ns, name, "tags"), keys.reg(ns, name, "history")],
-                          args=[tag, by, time.time(), limits.history])
+        old = self._untag(keys=[keys.reg(ns, name, "tags"), keys.reg(ns, name, "history"), *_history_keys(ns)],
+                          args=[tag, by, time.time(), limits.history, *_history_args(ns, limits)])
         if old is None:
             raise NotFound(f"no tag {name}:{tag}")
         return int(cast(str, old))
@@ -139,8 +154,10 @@ class Names:
             raise NotFound(f"no version {name}@{version}")
         removed = self._delete(
             keys=[keys.ns(ns, "reg"), keys.reg(ns, name, "versions"), keys.reg(ns, name, "tags"),
-                  keys.reg(ns, name, "history"), keys.model_pins(got.model_id), keys.ns(ns, "reg-versions")],
-            args=[name, version, self.holder(ns, name, version), by, time.time(), limits.history])
+                  keys.reg(ns, name, "history"), keys.model_pins(got.model_id), keys.ns(ns, "reg-versions"),
+                  *_history_keys(ns)],
+            args=[name, version, self.holder(ns, name, version), by, time.time(), limits.history,
+                  *_history_args(ns, limits)])
         if removed is None:  # deleted by someone else meanwhile
             raise NotFound(f"no version {name}@{version}")
         return sorted(cast(list[str], removed))

@@ -510,12 +510,55 @@ return dropped
 # version that is gone, and two tag moves racing are ordered, each recorded with who made it and when.
 
 _REGISTRY_PRELUDE = """
+-- The namespace's tag history, bounded over all its names: H.count (a key) holds how many moves every name's
+-- history keeps, made once where it is missing from the live names (H.names) and the gone ones (H.gone, a zset of
+-- names whose last version was deleted -> when, oldest forgotten first). setup_history must run before any change.
+local H = {}
+local function setup_history(count, names, gone, prefix, budget, max_gone)
+  H.count, H.names, H.gone, H.prefix = count, names, gone, prefix
+  H.budget, H.max_gone = tonumber(budget), tonumber(max_gone)
+  if redis.call('EXISTS', count) == 1 then return end
+  local total = 0
+  for _, set in ipairs({names, gone}) do
+    for _, name in ipairs(redis.call('ZRANGE', set, 0, -1)) do
+      total = total + redis.call('LLEN', prefix .. name .. ':history')
+    end
+  end
+  redis.call('SET', count, total)
+end
+
+-- Forget the oldest gone name: its history, its tags (none left) and its last version number, so that a name made
+-- again with it starts at 1. Returns false when no name is gone.
+local function forget_oldest_gone()
+  local top = redis.call('ZPOPMIN', H.gone)
+  if #top == 0 then return false end
+  local p = H.prefix .. top[1]
+  redis.call('DECRBY', H.count, redis.call('LLEN', p .. ':history'))
+  redis.call('DEL', p .. ':history', p .. ':seq', p .. ':tags')
+  return true
+end
+
+-- Over the namespace's budget, the oldest gone names are forgotten first; then the history just added to keeps
+-- only its newest HISTORY_FLOOR moves.
+local HISTORY_FLOOR = 10
+local function hold_budget(hist)
+  while tonumber(redis.call('GET', H.count)) > H.budget and forget_oldest_gone() do end
+  local n = redis.call('LLEN', hist)
+  if tonumber(redis.call('GET', H.count)) > H.budget and n > HISTORY_FLOOR then
+    redis.call('LTRIM', hist, 0, HISTORY_FLOOR - 1)
+    redis.call('DECRBY', H.count, n - HISTORY_FLOOR)
+  end
+end
+
 local function record_move(hist, cap, tag, from, to, by, at)
   local e = {tag = tag, by = by, at = tonumber(at)}
   if from then e['from'] = tonumber(from) end
   if to then e['to'] = tonumber(to) end
+  local before = redis.call('LLEN', hist)
   redis.call('LPUSH', hist, cjson.encode(e))
   redis.call('LTRIM', hist, 0, tonumber(cap) - 1)
+  redis.call('INCRBY', H.count, redis.call('LLEN', hist) - before)
+  hold_budget(hist)
 end
 """
 
@@ -534,13 +577,21 @@ local function ns_versions(count, names, prefix)
 end
 """
 
+# Every registry script's last keys and arguments, for the history's bounds (setup_history):
+#   KEYS[-3..-1]: the namespace's count of history entries, its names zset, its gone names zset
+#   ARGV[-3..-1]: the key prefix of a name's keys ('<prefix>{name}:history'), the history budget over the
+#                 namespace (AOTC_MAX_TAG_HISTORY), the most gone names remembered (AOTC_MAX_GONE_NAMES)
+_HISTORY_SETUP = """
+setup_history(KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS], ARGV[#ARGV - 2], ARGV[#ARGV - 1], ARGV[#ARGV])
+"""
+
 # KEYS: the namespace's names zset, seq, versions, tags, history, the model's pins set, the namespace's count of
-#       versions.
+#       versions, then the history's three (above).
 # ARGV: name, version record (JSON), ts, by, holder prefix ('{ns}/{name}@'), max names, max versions, max tags,
 #       history cap, JSON list of tags to move to the new version, max versions in the namespace, the key prefix of
-#       a name's keys ('<prefix>{name}:versions').
+#       a name's keys ('<prefix>{name}:versions'), then the history's three.
 # Returns {'ok', version} or {refusal, limit}: 'names', 'versions', 'ns_versions' or 'tags' when a limit would be
-# passed.
+# passed. A gone name made again is no longer gone.
 VERSION_ADD = _REGISTRY_PRELUDE + _NS_VERSIONS + """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[6]) then
   return {'names', ARGV[6]}
@@ -553,10 +604,12 @@ for _, t in ipairs(tags) do
   if redis.call('HEXISTS', KEYS[4], t) == 0 then new = new + 1 end
 end
 if redis.call('HLEN', KEYS[4]) + new > tonumber(ARGV[8]) then return {'tags', ARGV[8]} end
+""" + _HISTORY_SETUP + """
 local v = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[3], v, ARGV[2])
 redis.call('INCR', KEYS[7])
 redis.call('ZADD', KEYS[1], 'NX', ARGV[3], ARGV[1])
+redis.call('ZREM', H.gone, ARGV[1])
 redis.call('SADD', KEYS[6], ARGV[5] .. v)
 for _, t in ipairs(tags) do
   local old = redis.call('HGET', KEYS[4], t)
@@ -566,7 +619,8 @@ end
 return {'ok', v}
 """
 
-# KEYS: versions, tags, history. ARGV: tag, version, by, ts, max tags, history cap.
+# KEYS: versions, tags, history, then the history's three. ARGV: tag, version, by, ts, max tags, history cap, then
+# the history's three.
 # Moves (or sets) a tag. Returns {'ok', previous version or ''}, {'same', version}, {'version', ''} when there is
 # no such version, or {'tags', limit}.
 TAG_MOVE = _REGISTRY_PRELUDE + """
@@ -574,26 +628,33 @@ if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0 then return {'version', ''} end
 local old = redis.call('HGET', KEYS[2], ARGV[1])
 if old == ARGV[2] then return {'same', old} end
 if not old and redis.call('HLEN', KEYS[2]) >= tonumber(ARGV[5]) then return {'tags', ARGV[5]} end
+""" + _HISTORY_SETUP + """
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 record_move(KEYS[3], ARGV[6], ARGV[1], old, ARGV[2], ARGV[3], ARGV[4])
 return {'ok', old or ''}
 """
 
-# KEYS: tags, history. ARGV: tag, by, ts, history cap. Returns the version the tag named, or false if none.
+# KEYS: tags, history, then the history's three. ARGV: tag, by, ts, history cap, then the history's three.
+# Returns the version the tag named, or false if none.
 UNTAG = _REGISTRY_PRELUDE + """
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 if not old then return false end
+""" + _HISTORY_SETUP + """
 redis.call('HDEL', KEYS[1], ARGV[1])
 record_move(KEYS[2], ARGV[4], ARGV[1], old, nil, ARGV[2], ARGV[3])
 return old
 """
 
-# KEYS: names zset, versions, tags, history, the model's pins set, the namespace's count of versions.
-# ARGV: name, version, holder ('{ns}/{name}@{v}'), by, ts, history cap.
+# KEYS: names zset, versions, tags, history, the model's pins set, the namespace's count of versions, then the
+# history's three.
+# ARGV: name, version, holder ('{ns}/{name}@{v}'), by, ts, history cap, then the history's three.
 # Deletes a version, the tags on it (each move recorded) and its hold on the model: the model's artifacts stay
-# pinned only while another version holds it. Returns false when there is no such version, else the tags removed.
+# pinned only while another version holds it. A name left with no version is gone: its history and last version
+# number are kept until AOTC_MAX_GONE_NAMES newer gone names (or the history's budget) push them out. Returns false
+# when there is no such version, else the tags removed.
 VERSION_DELETE = _REGISTRY_PRELUDE + """
 if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then return false end
+""" + _HISTORY_SETUP + """
 redis.call('HDEL', KEYS[2], ARGV[2])
 if redis.call('EXISTS', KEYS[6]) == 1 then redis.call('DECR', KEYS[6]) end  -- else made whole at the next add
 redis.call('SREM', KEYS[5], ARGV[3])
@@ -606,7 +667,11 @@ for i = 1, #all, 2 do
     removed[#removed + 1] = all[i]
   end
 end
-if redis.call('HLEN', KEYS[2]) == 0 then redis.call('ZREM', KEYS[1], ARGV[1]) end
+if redis.call('HLEN', KEYS[2]) == 0 then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('ZADD', H.gone, ARGV[5], ARGV[1])
+  while redis.call('ZCARD', H.gone) > H.max_gone and forget_oldest_gone() do end
+end
 return removed
 """
 

@@ -190,6 +190,64 @@ def test_a_namespace_holds_at_most_its_limit_of_versions_over_all_its_names(api_
     assert int(store.r.get(keys.ns(ns, "reg-versions"))) == 4
 
 
+def test_a_namespace_tag_history_is_bounded_and_deleted_names_are_forgotten(store):
+    """Tag history was capped per name only (1,000 moves on each of 10,000 names: about 0.9 GB of Redis), and a
+    name whose last version was deleted left its history and version counter behind for good, so making and
+    deleting names grew Redis without end. AOTC_MAX_TAG_HISTORY bounds the moves kept over the namespace (the
+    oldest gone names forgotten first, then the moved name keeps its newest 10); AOTC_MAX_GONE_NAMES bounds the
+    gone names remembered."""
+    from service.store import keys
+    from service.store.names import Limits
+
+    ns, model_id = f"hcap{RUN}", _model(store)
+    limits = Limits(max_ns_history=30, max_gone=2)
+    r, count = store.r, keys.ns(ns, "reg-history")
+
+    def kept() -> int:  # every history list the namespace still has, live names or gone
+        return sum(int(r.llen(k)) for k in r.scan_iter(keys.ns(ns, "reg:*:history")))
+
+    def churn(name: str, moves: int) -> None:
+        store.names.add_version(ns, name, model_id, "test", tags=["prod"], limits=limits)
+        store.names.add_version(ns, name, model_id, "test", limits=limits)
+        for i in range(moves):
+            store.names.move_tag(ns, name, "prod", 1 + (i + 1) % 2, "test", limits=limits)
+
+    a, b = f"a-{RUN}", f"b-{RUN}"
+    churn(a, 20)  # 21 moves: under the budget, all kept
+    assert len(store.names.history(ns, a, 1000)) == 21 and int(r.get(count)) == kept() == 21
+    churn(b, 20)  # past 30: the name being moved keeps its newest 10, the other name is left alone
+    hist_b = store.names.history(ns, b, 1000)
+    assert len(hist_b) == 10 and hist_b[0]["to"] == 1  # the newest kept: the 20th move, to version 1
+    assert len(store.names.history(ns, a, 1000)) == 21 and int(r.get(count)) == kept() == 31
+
+    # a's versions deleted: a is gone (the deletion's tag removal, recorded past the budget, left it its newest 10),
+    # its history and version counter kept ...
+    store.names.delete_version(ns, a, 1, "test", limits=limits)
+    store.names.delete_version(ns, a, 2, "test", limits=limits)
+    assert r.zscore(keys.ns(ns, "reg-gone"), a) is not None and r.exists(keys.reg(ns, a, "seq"))
+    assert len(store.names.history(ns, a, 1000)) == 10 and int(r.get(count)) == kept() == 20
+    # ... until moves past the budget forget the oldest gone name first, before any live name's moves.
+    for i in range(11):
+        store.names.move_tag(ns, b, "prod", 2 - i % 2, "test", limits=limits)
+    assert not r.exists(keys.reg(ns, a, "history")) and not r.exists(keys.reg(ns, a, "seq"))
+    assert len(store.names.history(ns, b, 1000)) == 21 and int(r.get(count)) == kept() == 21
+    assert store.names.add_version(ns, a, model_id, "test", limits=limits).version == 1  # made again: from 1
+    assert r.zscore(keys.ns(ns, "reg-gone"), a) is None
+
+    # Made and deleted, over and over: only the newest AOTC_MAX_GONE_NAMES gone names keep anything.
+    gone = [f"g{i}-{RUN}" for i in range(4)]
+    for name in gone:
+        store.names.add_version(ns, name, model_id, "test", limits=limits)
+        store.names.delete_version(ns, name, 1, "test", limits=limits)
+    assert r.zrange(keys.ns(ns, "reg-gone"), 0, -1) == gone[2:]
+    assert [bool(r.exists(keys.reg(ns, name, "seq"))) for name in gone] == [False, False, True, True]
+
+    # A namespace from before the count gets it made from what it holds.
+    r.delete(count)
+    store.names.move_tag(ns, b, "prod", 1, "test", limits=limits)
+    assert int(r.get(count)) == kept()
+
+
 def test_a_name_resolves_only_in_its_namespace_and_a_pull_key_only_reads(api_url, store):
     a, b = f"rega{RUN}", f"regb{RUN}"
     compile_a, pull_a, compile_b = _key(api_url, "compile", a), _key(api_url, "pull", a), _key(api_url, "compile", b)
