@@ -123,11 +123,14 @@ def start_service(base: Path, device: str) -> tuple[str, list[subprocess.Popen[b
     raise RuntimeError("the service did not come up with its worker")
 
 
-def compile_models(url: str, names: list[str], device: str, records: dict[str, Any]) -> dict[str, str]:
-    """Compile each model (a 64 MB MLP for `mlp`, else bench/zoo.py's at its serving batch); {name: key}. What
-    each record says of its timing pass and speed goes into `records`."""
+def compile_models(url: str, names: list[str], device: str, records: dict[str, Any],
+                   given: list[str]) -> dict[str, str]:
+    """Compile each model (a 64 MB MLP for `mlp`, else bench/zoo.py's at its serving batch) with the compile options
+    `given` (`--option [MODEL:]KEY=JSON`); {name: key}. What each record says of its timing pass and speed goes into
+    `records`."""
     import torch
 
+    from bench.train import options_for
     from client import Client
 
     keys = {}
@@ -143,7 +146,8 @@ def compile_models(url: str, names: list[str], device: str, records: dict[str, A
                 model, inputs = build(name, device=device)
             target = "cpu" if device == "cpu" else "cuda"
             t0 = time.perf_counter()
-            art = c.compile(model, inputs, target=target, timeout=1800)
+            options = options_for(name, given)
+            art = c.compile(model, inputs, target=target, timeout=1800, **options)
             assert not isinstance(art, tuple)
             print(f"{name}: compiled in {time.perf_counter() - t0:.0f} s, {art.meta.get('size', 0) / 1e6:.0f} MB",
                   file=sys.stderr, flush=True)
@@ -152,7 +156,7 @@ def compile_models(url: str, names: list[str], device: str, records: dict[str, A
             records[name] = {"key": art.key, "compile_s": round(time.perf_counter() - t0, 1),
                              "speed": art.meta.get("speed"), "timing": check.get("timing"),
                              "check_host": check.get("host"), "timings": art.meta.get("timings"),
-                             "graphs": check.get("graphs")}
+                             "graphs": check.get("graphs"), "options": options}
     return keys
 
 
@@ -168,6 +172,8 @@ def main() -> None:
     ap.add_argument("--keys", default="", help="With --url: artifact keys, comma-separated (name=key also works).")
     ap.add_argument("--graphs", action="store_true", help="Also load with cuda_graphs=True (a GPU).")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--option", action="append", default=[], metavar="[MODEL:]KEY=JSON",
+                    help="A compile option for every model, or MODEL's only, e.g. convolutions=generated.")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ttfi.json")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="aotc-ttfi-"))
@@ -180,7 +186,7 @@ def main() -> None:
             keys = dict(k.split("=", 1) if "=" in k else (k, k) for k in args.keys.split(",") if k)
         else:
             url, procs, redis_srv = start_service(base, args.device)
-            keys = compile_models(url, args.zoo.split(","), args.device, records)
+            keys = compile_models(url, args.zoo.split(","), args.device, records, args.option)
         runs: dict[str, list[dict[str, Any]]] = {}
         for r in range(args.rounds):
             for name, key in keys.items():
@@ -221,8 +227,8 @@ def main() -> None:
     args.out.write_text(json.dumps({
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "load_avg": os.getloadavg()},
-        "when": time.strftime("%Y-%m-%d %H:%M:%S"), "device": args.device, "rounds": args.rounds, "rows": rows,
-        "artifacts": records, "runs": runs}, indent=1) + "\n")
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"), "device": args.device, "rounds": args.rounds,
+        "options": args.option, "rows": rows, "artifacts": records, "runs": runs}, indent=1) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
     shutil.rmtree(base, ignore_errors=True)
 
