@@ -22,6 +22,9 @@ the package see only the checked forms; the artifact check compares the package 
                                                       to the class count, on a torch whose Inductor wraps a negative
                                                       id where eager raises (compiler.compat.
                                                       INDUCTOR_WRAPS_NEGATIVE_IDS): the forced index assert fires
+    segment_reduce(..., unsafe=True)                  the same with unsafe=False (the kernel then checks its lengths)
+    select(x, dim, i), i from the data (.item())      select after a run-time assert that -n <= i < n: Inductor
+                                                      lowers select to a view at whatever i is (narrow asserts)
     as_strided(x, size, stride, offset)               on a copy of x, after torch._check of offset >= 0, strides >= 0
     (and as_strided_, as_strided_copy,                and offset + sum((size-1)*stride) < numel: Inductor lowers
      as_strided_scatter)                              as_strided to a view of the buffer with no check at all, and a
@@ -29,8 +32,9 @@ the package see only the checked forms; the artifact check compares the package 
                                                       far outside at others (the check becomes a run-time assert)
 
 Refused (`BadModel`, final), having no checked form aotc compiles: the `_sparse_*_unsafe` constructors (a sparse
-tensor whose indices nothing validates; eager `to_dense` then writes where they point) and the `out=` overloads of
-the ops above (export never writes them).
+tensor whose indices nothing validates; eager `to_dense` then writes where they point), the `out=` overloads of
+the ops above (export never writes them), and ATen kernels that index with values they never check, which Inductor
+runs as fallbacks (compiler.archive.ops.UNBOUNDED lists them with the reason).
 
 Inductor's own decompositions (masked_scatter's `_unsafe_masked_index`, col2im, embedding_dense_backward, ...) are
 bounded by the index asserts every compile forces (compiler.options.FORCED_INDUCTOR_CONFIGS), not here.
@@ -146,6 +150,22 @@ def checked_as_strided_scatter(x: torch.Tensor, src: torch.Tensor, size: Sequenc
     return aten.as_strided_scatter.default(x.contiguous(), src, size, stride, offset)
 
 
+SELECT_MESSAGE = "select: the index lies outside its dim (checked before the view)"
+
+
+def checked_select(x: torch.Tensor, dim: int, index: Any) -> torch.Tensor:
+    """select at an index computed from the data: Inductor makes the view wherever it points, with no bound, where
+    eager raises. The bound becomes a run-time assert on a CPU scalar (a throw in the package's wrapper)."""
+    n = x.size(dim)
+    margin = torch.sym_min(index + n, n - 1 - index)  # >= 0 exactly when -n <= index < n
+    torch._assert_async(torch.scalar_tensor(margin, dtype=torch.int64, device="cpu") >= 0, SELECT_MESSAGE)
+    return aten.select.int(x, dim, index)
+
+
+def checked_segment_reduce(*args: Any, **kwargs: Any) -> torch.Tensor:
+    return aten.segment_reduce.default(*args, **{**kwargs, "unsafe": False})
+
+
 def _safe_index_put_impl(target: Any) -> Callable[..., Any]:
     def checked(*args: Any, **kwargs: Any) -> Any:
         if len(args) > 4:
@@ -160,6 +180,17 @@ def _safe_index_put_impl(target: Any) -> Callable[..., Any]:
 class Rule:
     into: Any  # an OpOverload, or a function of aten ops that the re-export traces
     becomes: str  # what the report says it became
+    when: Callable[[torch.fx.Node], bool] | None = None  # only the nodes it holds for (None: every one)
+
+
+def _unsafe_segments(node: torch.fx.Node) -> bool:
+    return bool(node.kwargs.get("unsafe", False))  # kwarg-only in its schema
+
+
+def _symbolic_index(node: torch.fx.Node) -> bool:
+    """select's index is a value of the graph (an unbacked .item() or a shape expression), not a constant."""
+    index = node.args[2] if len(node.args) > 2 else node.kwargs.get("index")
+    return isinstance(index, torch.fx.Node)
 
 
 def _rules(negative_ids: bool) -> dict[str, Rule]:
@@ -187,6 +218,10 @@ def _rules(negative_ids: bool) -> dict[str, Rule]:
         "aten._index_put_impl_.hacked_twin": Rule(index_put_impl_, "aten._index_put_impl_.default with unsafe=False"),
         "aten.max_unpool2d.default": Rule(checked_max_unpool, "aten.scatter.src into each plane"),
         "aten.max_unpool3d.default": Rule(checked_max_unpool, "aten.scatter.src into each plane"),
+        "aten.segment_reduce.default": Rule(checked_segment_reduce, "aten.segment_reduce.default with unsafe=False",
+                                            when=_unsafe_segments),
+        "aten.select.int": Rule(checked_select, "aten.select.int after a run-time bound on its index",
+                                when=_symbolic_index),
         "aten.as_strided.default": Rule(checked_as_strided, "aten.as_strided.default of a copy, extent checked"),
         "aten.as_strided_.default": Rule(checked_as_strided, "aten.as_strided.default of a copy, extent checked"),
         "aten.as_strided_copy.default": Rule(
@@ -247,7 +282,7 @@ def bound_program(ep: torch.export.ExportedProgram, negative_ids: bool | None = 
                 raise BadModel(f"node {node.name} calls {key}, which {REFUSED[key]}", stage="capture")
             op = node.target
             rule = rules.get(key)
-            if rule is not None:
+            if rule is not None and (rule.when is None or rule.when(node)):
                 node.target = rule.into
                 report.rewritten.append({"node": node.name, "op": key, "became": rule.becomes})
                 changed = True

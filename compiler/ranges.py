@@ -25,8 +25,9 @@ index tensor per call, and a device-side assert ends the context anyway (docs/se
 
 Not for train steps (mode=training): AOTAutograd's joint trace cannot carry the data-dependent count, so a train
 step keeps the kernel asserts alone (compiler.stages.capture). Not covered (the kernel asserts still bound them,
-at the old cost): take_along_dim (eager accepts some indices below -n along a dim), one_hot, embedding_bag's
-offsets, and ops whose indices Inductor computes itself.
+at the old cost): take_along_dim (eager accepts some indices below -n along a dim), one_hot, and ops whose indices
+Inductor computes itself. embedding_bag's offsets are checked (2026-11-30): each in 0..len(ids), ascending; ATen
+checks only the first and the last, and no kernel assert bounds them, so a CUDA package's offsets stay unchecked.
 The message is ours, pasted into generated C++ (compiler.archive.strings' TEXT grammar: no quotes or backslash):
 op names from the table below and integer bounds, never a string from the upload.
 """
@@ -55,6 +56,7 @@ class Span:
     arg: int  # where the op takes it: args[arg], or args[arg][item]
     item: int | None = None
     allowed: int | None = None  # one more value eager accepts (a loss's ignore_index)
+    ascending: bool = False  # each value also no less than the one before it (embedding_bag's offsets)
 
 
 def _size(x: torch.Tensor, dim: int) -> Any:
@@ -111,6 +113,17 @@ def _rows(name: str, weight: torch.Tensor, indices: torch.Tensor, *_: Any, **__:
         yield Span(indices, 0, weight.size(0), f"the ids of {name} (rows of the table)", 1)
 
 
+def _bags(name: str, weight: torch.Tensor, indices: torch.Tensor, offsets: Any = None, *_: Any,
+          **__: Any) -> Iterator[Span]:
+    """embedding_bag: the ids as for embedding; and the offsets, where given, each in 0..len(ids) and none below
+    the one before it. ATen checks only the first and the last: a lower offset in between had the kernel read
+    outside the ids (a compiled package ended in SIGSEGV; eager's error quoted a word of the heap)."""
+    yield from _rows(name, weight, indices)
+    if _integer(offsets) and _integer(indices) and offsets.dim() == 1:
+        yield Span(offsets, 0, indices.numel() + 1, f"the offsets of {name} (ascending, into the ids)", 2,
+                   ascending=True)
+
+
 def _class_target(ignore_at: int) -> Callable[..., Iterator[Span]]:
     """(input, target, weight, reduction, ignore_index, ...): a class, 0..C-1, or ignore_index."""
     def spans(name: str, x: torch.Tensor, target: torch.Tensor, *rest: Any, **kwargs: Any) -> Iterator[Span]:
@@ -145,9 +158,10 @@ def _table() -> dict[str, Callable[..., Iterator[Span]]]:
         table[f"aten.{op}"] = _dim_index(negatives=True)
     for op in ("take.default", "put.default", "put_.default"):
         table[f"aten.{op}"] = _flat
-    for op in ("embedding.default", "embedding_bag.default", "embedding_bag.padding_idx", "_embedding_bag.default",
+    table["aten.embedding.default"] = _rows
+    for op in ("embedding_bag.default", "embedding_bag.padding_idx", "_embedding_bag.default",
                "_embedding_bag_forward_only.default"):
-        table[f"aten.{op}"] = _rows
+        table[f"aten.{op}"] = _bags
     for op in ("nll_loss.default", "nll_loss_nd.default", "nll_loss2d.default", "nll_loss_forward.default",
                "nll_loss2d_forward.default", "cross_entropy_loss.default"):
         table[f"aten.{op}"] = _class_target(ignore_at=2)  # after weight and reduction
@@ -168,6 +182,8 @@ def message(span: Span) -> str:
     text = f"index out of bounds: {span.what} must lie in {_bound(span.lo)}..{hi}"
     if span.allowed is not None:
         text += f" or be {span.allowed}"
+    if span.ascending:
+        text += ", each no less than the one before"
     text += " (checked before the kernel)"
     # Pasted into generated C++: our words and integers only, which the grammar holds.
     assert TEXT.match(text), text
@@ -183,6 +199,8 @@ def check_span(span: Span) -> torch.Tensor:
     bad = (i < span.lo) | (i >= span.hi)
     if span.allowed is not None:
         bad = bad & (i != span.allowed)
+    if span.ascending:  # 1-D; with fewer than two values the second part is empty
+        bad = torch.cat([bad[:1], bad[1:] | (i[1:] < i[:-1])])
     count = bad.sum()
     # Read in the wrapper: the assert cannot land inside the reduction's parallel kernel.
     torch._assert_async(torch.scalar_tensor(count.item(), dtype=torch.int64, device="cpu") == 0, message(span))

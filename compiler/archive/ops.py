@@ -70,6 +70,13 @@ _OUT_FORM = "is the out= form of an op that aotc compiles only in its checked fu
 # float input the check's samples never pushed out of range; the others crash or read out of bounds in eager.
 _TRUSTS_INDICES = ("trusts the index values it is given (an ATen kernel that checks none, which the compiled "
                    "package calls as is: a caller's out-of-range value reads or writes outside its buffers)")
+_FILLS_BUFFERS = ("writes into the output buffers it is given, whatever their size (cummax's internal helper; a "
+                  "program calls cummax or cummin)")
+_SPARSE_UNCHECKED = ("builds a sparse tensor from indices it does not validate by default (check_invariants off); "
+                     "aotc compiles no sparse tensors")
+_VARLEN = ("is the attention kernel under scaled_dot_product_attention, which takes sequence offsets or a block "
+           "table (variable-length or paged attention) that its CUDA kernel indexes with, not known to be checked; "
+           "an exported model calls scaled_dot_product_attention")
 UNBOUNDED: dict[str, str] = {
     **{f"torch.ops.aten._sparse_{k}_tensor_unsafe.default": _SPARSE_UNSAFE
        for k in ("coo", "csr", "csc", "bsr", "bsc", "compressed")},
@@ -80,8 +87,30 @@ UNBOUNDED: dict[str, str] = {
                   "_ctc_loss.default", "_ctc_loss.Tensor", "_ctc_loss.out", "_ctc_loss.Tensor_out",
                   "_ctc_loss_backward.default", "_ctc_loss_backward.Tensor", "_ctc_loss_backward.out",
                   "_cudnn_ctc_loss.default", "_cudnn_ctc_loss.Tensor", "_cudnn_ctc_loss.out")},
+    # 2026-11-30, a review of every listed overload whose tensor arguments are indices, offsets or lengths: the
+    # backward kernels below scatter to (or gather from) the indices they are given with no check, and Inductor runs
+    # them as fallbacks. Each made a compiled, bounds-rewritten CPU package end in SIGSEGV at a hostile input. A
+    # forward program never needs them (a train step's backward is derived on the worker, not uploaded).
+    **{f"torch.ops.aten.{op}": _TRUSTS_INDICES
+       for op in ("adaptive_max_pool2d_backward.default", "adaptive_max_pool2d_backward.grad_input",
+                  "adaptive_max_pool3d_backward.default", "adaptive_max_pool3d_backward.grad_input",
+                  "max_pool3d_with_indices_backward.default", "max_pool3d_with_indices_backward.grad_input",
+                  "_embedding_bag_backward.default",
+                  "_embedding_bag_dense_backward.default", "_embedding_bag_dense_backward.out",
+                  "_embedding_bag_per_sample_weights_backward.default",
+                  "_embedding_bag_per_sample_weights_backward.out")},
+    **{f"torch.ops.aten.{op}": _FILLS_BUFFERS for op in ("_cummax_helper.default", "_cummin_helper.default")},
+    **{f"torch.ops.aten.{op}": _VARLEN
+       for op in ("_flash_attention_forward.default", "_flash_attention_forward.quantized",
+                  "_flash_attention_forward_no_dropout_inplace.default", "_flash_attention_backward.default",
+                  "_efficient_attention_forward.default", "_efficient_attention_backward.default")},
+    **{f"torch.ops.aten.{op}": _SPARSE_UNCHECKED
+       for op in ("sparse_coo_tensor.indices", "sparse_coo_tensor.indices_size",
+                  "_sparse_coo_tensor_with_dims_and_tensors.default",
+                  "_sparse_coo_tensor_with_dims_and_tensors.out")},
     **{f"torch.ops.aten.{op}.out": _OUT_FORM
-       for op in ("max_unpool2d", "max_unpool3d", "as_strided_copy", "as_strided_scatter", "_index_put_impl")},
+       for op in ("max_unpool2d", "max_unpool3d", "as_strided_copy", "as_strided_scatter", "_index_put_impl",
+                  "segment_reduce")},
 }
 
 

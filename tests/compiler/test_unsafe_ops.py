@@ -130,6 +130,20 @@ def test_a_sparse_tensor_built_from_unchecked_indices_is_refused_at_upload_and_b
            "validates" in worker.value.message
 
 
+def refused_at_upload_and_by_the_worker(ep: torch.export.ExportedProgram, op: str, why: str, tmp_path: Any) -> None:
+    """`ep` calls `op` ('aten.<op>.<overload>'): the API's check (no torch) refuses its archive and the worker's
+    rewrite refuses the program, each naming the op and saying `why`."""
+    assert op in ops(ep)
+    path = tmp_path / "refused.pt2"
+    torch.export.save(ep, str(path))
+    with pytest.raises(UnsafeArchive) as upload:
+        inspect_archive(str(path))
+    assert f"calls torch.ops.{op}, which {why}" in upload.value.message
+    with pytest.raises(BadModel) as worker:
+        bound_program(ep)
+    assert worker.value.stage == "capture" and f"calls {op}, which {why}" in worker.value.message
+
+
 @pytest.mark.parametrize("op", ["_convert_indices_from_coo_to_csr", "_convert_indices_from_csr_to_coo"])
 def test_an_aten_fallback_that_trusts_its_indices_is_refused_at_upload_and_by_the_worker(op, tmp_path):
     """An audit had the first of these checked and signed: indices computed from a float input (zero for every value
@@ -140,16 +154,119 @@ def test_an_aten_fallback_that_trusts_its_indices_is_refused_at_upload_and_by_th
         return getattr(aten, op).default(rows, 4) if op.endswith("csr") else getattr(aten, op).default(
             rows[:5].int(), rows.int())
 
-    ep = exported(f, torch.randn(8))
-    assert f"aten.{op}.default" in ops(ep)
-    path = tmp_path / "fallback.pt2"
-    torch.export.save(ep, str(path))
-    with pytest.raises(UnsafeArchive) as upload:
-        inspect_archive(str(path))
-    assert f"calls torch.ops.aten.{op}.default, which trusts the index values it is given" in upload.value.message
-    with pytest.raises(BadModel) as worker:
-        bound_program(ep)
-    assert f"calls aten.{op}.default, which trusts the index values" in worker.value.message
+    refused_at_upload_and_by_the_worker(exported(f, torch.randn(8)), f"aten.{op}.default",
+                                        "trusts the index values it is given", tmp_path)
+
+
+def _from_float(x: torch.Tensor) -> torch.Tensor:
+    """Indices an attacker hides from the check: zero at every value the check draws, the caller's value past 1000."""
+    return torch.where(x > 1000, x, torch.zeros_like(x)).long()
+
+
+_pool_in, _pool_ind = torch.nn.functional.adaptive_max_pool2d(torch.randn(1, 1, 4, 4), 2, return_indices=True)
+_pool3_in = torch.randn(1, 1, 4, 4, 4)
+_, _pool3_ind = torch.nn.functional.max_pool3d(_pool3_in, 2, return_indices=True)
+TRUSTING: dict[str, tuple[Any, tuple[torch.Tensor, ...]]] = {
+    # 2026-11-30's review: each, compiled and bounds-rewritten for a CPU, ended in SIGSEGV at x = 5e6.
+    "adaptive_max_pool2d_backward": (
+        lambda x, g: aten.adaptive_max_pool2d_backward(g, _pool_in, _pool_ind + _from_float(x)),
+        (torch.randn(1), torch.randn(1, 1, 2, 2))),
+    "max_pool3d_with_indices_backward": (
+        lambda x, g: aten.max_pool3d_with_indices_backward(g, _pool3_in, [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1],
+                                                          False, _pool3_ind + _from_float(x)),
+        (torch.randn(1), torch.randn(1, 1, 2, 2, 2))),
+    "_embedding_bag_dense_backward": (
+        lambda x, g: aten._embedding_bag_dense_backward(g, torch.tensor([1, 2, 3]) + _from_float(x),
+                                                        torch.tensor([0, 0, 1]), torch.tensor([2, 1]),
+                                                        torch.tensor([0, 0]), 10, False, 0, None),
+        (torch.randn(1), torch.randn(2, 3))),
+    "_embedding_bag_per_sample_weights_backward": (
+        lambda x, g: aten._embedding_bag_per_sample_weights_backward(
+            g, torch.randn(10, 3), torch.tensor([1, 2, 3]) + _from_float(x), torch.tensor([0, 2]),
+            torch.tensor([0, 0, 1]), 0),
+        (torch.randn(1), torch.randn(2, 3))),
+}
+
+
+def test_the_attention_kernels_under_sdpa_with_their_sequence_offsets_are_refused(tmp_path):
+    """Variable-length attention's offsets (cum_seq_q/k) index the CUDA kernel's reads, not known to be checked; an
+    exported model calls scaled_dot_product_attention, never the kernel under it."""
+    q = torch.randn(6, 2, 8)
+    ep = exported(lambda q, cs: aten._flash_attention_forward(q, q, q, cs, cs, 4, 4, 0.0, False, False)[0],
+                  q, torch.tensor([0, 2, 6], dtype=torch.int32))
+    refused_at_upload_and_by_the_worker(ep, "aten._flash_attention_forward.default", "is the attention kernel under "
+                                        "scaled_dot_product_attention, which takes sequence offsets", tmp_path)
+
+
+@pytest.mark.parametrize("op", sorted(TRUSTING))
+def test_a_backward_kernel_that_trusts_its_indices_is_refused_at_upload_and_by_the_worker(op, tmp_path):
+    """Inductor runs these as fallbacks (no index asserts), and their CPU kernels scatter to or gather from the
+    indices they are given unchecked. A forward program never needs them: a train step's backward is derived on the
+    worker from the forward program, not uploaded."""
+    fn, args = TRUSTING[op]
+    refused_at_upload_and_by_the_worker(exported(fn, *args), f"aten.{op}.default",
+                                        "trusts the index values it is given", tmp_path)
+
+
+def test_select_at_an_index_from_the_data_gets_a_runtime_bound():
+    """Inductor lowers select to a view at whatever index it is given; one from `.item()` of a float input made the
+    compiled package read past its tensor (SIGSEGV) where eager raises."""
+    class Select(torch.nn.Module):
+        def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            return t.select(0, _from_float(x).sum().item()) + t.select(0, 2)  # the constant one is left alone
+
+    t = torch.randn(5, 4)
+    ep = torch.export.export(Select(), (torch.randn(3), t))
+    report = bound_program(ep)
+    assert report.facts()["ops"] == {"aten.select.int": 1}
+    assert report.rewritten[0]["became"] == "aten.select.int after a run-time bound on its index"
+    bounded = ep.module()
+    assert torch.equal(bounded(torch.randn(3), t), t[0] + t[2])
+    for x in ([1005.0, 0, 0], [5e6, 0, 0], [1e12, 0, 0]):
+        with pytest.raises(RuntimeError, match="select: the index lies outside its dim"):
+            bounded(torch.tensor(x), t)
+    again = torch.export.export(bounded, (torch.randn(3), t))  # as the compile re-exports it: an assert in the graph
+    assert "aten._assert_async.msg" in ops(again)
+
+
+def test_segment_reduce_loses_its_unsafe_flag():
+    def f(x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        return aten.segment_reduce(d, "sum", lengths=torch.tensor([2, 4]) + _from_float(x), unsafe=True)
+
+    d = torch.randn(6)
+    ep = exported(f, torch.randn(1), d)
+    report = bound_program(ep)
+    assert report.facts()["ops"] == {"aten.segment_reduce.default": 1}
+    bounded = ep.module()
+    assert torch.allclose(bounded(torch.randn(1), d), torch.stack([d[:2].sum(), d[2:].sum()]))
+    with pytest.raises(RuntimeError, match="lengths"):  # the kernel's own check, which unsafe=True skipped
+        bounded(torch.tensor([5e6]), d)
+    safe = exported(lambda d: aten.segment_reduce(d, "sum", lengths=torch.tensor([2, 4])), d)
+    assert bound_program(safe).facts()["rewritten"] == 0  # unsafe=False (the default) is left alone
+
+
+def test_embedding_bag_offsets_are_checked_ascending_into_the_ids_on_a_cpu():
+    """ATen checks only the first offset (0) and the last (<= the number of ids); a lower one in between had a
+    compiled package read outside the ids (SIGSEGV), and eager's own error quoted a word of its heap."""
+    w = torch.randn(10, 3)
+    ids = torch.tensor([1, 2, 3, 4])
+
+    def f(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding_bag(ids, w, offsets - _from_float(x) * torch.tensor([0, 1, 0]),
+                                                 mode="sum")
+
+    ep = exported(f, torch.randn(1), torch.tensor([0, 2, 3]))
+    original = ep.module()
+    report = bound_program(ep, device="cpu")
+    assert report.facts()["range_checked"]["ops"] == {"aten.embedding_bag.padding_idx": 1}
+    bounded = ep.module()
+    for offsets in ([0, 2, 3], [0, 0, 4], [0, 4, 4], [0, 1, 2]):
+        o = torch.tensor(offsets)
+        assert torch.equal(bounded(torch.randn(1), o), original(torch.randn(1), o)), offsets
+    for x, offsets in ((5e6, [0, 2, 3]), (0.0, [0, 3, 2]), (0.0, [0, 2, 5])):
+        with pytest.raises(RuntimeError, match=r"offsets of aten.embedding_bag.padding_idx \(ascending, into the ids\)"
+                                               r" must lie in 0..4, each no less than the one before"):
+            bounded(torch.tensor([x]), torch.tensor(offsets))
 
 
 def test_programs_without_unsafe_ops_are_left_alone():
