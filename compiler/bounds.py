@@ -112,19 +112,23 @@ def _checked_class_target(op: Any) -> Callable[..., Any]:
 
 
 def _check_extent(x: torch.Tensor, size: Sequence[Any], stride: Sequence[Any], offset: Any) -> None:
-    """Raise unless the view lies inside x: now, when the geometry is known, else when the package runs. A symbolic
-    offset or size becomes a run-time assert on a scalar tensor (`_assert_async`), not a torch._check: on a dim the
-    request made dynamic, torch._check would be a guard, and export refuses a guard that narrows the range."""
+    """Raise unless the view lies inside x (`_check_nonnegative`: now, or when the package runs)."""
     last = offset
     for n, s in zip(size, stride, strict=True):
         last = last + (torch.sym_max(n, 1) - 1) * s
     # Every one of these must be >= 0: the offset, each stride, and the room left after the last element.
-    margin = reduce(torch.sym_min, [offset, *stride, x.numel() - 1 - last])
+    _check_nonnegative(reduce(torch.sym_min, [offset, *stride, x.numel() - 1 - last]), EXTENT_MESSAGE)
+
+
+def _check_nonnegative(margin: Any, message: str) -> None:
+    """Raise unless margin >= 0: now, when it is known, else when the package runs. A symbolic margin becomes a
+    run-time assert on a scalar tensor (`_assert_async`), not a torch._check: on a dim the request made dynamic,
+    torch._check would be a guard, and export refuses a guard that narrows the range."""
     if isinstance(margin, int):
-        torch._check(margin >= 0, lambda: EXTENT_MESSAGE)
+        torch._check(margin >= 0, lambda: message)
     else:
         # On the CPU, also for a CUDA program: a throw in the wrapper, not a device assert that ends the context.
-        torch._assert_async(torch.scalar_tensor(margin, dtype=torch.int64, device="cpu") >= 0, EXTENT_MESSAGE)
+        torch._assert_async(torch.scalar_tensor(margin, dtype=torch.int64, device="cpu") >= 0, message)
 
 
 def checked_as_strided(x: torch.Tensor, size: Sequence[Any], stride: Sequence[Any],
@@ -155,18 +159,15 @@ SELECT_MESSAGE = "select: the index lies outside its dim (checked before the vie
 
 def checked_select(x: torch.Tensor, dim: int, index: Any) -> torch.Tensor:
     """select at an index computed from the data: Inductor makes the view wherever it points, with no bound, where
-    eager raises. The bound becomes a run-time assert on a CPU scalar (a throw in the package's wrapper)."""
+    eager raises. The bound is checked as as_strided's extent is (`_check_nonnegative`)."""
     n = x.size(dim)
-    margin = torch.sym_min(index + n, n - 1 - index)  # >= 0 exactly when -n <= index < n
-    torch._assert_async(torch.scalar_tensor(margin, dtype=torch.int64, device="cpu") >= 0, SELECT_MESSAGE)
+    _check_nonnegative(torch.sym_min(index + n, n - 1 - index), SELECT_MESSAGE)  # >= 0 exactly when -n <= i < n
     return aten.select.int(x, dim, index)
 
 
-def checked_segment_reduce(*args: Any, **kwargs: Any) -> torch.Tensor:
-    return aten.segment_reduce.default(*args, **{**kwargs, "unsafe": False})
-
-
-def _safe_index_put_impl(target: Any) -> Callable[..., Any]:
+def _safe(target: Any) -> Callable[..., Any]:
+    """`target` with its `unsafe` flag False: the fifth positional argument (_index_put_impl), else the keyword
+    (segment_reduce's is keyword-only)."""
     def checked(*args: Any, **kwargs: Any) -> Any:
         if len(args) > 4:
             return target(*args[:4], False, *args[5:], **kwargs)
@@ -194,8 +195,8 @@ def _symbolic_index(node: torch.fx.Node) -> bool:
 
 
 def _rules(negative_ids: bool) -> dict[str, Rule]:
-    index_put_impl = _safe_index_put_impl(aten._index_put_impl.default)
-    index_put_impl_ = _safe_index_put_impl(aten._index_put_impl_.default)
+    index_put_impl = _safe(aten._index_put_impl.default)
+    index_put_impl_ = _safe(aten._index_put_impl_.default)
     extra: dict[str, Rule] = {}
     if negative_ids:
         extra["aten.embedding.default"] = Rule(checked_embedding, "aten.embedding.default of the ids, negative ones "
@@ -218,7 +219,8 @@ def _rules(negative_ids: bool) -> dict[str, Rule]:
         "aten._index_put_impl_.hacked_twin": Rule(index_put_impl_, "aten._index_put_impl_.default with unsafe=False"),
         "aten.max_unpool2d.default": Rule(checked_max_unpool, "aten.scatter.src into each plane"),
         "aten.max_unpool3d.default": Rule(checked_max_unpool, "aten.scatter.src into each plane"),
-        "aten.segment_reduce.default": Rule(checked_segment_reduce, "aten.segment_reduce.default with unsafe=False",
+        "aten.segment_reduce.default": Rule(_safe(aten.segment_reduce.default),
+                                            "aten.segment_reduce.default with unsafe=False",
                                             when=_unsafe_segments),
         "aten.select.int": Rule(checked_select, "aten.select.int after a run-time bound on its index",
                                 when=_symbolic_index),

@@ -513,18 +513,26 @@ _REGISTRY_PRELUDE = """
 -- The namespace's tag history, bounded over all its names: H.count (a key) holds how many moves every name's
 -- history keeps, made once where it is missing from the live names (H.names) and the gone ones (H.gone, a zset of
 -- names whose last version was deleted -> when, oldest forgotten first). setup_history must run before any change.
+-- A namespace's count (a key), made once where it is missing from what it holds: `len_cmd` of `prefix .. name ..
+-- suffix` summed over the names of the zsets `sets`. A namespace from before a count starts at what it holds.
+local function made_count(count, sets, prefix, suffix, len_cmd)
+  local n = redis.call('GET', count)
+  if n then return tonumber(n) end
+  local total = 0
+  for _, set in ipairs(sets) do
+    for _, name in ipairs(redis.call('ZRANGE', set, 0, -1)) do
+      total = total + redis.call(len_cmd, prefix .. name .. suffix)
+    end
+  end
+  redis.call('SET', count, total)
+  return total
+end
+
 local H = {}
 local function setup_history(count, names, gone, prefix, budget, max_gone)
   H.count, H.names, H.gone, H.prefix = count, names, gone, prefix
   H.budget, H.max_gone = tonumber(budget), tonumber(max_gone)
-  if redis.call('EXISTS', count) == 1 then return end
-  local total = 0
-  for _, set in ipairs({names, gone}) do
-    for _, name in ipairs(redis.call('ZRANGE', set, 0, -1)) do
-      total = total + redis.call('LLEN', prefix .. name .. ':history')
-    end
-  end
-  redis.call('SET', count, total)
+  made_count(count, {names, gone}, prefix, ':history', 'LLEN')
 end
 
 -- Forget the oldest gone name: its history, its tags (none left) and its last version number, so that a name made
@@ -562,21 +570,6 @@ local function record_move(hist, cap, tag, from, to, by, at)
 end
 """
 
-# The namespace's count of versions (KEYS[n]), made once from every name's versions hash (`prefix .. name ..
-# ':versions'`) where it is missing: a namespace from before the count starts at what it holds.
-_NS_VERSIONS = """
-local function ns_versions(count, names, prefix)
-  local n = redis.call('GET', count)
-  if n then return tonumber(n) end
-  local total = 0
-  for _, name in ipairs(redis.call('ZRANGE', names, 0, -1)) do
-    total = total + redis.call('HLEN', prefix .. name .. ':versions')
-  end
-  redis.call('SET', count, total)
-  return total
-end
-"""
-
 # Every registry script's last keys and arguments, for the history's bounds (setup_history):
 #   KEYS[-3..-1]: the namespace's count of history entries, its names zset, its gone names zset
 #   ARGV[-3..-1]: the key prefix of a name's keys ('<prefix>{name}:history'), the history budget over the
@@ -592,12 +585,14 @@ setup_history(KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS], ARGV[#ARGV - 2], AR
 #       a name's keys ('<prefix>{name}:versions'), then the history's three.
 # Returns {'ok', version} or {refusal, limit}: 'names', 'versions', 'ns_versions' or 'tags' when a limit would be
 # passed. A gone name made again is no longer gone.
-VERSION_ADD = _REGISTRY_PRELUDE + _NS_VERSIONS + """
+VERSION_ADD = _REGISTRY_PRELUDE + """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[6]) then
   return {'names', ARGV[6]}
 end
 if redis.call('HLEN', KEYS[3]) >= tonumber(ARGV[7]) then return {'versions', ARGV[7]} end
-if ns_versions(KEYS[7], KEYS[1], ARGV[12]) >= tonumber(ARGV[11]) then return {'ns_versions', ARGV[11]} end
+if made_count(KEYS[7], {KEYS[1]}, ARGV[12], ':versions', 'HLEN') >= tonumber(ARGV[11]) then
+  return {'ns_versions', ARGV[11]}
+end
 local tags = cjson.decode(ARGV[10])
 local new = 0
 for _, t in ipairs(tags) do
