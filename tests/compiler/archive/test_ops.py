@@ -76,3 +76,11 @@ def test_every_op_of_the_test_models_is_listed(tmp_path: Path) -> None:
 ])
 def test_what_is_not_an_operator_is_not_listed(target: str) -> None:
     assert target not in known_targets()
+
+
+def test_every_refused_operator_is_a_listed_one_so_its_refusal_is_reached() -> None:
+    """UNBOUNDED refuses by exact name, after the name is found on the list: a misspelt or unlisted entry would
+    refuse nothing (the upload would fail as 'not an operator' at best), so each must be a listed target."""
+    from compiler.archive.ops import UNBOUNDED
+
+    assert sorted(set(UNBOUNDED) - known_targets()) == []
