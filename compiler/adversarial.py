@@ -1,13 +1,15 @@
 """The artifact check's adversarial half: what an attacker would feed the package, run where a crash costs nothing.
 
-For every integer input the check tries boundaries and out-of-range values (compiler.inputs.adversarial_cases), at
-the smallest shape point, whatever the uploader's samples held. Each case must end the same way in eager and in the
-package: if eager raises, the package must not return (it raises, or the process it runs in dies: Inductor's
-index asserts throw from inside an OpenMP region on a CPU, which ends the process, and are device-side asserts on
-CUDA, which end the context); if eager returns, the package must return the same values (non-finite values in the
-same places are accepted here, and, where a value such as int64's largest drives the computation to the edge of its
-dtype's range, a disagreement on where it overflows: BEYOND_RANGE). A package that faults (SIGSEGV or SIGBUS; an
-illegal memory access on CUDA) has read or written out of bounds, and fails whatever eager did.
+For every integer input, every float input the program casts to an integer (compiler.inputs.index_floats) and every
+bool input it indexes by (index_masks), the check tries boundaries and out-of-range values, or a mask all set and
+all clear (compiler.inputs.adversarial_cases), at the smallest shape point, whatever the uploader's samples held.
+Each case must end the same way in eager and in the package: if eager raises, the package must not return (it
+raises, or the process it runs in dies: Inductor's index asserts throw from inside an OpenMP region on a CPU, which
+ends the process, and are device-side asserts on CUDA, which end the context); if eager returns, the package must
+return the same values (non-finite values in the same places are accepted here, and, where a value such as int64's
+largest drives the computation to the edge of its dtype's range, a disagreement on where it overflows:
+BEYOND_RANGE). A package that faults (SIGSEGV or SIGBUS; an illegal memory access on CUDA) has read or written out
+of bounds, and fails whatever eager did.
 
 Where it runs. The package never runs in the check's own process for these cases: each run happens in a probe
 child, which writes one line per case as it goes. Probes are forked from a zygote that has imported torch (Zygote),
@@ -542,7 +544,8 @@ def cases_at(ep: torch.export.ExportedProgram, spec: inputs_mod.Spec, shapes: li
     """The adversarial cases at one shape point, as the check tries them, and the program's dim sizes there (the
     values they draw on)."""
     sizes = inputs_mod.dim_sizes(ep, shapes)
-    return inputs_mod.adversarial_cases(spec, shapes, ranges, sizes, MAX_CASES), sizes
+    floats, masks = inputs_mod.index_floats(ep, spec), inputs_mod.index_masks(ep, spec)
+    return inputs_mod.adversarial_cases(spec, shapes, ranges, sizes, MAX_CASES, floats, masks), sizes
 
 
 def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str,
@@ -557,7 +560,8 @@ def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec,
     poisons, sizes = cases_at(ep, spec, shapes, ranges)
     summary: dict[str, Any] = {"cases": len(poisons), "max_cases": MAX_CASES, "failures": []}
     if not poisons:
-        summary["note"] = "no integer inputs: nothing to try"
+        summary["note"] = ("no integer inputs, no float input cast to an integer, no bool mask it indexes by: "
+                           "nothing to try")
         return summary
     flats = [inputs_mod.poisoned(base, p) for p in poisons]
     oracle = f"eager on the CPU ({torch.__version__})"
@@ -601,7 +605,7 @@ def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec,
         probe_lanes=cost["lanes"], run_again=cost.get("again", 0),
         seconds=round(time.perf_counter() - t0, 3),
         inputs={spec[k]["name"]: sorted({p.value for p in poisons if p.input == k})
-                for k in inputs_mod.integer_inputs(spec)},
+                for k in sorted({*inputs_mod.integer_inputs(spec), *(p.input for p in poisons)})},
         dim_sizes=sizes[:inputs_mod.MAX_DIM_SIZES], results=rows)
     return summary
 

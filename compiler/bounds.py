@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
@@ -54,7 +54,7 @@ import torch
 from compiler.archive.ops import UNBOUNDED
 from compiler.compat import INDUCTOR_WRAPS_NEGATIVE_IDS
 from compiler.errors import BadModel
-from compiler.ranges import CHECKED, range_checked
+from compiler.ranges import CHECKED, CHECKED_ON_CUDA, range_checked
 
 aten = torch.ops.aten
 # Pasted by Inductor into generated C++ and Triton (`device_assert_async`): plain text, no quotes.
@@ -268,7 +268,8 @@ def bound_program(ep: torch.export.ExportedProgram, negative_ids: bool | None = 
     target's: on a CPU, each op that indexes with a tensor also checks the whole index first, so an out-of-range
     index raises in the package's wrapper, not in a parallel kernel that ends the process (compiler.ranges)."""
     rules = _rules(INDUCTOR_WRAPS_NEGATIVE_IDS if negative_ids is None else negative_ids)
-    ranges = device is not None and torch.device(device).type == "cpu"
+    kind = torch.device(device).type if device is not None else None
+    ranges: Collection[str] = CHECKED if kind == "cpu" else CHECKED_ON_CUDA if kind == "cuda" else ()
     report = BoundsReport()
     for gm in ep.graph_module.modules():
         if not isinstance(gm, torch.fx.GraphModule):
@@ -288,8 +289,8 @@ def bound_program(ep: torch.export.ExportedProgram, negative_ids: bool | None = 
                 node.target = rule.into
                 report.rewritten.append({"node": node.name, "op": key, "became": rule.becomes})
                 changed = True
-            if ranges and key in CHECKED:
-                node.target = range_checked(key, op, node.target)
+            if key in ranges:
+                node.target = range_checked(key, op, node.target, cuda=kind == "cuda")
                 report.range_checked.append({"node": node.name, "op": key})
                 changed = True
         if changed:

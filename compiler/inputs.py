@@ -1,8 +1,10 @@
 """Inputs of requested shapes: example inputs for re-export, random inputs for the artifact check, and the
-adversarial integer inputs the check also tries (`adversarial_cases`)."""
+adversarial inputs the check also tries (`adversarial_cases`): the integer inputs, the float inputs whose values
+the program casts to an integer (`index_floats`), and the bool inputs it indexes by (`index_masks`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,12 +99,12 @@ MAX_DIM_SIZES = 6  # the largest distinct dim sizes of the program tried as valu
 
 @dataclass(frozen=True)
 class Poison:
-    """One adversarial case: integer input `input` (its position in the spec) holding `value`, either as one element
-    among in-range values (`whole=False`) or as every element."""
+    """One adversarial case: integer input (or float input cast to an integer, or bool mask) `input`, its position in
+    the spec, holding `value`, either as one element among in-range values (`whole=False`) or as every element."""
 
     input: int
     name: str
-    value: int
+    value: int | float | bool
     whole: bool
     why: str  # where the value comes from: "int64 max", "dim size 16", "sample range low", ...
 
@@ -120,6 +122,105 @@ def integer_inputs(spec: Spec) -> list[int]:
                 and not dtype.is_complex:
             out.append(k)
     return out
+
+
+# Casts to a dtype of the op's choosing: where one turns a float from an input into an integer, that input drives
+# indices (or counts, offsets, lengths) as an integer input does (2026-11-30: select, embedding_bag and segment_reduce
+# took indices from `.long()` of a float input, which the check never varied).
+CASTS = frozenset({"aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.to.device",
+                   "aten.to.other", "prims.convert_element_type.default", "aten.type_as.default",
+                   "aten.view.dtype"})  # the last a bitcast: the float's bits, read as an integer
+# A Python number from a tensor, made an integer: int() and its like on `x.item()` of a float.
+SYM_CASTS = frozenset({"sym_int", "floor", "ceil", "trunc"})
+# Ops whose reads or output size follow how many elements of a bool mask are set: a mask input that reaches one is
+# tried all set and all clear (masked_scatter with every element set reads past a short source).
+MASK_OPS = frozenset({"aten.index.Tensor", "aten._unsafe_index.Tensor", "aten.index_put.default",
+                      "aten.index_put_.default", "aten._unsafe_index_put.default", "aten.masked_scatter.default",
+                      "aten.masked_scatter_.default", "aten.masked_select.default", "aten.nonzero.default",
+                      "aten.nonzero_static.default", "aten.argwhere.default", "aten._unsafe_masked_index.default",
+                      "aten._unsafe_masked_index_put_accumulate.default"})
+
+
+def _integer_value(val: Any) -> bool:
+    if isinstance(val, torch.Tensor):
+        return not val.is_floating_point() and not val.is_complex() and val.dtype != torch.bool
+    return isinstance(val, torch.SymInt)
+
+
+def _float_value(val: Any) -> bool:
+    return (isinstance(val, torch.Tensor) and val.is_floating_point()) or isinstance(val, torch.SymFloat)
+
+
+def _bool_value(val: Any) -> bool:
+    return (isinstance(val, torch.Tensor) and val.dtype == torch.bool) or isinstance(val, torch.SymBool)
+
+
+def _op_name(target: Any) -> str:
+    return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", "")
+
+
+def _casts_from(kind: Callable[[Any], bool]) -> Callable[[torch.fx.Node, set[torch.fx.Node]], bool]:
+    """A sink: a cast to an integer of a `kind` value computed from the input."""
+    def sink(node: torch.fx.Node, seen: set[torch.fx.Node]) -> bool:
+        name = _op_name(node.target)
+        return (name in CASTS or name in SYM_CASTS) and _integer_value(node.meta.get("val")) \
+            and any(kind(i.meta.get("val")) for i in node.all_input_nodes if i in seen)
+    return sink
+
+
+def _float_cast(node: torch.fx.Node, seen: set[torch.fx.Node]) -> bool:
+    return _casts_from(_float_value)(node, seen)
+
+
+def _mask_use(node: torch.fx.Node, seen: set[torch.fx.Node]) -> bool:
+    return _op_name(node.target) in MASK_OPS or _casts_from(_bool_value)(node, seen)
+
+
+def _reaches(gm: torch.fx.GraphModule, tainted: set[torch.fx.Node],
+             sink: Callable[[torch.fx.Node, set[torch.fx.Node]], bool]) -> bool:
+    """Whether a value from `tainted`, or one computed from it, reaches a node `sink` accepts; through higher-order
+    ops' subgraphs, whose placeholders all count as tainted where a tainted value enters them."""
+    seen = set(tainted)
+    for node in gm.graph.nodes:  # topological order
+        if node.op != "call_function" or not any(i in seen for i in node.all_input_nodes):
+            continue
+        seen.add(node)
+        if isinstance(node.target, torch._ops.HigherOrderOperator):
+            for arg in node.all_input_nodes:
+                sub = getattr(gm, str(arg.target), None) if arg.op == "get_attr" else None
+                if isinstance(sub, torch.fx.GraphModule) and _reaches(
+                        sub, {n for n in sub.graph.nodes if n.op == "placeholder"}, sink):
+                    return True
+        elif sink(node, seen):
+            return True
+    return False
+
+
+def _inputs_reaching(ep: torch.export.ExportedProgram, spec: Spec, dtype_ok: Callable[[torch.dtype], bool],
+                     sink: Callable[[torch.fx.Node, set[torch.fx.Node]], bool]) -> list[int]:
+    names = list(ep.graph_signature.user_inputs)
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    out = []
+    for k, inp in enumerate(spec):
+        dtype = getattr(torch, inp["dtype"], None)
+        if not (isinstance(dtype, torch.dtype) and dtype_ok(dtype)) or k >= len(names) \
+                or names[k] not in placeholders:
+            continue
+        if _reaches(ep.graph_module, {placeholders[names[k]]}, sink):
+            out.append(k)
+    return out
+
+
+def index_floats(ep: torch.export.ExportedProgram, spec: Spec) -> list[int]:
+    """Positions of the float inputs (in `spec`, the user inputs' order) whose values the program casts to an
+    integer: the check tries them with the values an attacker would send (`adversarial_floats`)."""
+    return _inputs_reaching(ep, spec, lambda d: d.is_floating_point, _float_cast)
+
+
+def index_masks(ep: torch.export.ExportedProgram, spec: Spec) -> list[int]:
+    """Positions of the bool inputs whose values reach an op that indexes by a mask (MASK_OPS) or a cast to an
+    integer: the check tries them all set and all clear."""
+    return _inputs_reaching(ep, spec, lambda d: d == torch.bool, _mask_use)
 
 
 def dim_sizes(ep: torch.export.ExportedProgram, shapes: list[list[int]]) -> list[int]:
@@ -162,12 +263,39 @@ def adversarial_values(dtype: torch.dtype, sample: tuple[int, int] | None, sizes
     return out
 
 
+# The largest magnitude a float case takes: 2**40 (exact in every float dtype that holds it) keeps a value scaled by
+# up to 2**22 before its cast inside int64, where the cast is defined; past it the result is the platform's (x86's
+# 0x8000..., PTX's saturation), which eager on a CPU and a CUDA package need not share. NaN and infinity are not
+# tried for the same reason: what they cast to is undefined, and whatever comes out still meets the bounds.
+FLOAT_HUGE = 2.0**40
+
+
+def adversarial_floats(dtype: torch.dtype, sizes: list[int]) -> list[tuple[float, str]]:
+    """Values an attacker would feed a float input that the program casts to an integer: +-FLOAT_HUGE, +-FAR, -1,
+    each dim size n and -n-1, 0, each only if the dtype holds it."""
+    biggest = torch.finfo(dtype).max
+    values: list[tuple[float, str]] = [(FLOAT_HUGE, "2**40"), (-FLOAT_HUGE, "-2**40"), (float(FAR), "far past the end"),
+                                       (float(-FAR), "far before the start"), (-1.0, "-1")]
+    values += [v for n in sizes[:MAX_DIM_SIZES] for v in ((float(n), f"dim size {n}"),
+                                                          (float(-n - 1), f"-(dim size {n})-1"))]
+    values.append((0.0, "0"))
+    out: list[tuple[float, str]] = []
+    for v, why in values:
+        if abs(v) <= biggest and v not in {seen for seen, _ in out}:
+            out.append((v, why))
+    return out
+
+
+MASK_VALUES: list[tuple[bool, str]] = [(True, "set"), (False, "clear")]
+
+
 def adversarial_cases(spec: Spec, shapes: list[list[int]], ranges: list[tuple[int, int] | None], sizes: list[int],
-                      limit: int) -> list[Poison]:
-    """At most `limit` cases over the integer inputs, taken in turn from each input's values (most dangerous
-    first), each value as one element and as the whole tensor (once for a tensor of one element)."""
+                      limit: int, floats: list[int] | None = None, masks: list[int] | None = None) -> list[Poison]:
+    """At most `limit` cases over the integer inputs, the float inputs `floats` (index_floats) and the bool inputs
+    `masks` (index_masks), taken in turn from each input's values (most dangerous first), each value as one element
+    and as the whole tensor (once for a tensor of one element)."""
     per_input: list[list[Poison]] = []
-    for k in integer_inputs(spec):
+    for k in sorted({*integer_inputs(spec), *(floats or []), *(masks or [])}):
         numel = 1
         for d in shapes[k]:
             numel *= d
@@ -176,7 +304,10 @@ def adversarial_cases(spec: Spec, shapes: list[list[int]], ranges: list[tuple[in
         dtype = getattr(torch, spec[k]["dtype"])
         sample = ranges[k] if k < len(ranges) else None
         cases = []
-        for value, why in adversarial_values(dtype, sample, sizes):
+        values: list[tuple[int, str]] | list[tuple[float, str]] | list[tuple[bool, str]] = (
+            MASK_VALUES if dtype == torch.bool else adversarial_floats(dtype, sizes) if dtype.is_floating_point
+            else adversarial_values(dtype, sample, sizes))
+        for value, why in values:
             cases.append(Poison(k, spec[k]["name"], value, numel == 1, why))
             if numel > 1:
                 cases.append(Poison(k, spec[k]["name"], value, True, why))

@@ -77,8 +77,11 @@ class InductorSettings(BaseModel):
 # `tl.device_assert` fire. Both names and their meaning are the same in torch 2.11 and 2.13.
 FORCED_INDUCTOR_CONFIGS: dict[str, Any] = {"assert_indirect_indexing": True, "debug_index_asserts": True}
 # Bump when what compiler.bounds rewrites or refuses, or how compiler.compat.shims patches codegen, changes: it is a
-# cache-key factor, so artifacts built under the old rules are compiled again rather than served.
-BOUNDS_REVISION = 3
+# cache-key factor, so artifacts built under the old rules are compiled again rather than served. 4 (2026-11-30): the
+# review of index ops (new refusals, select's and segment_reduce's rewrites, embedding_bag's offsets, on CUDA too)
+# and the check's float cases; 484940f changed the rewrites without the bump, so a cached artifact built before it
+# was still served.
+BOUNDS_REVISION = 4
 
 # How a package holds its weights (a cache-key factor: compiler.cachekey `weights`). "external": built without them
 # (aot_inductor.package_constants_in_so=False and always_keep_tensor_constants=True, which change the generated code)

@@ -20,14 +20,17 @@ RuntimeError naming the op and the bound. The kernels' own asserts stay, as the 
 
 Bounds are eager's (torch 2.13, CPU): index, index_put, index_fill, take, put take -n..n-1 (negatives wrap);
 index_select, gather, scatter*, index_add/copy/reduce, embedding, embedding_bag take 0..n-1; a class target takes
-0..C-1 or ignore_index; max_unpool's indices 0..plane-1. Not on CUDA: reading the count costs a device sync per
-index tensor per call, and a device-side assert ends the context anyway (docs/security.md).
+0..C-1 or ignore_index; max_unpool's indices 0..plane-1. Not on CUDA, where the kernels' own asserts bound these
+(device-side asserts: they end the context, but nothing is read), and reading the count would cost a device sync
+per index tensor per call; except embedding_bag's offsets (below), which no kernel bounds there.
 
 Not for train steps (mode=training): AOTAutograd's joint trace cannot carry the data-dependent count, so a train
 step keeps the kernel asserts alone (compiler.stages.capture). Not covered (the kernel asserts still bound them,
 at the old cost): take_along_dim (eager accepts some indices below -n along a dim), one_hot, and ops whose indices
 Inductor computes itself. embedding_bag's offsets are checked (2026-11-30): each in 0..len(ids), ascending; ATen
-checks only the first and the last, and no kernel assert bounds them, so a CUDA package's offsets stay unchecked.
+checks only the first and the last, and no kernel assert bounds them. On a CUDA target too (Span.on_cuda), there as
+`_assert_async` of the device's count, which Inductor makes a Triton kernel's tl.device_assert: no sync, and a bad
+offset ends the context before the bag kernel reads (tests/gpu/test_gpu_bounds.py, run on an H200 2026-11-30).
 The message is ours, pasted into generated C++ (compiler.archive.strings' TEXT grammar: no quotes or backslash):
 op names from the table below and integer bounds, never a string from the upload.
 """
@@ -57,6 +60,7 @@ class Span:
     item: int | None = None
     allowed: int | None = None  # one more value eager accepts (a loss's ignore_index)
     ascending: bool = False  # each value also no less than the one before it (embedding_bag's offsets)
+    on_cuda: bool = False  # checked on CUDA targets too: no kernel assert bounds it there
 
 
 def _size(x: torch.Tensor, dim: int) -> Any:
@@ -121,7 +125,7 @@ def _bags(name: str, weight: torch.Tensor, indices: torch.Tensor, offsets: Any =
     yield from _rows(name, weight, indices)
     if _integer(offsets) and _integer(indices) and offsets.dim() == 1:
         yield Span(offsets, 0, indices.numel() + 1, f"the offsets of {name} (ascending, into the ids)", 2,
-                   ascending=True)
+                   ascending=True, on_cuda=True)
 
 
 def _class_target(ignore_at: int) -> Callable[..., Iterator[Span]]:
@@ -171,6 +175,8 @@ def _table() -> dict[str, Callable[..., Iterator[Span]]]:
 
 
 CHECKED = _table()
+# The ops with a span no kernel assert bounds on CUDA either (Span.on_cuda): checked on CUDA targets too.
+CHECKED_ON_CUDA = frozenset(key for key, spans in CHECKED.items() if spans is _bags)
 
 
 def _bound(v: Any) -> str:
@@ -202,8 +208,12 @@ def check_span(span: Span) -> torch.Tensor:
     if span.ascending:  # 1-D; with fewer than two values the second part is empty
         bad = torch.cat([bad[:1], bad[1:] | (i[1:] < i[:-1])])
     count = bad.sum()
-    # Read in the wrapper: the assert cannot land inside the reduction's parallel kernel.
-    torch._assert_async(torch.scalar_tensor(count.item(), dtype=torch.int64, device="cpu") == 0, message(span))
+    if i.device.type == "cpu":
+        # Read in the wrapper: the assert cannot land inside the reduction's parallel kernel.
+        torch._assert_async(torch.scalar_tensor(count.item(), dtype=torch.int64, device="cpu") == 0, message(span))
+    else:
+        # On the device, no sync: a Triton kernel's tl.device_assert (compiled with debug, as the index asserts are).
+        torch._assert_async(count == 0, message(span))
     return torch.where(count == 0, i, torch.zeros((), dtype=i.dtype, device=i.device) + span.lo)
 
 
@@ -219,13 +229,14 @@ def _positional(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
     return out, rest
 
 
-def range_checked(key: str, op: Any, then: Callable[..., Any]) -> Callable[..., Any]:
-    """`then` (the op `op`, or the rewrite compiler.bounds gives it) taking each of its index tensors checked."""
+def range_checked(key: str, op: Any, then: Callable[..., Any], cuda: bool = False) -> Callable[..., Any]:
+    """`then` (the op `op`, or the rewrite compiler.bounds gives it) taking each of its index tensors checked; for
+    a CUDA target (`cuda`), only those no kernel assert bounds there (Span.on_cuda)."""
     spans = CHECKED[key]
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         pos, rest = _positional(op, args, kwargs)
-        for span in list(spans(key, *pos, **rest)):
+        for span in [s for s in spans(key, *pos, **rest) if s.on_cuda or not cuda]:
             safe = check_span(span)
             if span.item is None:
                 pos[span.arg] = safe

@@ -229,6 +229,78 @@ def test_the_bounded_package_raises_where_eager_raises_and_the_check_records_wha
     assert rep.attach_check({"stages": {}}, check)["stages"]["package"]["check"]["adversarial"] == adv
 
 
+class FloatInputIndex(torch.nn.Module):
+    """An index that a float input becomes (`.long()`): the check varied only integer inputs until 2026-11-30, so
+    this program compiled as main did (reading wherever the float points) passed it."""
+
+    def forward(self, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._unsafe_index.Tensor(x, [f.abs().long()])
+
+
+FLOAT_SPEC = [{"name": "x", "dtype": "float32", "shape": [16, 4]}, {"name": "f", "dtype": "float32", "shape": [8]}]
+
+
+@pytest.mark.slow
+def test_a_float_input_cast_to_an_index_gets_the_adversarial_cases_an_integer_input_gets(tmp_path):
+    from compiler.compat.aoti import aoti_compile_and_package
+    from compiler.loading import load_program
+
+    path = export(FloatInputIndex(), (torch.randn(16, 4), torch.rand(8)), tmp_path / "m.pt2")
+    unbounded = aoti_compile_and_package(load_program(str(path)), str(tmp_path / "unbounded.pt2"), {})
+    with pytest.raises(CheckFailed) as info:
+        check_artifact(str(path), unbounded, FLOAT_SPEC, "cpu")
+    assert info.value.message.startswith("artifact fails the adversarial check at min shapes: input 'f' = "
+                                         "1099511627776.0 (one element of 8; 2**40): eager raises IndexError"), \
+        info.value.message
+    assert "input 'f' = 16.0 (one element of 8; dim size 16): eager raises IndexError" in info.value.excerpt
+
+    result = compile_model(str(path), FLOAT_SPEC, FLOAT_SPEC, CompileOptions(), "cpu", str(tmp_path / "b.pt2"))
+    adv = check_artifact(str(path), result["package"], FLOAT_SPEC, "cpu")["adversarial"]
+    assert adv["failures"] == [] and set(adv["inputs"]) == {"f"}
+    assert adv["inputs"]["f"] == [-2.0**40, -400000.0, -17.0, -9.0, -5.0, -1.0, 0.0, 4.0, 8.0, 16.0, 400000.0,
+                                  2.0**40]
+    # |f| indexes 16 rows: 0, 4, 8, -1 (1), -5 (5), -9 (9) agree; 16, 17 and the far values are refused
+    assert adv["outcomes"]["refused"] >= 10 and adv["outcomes"]["agreed"] >= 10, adv["outcomes"]
+
+
+class MaskedGather(torch.nn.Module):
+    """Rows of a table of 12 picked by a running count of the mask the caller sends (what CUDA lowers masked_scatter
+    to): until 2026-11-30 the check kept the uploader's random mask (10 set), so a package that reads past the
+    table at a mask of 16 set passed it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.arange(12.0))
+
+    def forward(self, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        rows = (torch.cumsum(mask.long(), 0) - 1).clamp(min=0)
+        return y + torch.ops.aten._unsafe_index.Tensor(self.table, [rows])
+
+
+MASK_SPEC = [{"name": "y", "dtype": "float32", "shape": [16]}, {"name": "mask", "dtype": "bool", "shape": [16]}]
+
+
+@pytest.mark.slow
+def test_a_bool_mask_that_indexes_is_tried_all_set_and_all_clear(tmp_path):
+    from compiler.compat.aoti import aoti_compile_and_package
+    from compiler.loading import load_program
+
+    mask = torch.zeros(16, dtype=torch.bool)
+    mask[:4] = True
+    path = export(MaskedGather(), (torch.randn(16), mask), tmp_path / "m.pt2")
+    unbounded = aoti_compile_and_package(load_program(str(path)), str(tmp_path / "unbounded.pt2"), {})
+    with pytest.raises(CheckFailed) as info:
+        check_artifact(str(path), unbounded, MASK_SPEC, "cpu")
+    assert info.value.message.startswith("artifact fails the adversarial check at min shapes: input 'mask' = True "
+                                         "(every element; set): eager raises IndexError"), info.value.message
+
+    result = compile_model(str(path), MASK_SPEC, MASK_SPEC, CompileOptions(), "cpu", str(tmp_path / "b.pt2"))
+    adv = check_artifact(str(path), result["package"], MASK_SPEC, "cpu")["adversarial"]
+    assert adv["failures"] == [] and adv["inputs"] == {"mask": [False, True]}
+    refused = [(r["value"], r["whole"]) for r in adv["results"] if r["outcome"] == "refused"]
+    assert refused == [(True, True)], adv["results"]  # 16 rows of 12; the random mask with one more set fits
+
+
 class Divergent(torch.nn.Module):
     """Ops whose compiled form diverged from eager on out-of-range input: max_unpool2d (Inductor's decomposition
     bounds an index by the batch's buffer, not by its plane), scatter_add (an ATen fallback whose error code the
@@ -315,7 +387,8 @@ def test_the_adversarial_check_passes_the_bounded_divergent_ops(divergent):
     check = check_artifact(divergent["path"], divergent["result"]["package"], DIVERGENT_SPEC, "cpu")
     adv = check["adversarial"]
     assert adv["failures"] == [] and adv["cases"] == 48  # three integer inputs, capped at MAX_CASES
-    assert set(adv["inputs"]) == {"ind", "idx", "j"}  # not the bool mask
+    assert set(adv["inputs"]) == {"ind", "idx", "j", "mask"}  # the mask since 2026-11-30: masked_scatter reads by it
+    assert adv["inputs"]["mask"] == [False, True]
     assert adv["outcomes"]["refused"] > 0 and adv["outcomes"]["agreed"] > 0
     assert set(adv["outcomes"]) <= {"refused", "agreed"}
 

@@ -23,12 +23,12 @@ def key(options: CompileOptions) -> str:
 def test_keys_of_requests_that_do_not_set_allow_nonfinite_do_not_depend_on_it():
     assert "allow_nonfinite" not in CompileOptions().canonical()
     assert key(CompileOptions(allow_nonfinite=False)) == key(CompileOptions())
-    # Pinned at key format 4 (weights), BOUNDS_REVISION 3 (CPU index range checks, compiler.ranges) and
+    # Pinned at key format 4 (weights), BOUNDS_REVISION 4 (the index-op review, the check's float cases) and
     # WEIGHTS_REVISION 3 (0-d literals inlined, and weights only dead code reads, out of the blob), so that a change
     # to what a key covers is a decision, not an accident.
-    assert key(CompileOptions()) == "c83ba254e5e9a5fa5e9177974816a462"
+    assert key(CompileOptions()) == "6534166d80048da87fdc8c3fdbc11971"
     tuned = CompileOptions(mode="max-autotune", precision="bf16", freezing=True, inductor={"max_fusion_size": 32})
-    assert key(tuned) == "7a9b3ab75b5c5e00ecfe85b9854f09a0"
+    assert key(tuned) == "ca88aa695c07754adfc5695a031837e9"
 
 
 def test_allow_nonfinite_changes_the_key_and_round_trips_through_the_canonical_form():

@@ -269,6 +269,30 @@ def test_embedding_bag_offsets_are_checked_ascending_into_the_ids_on_a_cpu():
             bounded(torch.tensor([x]), torch.tensor(offsets))
 
 
+def test_a_cuda_target_checks_only_the_embedding_bag_offsets_no_kernel_assert_bounds():
+    """On CUDA the kernels' own asserts bound ids and indices (a device-side assert), so only embedding_bag's
+    offsets, which nothing bounds there, get the check (a tl.device_assert on the device; run here on a CPU copy,
+    its host form)."""
+    w = torch.randn(10, 3)
+
+    def f(ids: torch.Tensor, offsets: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.nn.functional.embedding_bag(ids, w, offsets, mode="sum"), torch.gather(w, 0, i)
+
+    args = (torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2, 3]), torch.zeros(2, 3, dtype=torch.long))
+    on_cpu, on_cuda = exported(f, *args), exported(f, *args)
+    assert set(bound_program(on_cpu, device="cpu").facts()["range_checked"]["ops"]) == {
+        "aten.embedding_bag.padding_idx", "aten.gather.default"}
+    assert bound_program(on_cuda, device="cuda:0").facts()["range_checked"]["ops"] == {
+        "aten.embedding_bag.padding_idx": 1}
+    bounded = on_cuda.module()
+    assert torch.equal(bounded(*args)[0], f(*args)[0])
+    with pytest.raises(RuntimeError, match=r"offsets of aten.embedding_bag.padding_idx \(ascending, into the ids\)"):
+        bounded(args[0], torch.tensor([0, 3, 2]), args[2])
+    with pytest.raises((IndexError, RuntimeError)) as raised:  # the ids: the kernel's own check, not ours
+        bounded(torch.tensor([1, 2, 3, 40]), args[1], args[2])
+    assert "checked before the kernel" not in str(raised.value)
+
+
 def test_programs_without_unsafe_ops_are_left_alone():
     ep = exported(lambda x, i: torch.nn.functional.embedding(i, x) + torch.nn.functional.interpolate(
         x[None, None], scale_factor=2)[0, 0, :4, :4].sum(), torch.randn(16, 4), torch.zeros(4, dtype=torch.long))

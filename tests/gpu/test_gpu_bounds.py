@@ -34,6 +34,26 @@ class Divergent(torch.nn.Module):
                 y.masked_scatter(mask, src))
 
 
+def _from_float(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(x > 1000, x, torch.zeros_like(x)).long()
+
+
+class Bags(torch.nn.Module):
+    """embedding_bag over offsets a float input can move: zero at every value the check draws, so the check's own
+    cases never move them (as in tests/compiler/test_trusted_values.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(10, 3))
+        self.register_buffer("ids", torch.tensor([1, 2, 3, 4]))
+        self.register_buffer("offsets", torch.tensor([0, 2, 3]))
+        self.register_buffer("second", torch.tensor([0, 1, 0]))
+
+    def forward(self, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        offsets = self.offsets - _from_float(b) * self.second + _from_float(c) * self.second
+        return torch.nn.functional.embedding_bag(self.ids, self.w, offsets, mode="sum")
+
+
 def _pull(client, key: str, package: Path) -> Path:
     """The artifact and, beside it, the weights blob its weightless package binds at load (none bound: it refuses
     to run)."""
@@ -109,3 +129,22 @@ def test_masked_scatter_scatter_add_and_max_unpool_on_cuda_refuse_what_eager_ref
     # -1 and 64 (an 8x8 plane) fall in the other plane of the batch's buffer; a mask of 16 ones finds 12 sources.
     for poison in ("ind[0, 0, 0, 0] = -1", "ind[0, 1, 0, 0] = 64", "idx[1] = 16", "idx[1] = -400000", "m[:] = True"):
         _refuses(package, setup + poison + "; fn(x, ind, y, m, src, idx)")
+
+
+def test_embedding_bag_offsets_on_cuda_meet_a_device_assert_before_the_kernel(gpu_compile, client, tmp_path):
+    """ATen bounds neither the ids' bags nor the offsets between the first and the last, and no kernel assert
+    does on CUDA: the offsets are checked on the device (compiler.ranges, Span.on_cuda) before the kernel reads."""
+    path = export(Bags().cuda(), (torch.zeros(1, device="cuda"), torch.zeros(1, device="cuda")), tmp_path / "bag.pt2")
+    art = gpu_compile(path, {"b": [1], "c": [1]}, timeout=1200)
+    assert art.meta["check"]["adversarial"]["failures"] == []
+    checked = client.report(art.key)["stages"]["capture"]["bounds"]["range_checked"]
+    assert checked["ops"] == {"aten.embedding_bag.padding_idx": 1}, checked
+    package = _pull(client, art.key, tmp_path / "bag-cuda.pt2")
+    z = "z = torch.zeros(1, device='cuda'); big = torch.tensor([5e6], device='cuda'); "
+    ok = _run(package, z + "out = fn(z, z); print(out.shape)")
+    assert "RETURNED" in ok.stdout and "torch.Size([3, 3])" in ok.stdout, ok.stderr[-2000:]
+    for hostile in ("fn(big, z)", "fn(z, big)"):  # a middle offset below 0, then one past the ids and the last
+        done = _run(package, z + hostile)
+        assert "RETURNED" not in done.stdout, f"the package returned for {hostile}"
+        assert "device-side assert" in done.stderr and "offsets of aten.embedding_bag" in done.stderr, \
+            done.stderr[-3000:]
