@@ -1,5 +1,6 @@
-"""Do the upload checks take every real model? Export each model of zoo.py on the CPU (bf16, random weights, batch 1)
-and run only what the API runs on an upload (compiler.archive.inspect_archive): no GPU, no service, no compile.
+"""Do the upload checks take every real model? Export each model of zoo.py on the CPU (or `--device`; bf16, random
+weights, batch 1) and run only what the API runs on an upload (compiler.archive.inspect_archive): no service, no
+compile.
 
 The first wider GPU run found three real models refused at upload as hostile (HF Llama and Qwen2: the positional
 arguments of the grad-mode regions export keeps are named ''; torchvision's RegNet: 'block4-1'). This finds that
@@ -9,7 +10,8 @@ With --load it also runs what the worker runs before a compile (compiler.loading
 again, torch.export.load under the guard, and the walk of the loaded graph that holds every callable to the operator
 list), still no compile.
 
-    python bench/upload_sweep.py [--models resnet50,hf_gpt2] [--load] --out bench/results/upload-sweep.json
+    python bench/upload_sweep.py [--models resnet50,hf_gpt2] [--load] [--device cuda] \
+        --out bench/results/upload-sweep.json
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="", help="comma-separated (default: all of zoo.py)")
     ap.add_argument("--load", action="store_true", help="also load each program as the worker does (load_program)")
+    ap.add_argument("--device", default="cpu", help="export on this device (cuda: what a GPU user uploads, whose "
+                    "attention, for one, can trace to other kernels)")
     ap.add_argument("--out", default="bench/results/upload-sweep.json")
     a = ap.parse_args()
 
@@ -73,15 +77,15 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save(rows: list[dict[str, Any]], summary: dict[str, Any] | None = None) -> None:
-        out.write_text(json.dumps({"torch": torch.__version__, "load": a.load, "summary": summary, "rows": rows},
-                                  indent=1))
+        out.write_text(json.dumps({"torch": torch.__version__, "device": a.device, "load": a.load,
+                                   "summary": summary, "rows": rows}, indent=1))
 
     with tempfile.TemporaryDirectory() as d:
         for name in names:
             row: dict[str, Any] = {"model": name, "family": MODELS[name].family}
             try:
                 t0 = time.perf_counter()
-                model, inputs = build(name, device="cpu", batch=1)
+                model, inputs = build(name, device=a.device, batch=1)
                 row["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 1)
                 ep = torch.export.export(model, inputs)
                 path = Path(d) / f"{name}.pt2"
