@@ -16,10 +16,13 @@
     const xs = boxes.map((_, i) => i);
     const lo = Math.min(...boxes.map((b) => b.min || b.median));
     const hi = Math.max(...boxes.map((b) => b.max || b.median));
+    // A log scale's range on whole decades: uPlot's log splits threw "Invalid array length" on some other ranges
+    // (one box from 0.0156 to 0.276 ms, say), and the plot was not drawn (tests/ui/test_console_plot_ranges.py).
+    const decade = (v, round) => 10 ** round(Math.log10(v));
     const label = (i) => (boxes[i] ? boxes[i].point + " · " + boxes[i].figure : "");
     const opts = {
       width: el.clientWidth, height: 280,
-      scales: { x: { time: false, range: [-0.6, boxes.length - 0.4] }, y: { distr: 3, range: [lo / 1.6, hi * 1.6] } },
+      scales: { x: { time: false, range: [-0.6, boxes.length - 0.4] }, y: { distr: 3, range: [decade(lo / 1.6, Math.floor), decade(hi * 1.6, Math.ceil)] } },
       axes: [
         { splits: () => xs, values: (u, splits) => splits.map(label), grid: { show: false }, size: 40 },
         { label: "ms (log)", values: (u, splits) => splits.map(fmt), size: 56 },
