@@ -172,3 +172,35 @@ def test_autotune_tunes_a_train_step_keeps_its_matmuls_off_cpp_and_keeps_old_key
         CompileOptions(mode="training", autotune=True, inductor={"max_autotune_gemm_backends": "ATEN,CPP"})
     with pytest.raises(ValidationError):
         CompileOptions(mode="training", autotune="true")
+
+
+def rules_fingerprint() -> str:
+    """What BOUNDS_REVISION stands for, as data: the refusals, the rewrites (with and without negative ids moved),
+    the range checks (CPU and CUDA), the forced Inductor configs and what the adversarial check tries. Comments and
+    refactors leave it alone; a change to what a compile does or what its check tries moves it."""
+    import hashlib
+    import json
+
+    import torch
+
+    from compiler import adversarial, bounds, inputs, ranges
+
+    facts = {
+        "refused": sorted(bounds.REFUSED),
+        "rules": {str(neg): {k: r.becomes for k, r in sorted(bounds._rules(neg).items())} for neg in (False, True)},
+        "checked": sorted(ranges.CHECKED), "checked_on_cuda": sorted(ranges.CHECKED_ON_CUDA),
+        "forced": FORCED_INDUCTOR_CONFIGS,
+        "casts": sorted(inputs.CASTS), "sym_casts": sorted(inputs.SYM_CASTS), "mask_ops": sorted(inputs.MASK_OPS),
+        "int_values": inputs.adversarial_values(torch.int64, (0, 5), [16, 4]),
+        "float_values": inputs.adversarial_floats(torch.float32, [16, 4]), "mask_values": inputs.MASK_VALUES,
+        "max_cases": adversarial.MAX_CASES,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def test_bounds_revision_moves_with_the_rules_it_stands_for():
+    """484940f changed the rewrites and refusals without bumping BOUNDS_REVISION, so a cached artifact built under
+    the old rules was still served under the same key. A change to the rules now fails here until the revision is
+    bumped and the fingerprint pinned again with it."""
+    assert (cachekey.BOUNDS_REVISION, rules_fingerprint()) == (4, "6310f57e69318392"), \
+        "the bounds rules changed: bump BOUNDS_REVISION (compiler/options.py) and pin the new fingerprint with it"
