@@ -168,12 +168,12 @@ def _casts_from(kind: Callable[[Any], bool]) -> Callable[[torch.fx.Node, set[tor
     return sink
 
 
-def _float_cast(node: torch.fx.Node, seen: set[torch.fx.Node]) -> bool:
-    return _casts_from(_float_value)(node, seen)
+_float_cast = _casts_from(_float_value)
+_bool_cast = _casts_from(_bool_value)
 
 
 def _mask_use(node: torch.fx.Node, seen: set[torch.fx.Node]) -> bool:
-    return _op_name(node.target) in MASK_OPS or _casts_from(_bool_value)(node, seen)
+    return _op_name(node.target) in MASK_OPS or _bool_cast(node, seen)
 
 
 def _reaches(gm: torch.fx.GraphModule, tainted: set[torch.fx.Node],

@@ -79,8 +79,8 @@ FORCED_INDUCTOR_CONFIGS: dict[str, Any] = {"assert_indirect_indexing": True, "de
 # Bump when what compiler.bounds rewrites or refuses, or how compiler.compat.shims patches codegen, changes: it is a
 # cache-key factor, so artifacts built under the old rules are compiled again rather than served. 4 (2026-11-30): the
 # review of index ops (new refusals, select's and segment_reduce's rewrites, embedding_bag's offsets, on CUDA too)
-# and the check's float cases; 484940f changed the rewrites without the bump, so a cached artifact built before it
-# was still served.
+# and the check's float and mask cases; 484940f changed the rewrites without the bump, so a cached artifact built
+# before it was still served. tests/compiler/test_options.py pins it with a fingerprint of these rules.
 BOUNDS_REVISION = 4
 
 # How a package holds its weights (a cache-key factor: compiler.cachekey `weights`). "external": built without them
