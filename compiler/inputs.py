@@ -159,54 +159,53 @@ def _op_name(target: Any) -> str:
     return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", "")
 
 
-def _casts_from(kind: Callable[[Any], bool]) -> Callable[[torch.fx.Node, set[torch.fx.Node]], bool]:
-    """A sink: a cast to an integer of a `kind` value computed from the input."""
-    def sink(node: torch.fx.Node, seen: set[torch.fx.Node]) -> bool:
-        name = _op_name(node.target)
-        return (name in CASTS or name in SYM_CASTS) and _integer_value(node.meta.get("val")) \
-            and any(kind(i.meta.get("val")) for i in node.all_input_nodes if i in seen)
-    return sink
+def _operands(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The operands through which `node` turns values into indices, counts or sizes: a cast to an integer's float or
+    bool operand; a mask op's bool operands (MASK_OPS); none for any other node."""
+    name = _op_name(node.target)
+    if (name in CASTS or name in SYM_CASTS) and _integer_value(node.meta.get("val")):
+        return [i for i in node.all_input_nodes if _float_value(i.meta.get("val")) or _bool_value(i.meta.get("val"))]
+    if name in MASK_OPS:
+        return [i for i in node.all_input_nodes if _bool_value(i.meta.get("val"))]
+    return []
 
 
-_float_cast = _casts_from(_float_value)
-_bool_cast = _casts_from(_bool_value)
-
-
-def _mask_use(node: torch.fx.Node, seen: set[torch.fx.Node]) -> bool:
-    return _op_name(node.target) in MASK_OPS or _bool_cast(node, seen)
-
-
-def _reaches(gm: torch.fx.GraphModule, tainted: set[torch.fx.Node],
-             sink: Callable[[torch.fx.Node, set[torch.fx.Node]], bool]) -> bool:
-    """Whether a value from `tainted`, or one computed from it, reaches a node `sink` accepts; through higher-order
-    ops' subgraphs, whose placeholders all count as tainted where a tainted value enters them."""
-    seen = set(tainted)
-    for node in gm.graph.nodes:  # topological order
-        if node.op != "call_function" or not any(i in seen for i in node.all_input_nodes):
+def _index_sources(gm: torch.fx.GraphModule, memo: dict[int, set[torch.fx.Node]]) -> set[torch.fx.Node]:
+    """The placeholders of `gm` whose values reach an operand `_operands` names, walking back from those operands
+    once (linear in the graph, however many inputs it has). A higher-order op whose subgraph has such a placeholder
+    counts as reaching one through all its operands. `memo`: each subgraph's answer, by id."""
+    if id(gm) in memo:
+        return memo[id(gm)]
+    todo: list[torch.fx.Node] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
             continue
-        seen.add(node)
         if isinstance(node.target, torch._ops.HigherOrderOperator):
-            for arg in node.all_input_nodes:
-                sub = getattr(gm, str(arg.target), None) if arg.op == "get_attr" else None
-                if isinstance(sub, torch.fx.GraphModule) and _reaches(
-                        sub, {n for n in sub.graph.nodes if n.op == "placeholder"}, sink):
-                    return True
-        elif sink(node, seen):
-            return True
-    return False
+            subs = [getattr(gm, str(a.target), None) for a in node.all_input_nodes if a.op == "get_attr"]
+            if any(isinstance(sub, torch.fx.GraphModule) and _index_sources(sub, memo) for sub in subs):
+                todo += node.all_input_nodes
+        else:
+            todo += _operands(node)
+    seen: set[torch.fx.Node] = set()
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo += node.all_input_nodes
+    memo[id(gm)] = found = {n for n in seen if n.op == "placeholder"}
+    return found
 
 
-def _inputs_reaching(ep: torch.export.ExportedProgram, spec: Spec, dtype_ok: Callable[[torch.dtype], bool],
-                     sink: Callable[[torch.fx.Node, set[torch.fx.Node]], bool]) -> list[int]:
+def _inputs_reaching(ep: torch.export.ExportedProgram, spec: Spec, dtype_ok: Callable[[torch.dtype], bool]) \
+        -> list[int]:
+    """Positions (in `spec`, the user inputs' order) of the inputs of a `dtype_ok` dtype that `_index_sources`
+    finds."""
     names = list(ep.graph_signature.user_inputs)
-    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    reached = {n.name for n in _index_sources(ep.graph_module, {})}
     out = []
     for k, inp in enumerate(spec):
         dtype = getattr(torch, inp["dtype"], None)
-        if not (isinstance(dtype, torch.dtype) and dtype_ok(dtype)) or k >= len(names) \
-                or names[k] not in placeholders:
-            continue
-        if _reaches(ep.graph_module, {placeholders[names[k]]}, sink):
+        if isinstance(dtype, torch.dtype) and dtype_ok(dtype) and k < len(names) and names[k] in reached:
             out.append(k)
     return out
 
@@ -214,13 +213,13 @@ def _inputs_reaching(ep: torch.export.ExportedProgram, spec: Spec, dtype_ok: Cal
 def index_floats(ep: torch.export.ExportedProgram, spec: Spec) -> list[int]:
     """Positions of the float inputs (in `spec`, the user inputs' order) whose values the program casts to an
     integer: the check tries them with the values an attacker would send (`adversarial_floats`)."""
-    return _inputs_reaching(ep, spec, lambda d: d.is_floating_point, _float_cast)
+    return _inputs_reaching(ep, spec, lambda d: d.is_floating_point)
 
 
 def index_masks(ep: torch.export.ExportedProgram, spec: Spec) -> list[int]:
     """Positions of the bool inputs whose values reach an op that indexes by a mask (MASK_OPS) or a cast to an
     integer: the check tries them all set and all clear."""
-    return _inputs_reaching(ep, spec, lambda d: d == torch.bool, _mask_use)
+    return _inputs_reaching(ep, spec, lambda d: d == torch.bool)
 
 
 def dim_sizes(ep: torch.export.ExportedProgram, shapes: list[list[int]]) -> list[int]:
