@@ -68,7 +68,9 @@ def main() -> int:
     stub_torchvision_ops()
     from bench.zoo import MODELS, build
     from compiler.archive.inspect import inspect_archive
+    from compiler.compat import pytree
     from compiler.errors import AotcError, CompileError
+    from compiler.inputs import index_floats, index_masks
     from compiler.loading import load_program
 
     names = a.models.split(",") if a.models else list(MODELS)
@@ -95,6 +97,15 @@ def main() -> int:
                                if isinstance(gm, torch.fx.GraphModule) for n in gm.graph.nodes
                                if n.op == "call_function" and "higher_order" in getattr(n.target, "__module__", "")})
                 row["higher_order_ops"] = hops
+                # What the check's adversarial half varies besides integer inputs (compiler.inputs): float inputs cast
+                # to an integer, bool masks the program indexes by.
+                flat, _ = pytree.tree_flatten(ep.example_inputs)
+                spec = [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+                        for n, t in zip(ep.graph_signature.user_inputs, flat, strict=False)]
+                t_walk = time.perf_counter()
+                row["check_floats"] = [spec[k]["name"] for k in index_floats(ep, spec)]
+                row["check_masks"] = [spec[k]["name"] for k in index_masks(ep, spec)]
+                row["walk_s"] = round(time.perf_counter() - t_walk, 4)
                 t1 = time.perf_counter()
                 inspected = inspect_archive(str(path))
                 row.update(accepted=True, inspect_s=round(time.perf_counter() - t1, 3),
@@ -118,7 +129,8 @@ def main() -> int:
                   + (f"  {row.get('refusal') or row.get('error')}"[:300] if not row["accepted"] else ""), flush=True)
     summary = {"models": len(rows), "accepted": sum(r["accepted"] is True for r in rows),
                "refused": [r["model"] for r in rows if r["accepted"] is False],
-               "not_exported": [r["model"] for r in rows if r["accepted"] is None]}
+               "not_exported": [r["model"] for r in rows if r["accepted"] is None],
+               "check_floats_or_masks": [r["model"] for r in rows if r.get("check_floats") or r.get("check_masks")]}
     print(json.dumps(summary))
     save(rows, summary)
     return 1 if summary["refused"] else 0
