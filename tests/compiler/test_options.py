@@ -23,7 +23,7 @@ def key(options: CompileOptions) -> str:
 def test_keys_of_requests_that_do_not_set_allow_nonfinite_do_not_depend_on_it():
     assert "allow_nonfinite" not in CompileOptions().canonical()
     assert key(CompileOptions(allow_nonfinite=False)) == key(CompileOptions())
-    # Pinned at key format 4 (weights), BOUNDS_REVISION 4 (the index-op review, the check's float cases) and
+    # Pinned at key format 4 (weights), BOUNDS_REVISION 4 (the index-op review, the check's float and mask cases) and
     # WEIGHTS_REVISION 3 (0-d literals inlined, and weights only dead code reads, out of the blob), so that a change
     # to what a key covers is a decision, not an accident.
     assert key(CompileOptions()) == "6534166d80048da87fdc8c3fdbc11971"
