@@ -68,9 +68,8 @@ def main() -> int:
     stub_torchvision_ops()
     from bench.zoo import MODELS, build
     from compiler.archive.inspect import inspect_archive
-    from compiler.compat import pytree
     from compiler.errors import AotcError, CompileError
-    from compiler.inputs import index_floats, index_masks
+    from compiler.inputs import index_inputs
     from compiler.loading import load_program
 
     names = a.models.split(",") if a.models else list(MODELS)
@@ -97,19 +96,17 @@ def main() -> int:
                                if isinstance(gm, torch.fx.GraphModule) for n in gm.graph.nodes
                                if n.op == "call_function" and "higher_order" in getattr(n.target, "__module__", "")})
                 row["higher_order_ops"] = hops
-                # What the check's adversarial half varies besides integer inputs (compiler.inputs): float inputs cast
-                # to an integer, bool masks the program indexes by.
-                flat, _ = pytree.tree_flatten(ep.example_inputs)
-                spec = [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
-                        for n, t in zip(ep.graph_signature.user_inputs, flat, strict=False)]
-                t_walk = time.perf_counter()
-                row["check_floats"] = [spec[k]["name"] for k in index_floats(ep, spec)]
-                row["check_masks"] = [spec[k]["name"] for k in index_masks(ep, spec)]
-                row["walk_s"] = round(time.perf_counter() - t_walk, 4)
                 t1 = time.perf_counter()
                 inspected = inspect_archive(str(path))
                 row.update(accepted=True, inspect_s=round(time.perf_counter() - t1, 3),
                            inputs=[i["name"] for i in inspected["inputs"]])
+                # What the check's adversarial half varies besides integer inputs (compiler.inputs): float inputs cast
+                # to an integer, bool masks the program indexes by; the upload's own inputs as the spec.
+                t_walk = time.perf_counter()
+                floats, masks = index_inputs(ep, inspected["inputs"])
+                row.update(check_floats=[inspected["inputs"][k]["name"] for k in floats],
+                           check_masks=[inspected["inputs"][k]["name"] for k in masks],
+                           walk_s=round(time.perf_counter() - t_walk, 4))
                 if a.load:
                     t2 = time.perf_counter()
                     load_program(str(path))

@@ -1,15 +1,15 @@
 """The artifact check's adversarial half: what an attacker would feed the package, run where a crash costs nothing.
 
-For every integer input, every float input the program casts to an integer (compiler.inputs.index_floats) and every
-bool input it indexes by (index_masks), the check tries boundaries and out-of-range values, or a mask all set and
-all clear (compiler.inputs.adversarial_cases), at the smallest shape point, whatever the uploader's samples held.
-Each case must end the same way in eager and in the package: if eager raises, the package must not return (it
-raises, or the process it runs in dies: Inductor's index asserts throw from inside an OpenMP region on a CPU, which
-ends the process, and are device-side asserts on CUDA, which end the context); if eager returns, the package must
-return the same values (non-finite values in the same places are accepted here, and, where a value such as int64's
-largest drives the computation to the edge of its dtype's range, a disagreement on where it overflows:
-BEYOND_RANGE). A package that faults (SIGSEGV or SIGBUS; an illegal memory access on CUDA) has read or written out
-of bounds, and fails whatever eager did.
+For every integer input, every float input the program casts to an integer and every bool input it indexes by
+(compiler.inputs.index_inputs), the check tries boundaries and out-of-range values, or a mask all set and all clear
+(compiler.inputs.adversarial_cases), at the smallest shape point, whatever the uploader's samples held. Each case
+must end the same way in eager and in the package: if eager raises, the package must not return (it raises, or the
+process it runs in dies: Inductor's index asserts throw from inside an OpenMP region on a CPU, which ends the
+process, and are device-side asserts on CUDA, which end the context); if eager returns, the package must return the
+same values (non-finite values in the same places are accepted here, and, where a value such as int64's largest
+drives the computation to the edge of its dtype's range, a disagreement on where it overflows: BEYOND_RANGE). A
+package that faults (SIGSEGV or SIGBUS; an illegal memory access on CUDA) has read or written out of bounds, and
+fails whatever eager did.
 
 Where it runs. The package never runs in the check's own process for these cases: each run happens in a probe
 child, which writes one line per case as it goes. Probes are forked from a zygote that has imported torch (Zygote),
@@ -544,7 +544,7 @@ def cases_at(ep: torch.export.ExportedProgram, spec: inputs_mod.Spec, shapes: li
     """The adversarial cases at one shape point, as the check tries them, and the program's dim sizes there (the
     values they draw on)."""
     sizes = inputs_mod.dim_sizes(ep, shapes)
-    floats, masks = inputs_mod.index_floats(ep, spec), inputs_mod.index_masks(ep, spec)
+    floats, masks = inputs_mod.index_inputs(ep, spec)
     return inputs_mod.adversarial_cases(spec, shapes, ranges, sizes, MAX_CASES, floats, masks), sizes
 
 

@@ -1,10 +1,9 @@
 """Inputs of requested shapes: example inputs for re-export, random inputs for the artifact check, and the
 adversarial inputs the check also tries (`adversarial_cases`): the integer inputs, the float inputs whose values
-the program casts to an integer (`index_floats`), and the bool inputs it indexes by (`index_masks`)."""
+the program casts to an integer, and the bool inputs it indexes by (`index_inputs`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,30 +195,23 @@ def _index_sources(gm: torch.fx.GraphModule, memo: dict[int, set[torch.fx.Node]]
     return found
 
 
-def _inputs_reaching(ep: torch.export.ExportedProgram, spec: Spec, dtype_ok: Callable[[torch.dtype], bool]) \
-        -> list[int]:
-    """Positions (in `spec`, the user inputs' order) of the inputs of a `dtype_ok` dtype that `_index_sources`
-    finds."""
+def index_inputs(ep: torch.export.ExportedProgram, spec: Spec) -> tuple[list[int], list[int]]:
+    """(floats, masks): the positions (in `spec`, the user inputs' order) of the float inputs whose values the
+    program casts to an integer, and of the bool inputs whose values reach an op that indexes by a mask (MASK_OPS)
+    or a cast; from one walk (`_index_sources`). The check tries the floats with the values an attacker would send
+    (`adversarial_floats`), the masks all set and all clear."""
     names = list(ep.graph_signature.user_inputs)
     reached = {n.name for n in _index_sources(ep.graph_module, {})}
-    out = []
+    floats: list[int] = []
+    masks: list[int] = []
     for k, inp in enumerate(spec):
         dtype = getattr(torch, inp["dtype"], None)
-        if isinstance(dtype, torch.dtype) and dtype_ok(dtype) and k < len(names) and names[k] in reached:
-            out.append(k)
-    return out
-
-
-def index_floats(ep: torch.export.ExportedProgram, spec: Spec) -> list[int]:
-    """Positions of the float inputs (in `spec`, the user inputs' order) whose values the program casts to an
-    integer: the check tries them with the values an attacker would send (`adversarial_floats`)."""
-    return _inputs_reaching(ep, spec, lambda d: d.is_floating_point)
-
-
-def index_masks(ep: torch.export.ExportedProgram, spec: Spec) -> list[int]:
-    """Positions of the bool inputs whose values reach an op that indexes by a mask (MASK_OPS) or a cast to an
-    integer: the check tries them all set and all clear."""
-    return _inputs_reaching(ep, spec, lambda d: d == torch.bool)
+        if isinstance(dtype, torch.dtype) and k < len(names) and names[k] in reached:
+            if dtype.is_floating_point:
+                floats.append(k)
+            elif dtype == torch.bool:
+                masks.append(k)
+    return floats, masks
 
 
 def dim_sizes(ep: torch.export.ExportedProgram, shapes: list[list[int]]) -> list[int]:
@@ -290,8 +282,8 @@ MASK_VALUES: list[tuple[bool, str]] = [(True, "set"), (False, "clear")]
 
 def adversarial_cases(spec: Spec, shapes: list[list[int]], ranges: list[tuple[int, int] | None], sizes: list[int],
                       limit: int, floats: list[int] | None = None, masks: list[int] | None = None) -> list[Poison]:
-    """At most `limit` cases over the integer inputs, the float inputs `floats` (index_floats) and the bool inputs
-    `masks` (index_masks), taken in turn from each input's values (most dangerous first), each value as one element
+    """At most `limit` cases over the integer inputs, the float inputs `floats` and the bool inputs `masks`
+    (index_inputs), taken in turn from each input's values (most dangerous first), each value as one element
     and as the whole tensor (once for a tensor of one element)."""
     per_input: list[list[Poison]] = []
     for k in sorted({*integer_inputs(spec), *(floats or []), *(masks or [])}):
