@@ -41,6 +41,11 @@ from compiler.shapes import DTYPE_BYTES
 
 UNBOUNDED = 2**62  # torch writes int_oo as null; older writers used sys.maxsize-like sentinels
 
+# How torch's serializer writes a float that JSON cannot hold (serialize.py's _dataclass_to_dict): a masked_fill with
+# -inf, in every nn.TransformerEncoder given a padding mask, is {"as_float": "-Infinity"}. Any other string in a
+# float's place is refused.
+NONFINITE = frozenset({"Infinity", "-Infinity", "NaN"})
+
 # torch/_export/serde/schema.py ScalarType -> torch dtype name without "torch.".
 SCALAR_TYPES: dict[int, str] = {
     1: "uint8",
@@ -168,7 +173,7 @@ class _Walk:
             if kind == "enum" and v not in ENUMS[t.arg]:
                 raise self._refuse(path, at, f"is {v}, which is no {t.arg} torch writes")
         elif kind == "float":
-            if type(v) not in (int, float):
+            if type(v) not in (int, float) and v not in NONFINITE:
                 raise self._refuse(path, at, f"is a {_json_type(v)}; the export schema has {t.text} there")
         elif type(v) is not bool:  # bool
             raise self._refuse(path, at, f"is a {_json_type(v)}; the export schema has {t.text} there")

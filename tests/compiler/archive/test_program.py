@@ -37,3 +37,47 @@ def test_scalar_type_table_matches_torch() -> None:
     for st, dt in _SERIALIZE_TO_TORCH_DTYPE.items():
         if st != ScalarType.UNKNOWN:
             assert SCALAR_TYPES[int(st)] == str(dt).removeprefix("torch."), st
+
+
+class NonFinite(torch.nn.Module):
+    """Floats JSON cannot hold, as torch writes them: the -inf of nn.TransformerEncoder's padding mask, a NaN fill."""
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        scores = x.masked_fill(pad, float("-inf")).softmax(-1)
+        return scores + torch.full_like(x, float("nan")).nan_to_num(0.0) + x.clamp(max=float("inf"))
+
+
+def test_non_finite_floats_as_torch_writes_them_are_accepted_and_others_refused(tmp_path):
+    """Until 2026-11-30 the door refused every program with a float argument of inf or NaN, which torch writes as the
+    strings "Infinity", "-Infinity" and "NaN": nn.TransformerEncoder with a padding mask among them."""
+    from archives import edit_json, nodes
+    from compiler.errors import UnsafeArchive
+    from compiler.loading import load_program
+
+    x, pad = torch.randn(2, 4), torch.tensor([[False, False, True, True]] * 2)
+    ep = torch.export.export(NonFinite(), (x, pad))
+    path = tmp_path / "m.pt2"
+    torch.export.save(ep, str(path))
+    written = [a["arg"]["as_float"] for n in nodes(_model_json(path)) for a in n["inputs"]
+               if isinstance(a.get("arg"), dict) and isinstance(a["arg"].get("as_float"), str)]
+    assert sorted(written) == ["-Infinity", "Infinity", "NaN"], written
+    assert [i["name"] for i in inspect_archive(str(path))["inputs"]] == ["x", "pad"]
+    torch.testing.assert_close(load_program(str(path)).module()(x, pad), NonFinite()(x, pad))
+
+    def spelled(doc: dict, how: str) -> dict:
+        for n in nodes(doc):
+            for a in n["inputs"]:
+                if isinstance(a.get("arg"), dict) and a["arg"].get("as_float") == "-Infinity":
+                    a["arg"]["as_float"] = how
+        return doc
+
+    for how in ("-inf", "1e999", "__import__('os')", ""):  # not what torch writes: refused, whatever it would parse to
+        bad = edit_json(path, tmp_path / "bad.pt2", "models/model.json", lambda d, how=how: spelled(d, how))
+        with pytest.raises(UnsafeArchive, match="is a string; the export schema has float there"):
+            inspect_archive(str(bad))
+
+
+def _model_json(path) -> dict:
+    from archives import read_json
+
+    return read_json(path, "models/model.json")
