@@ -41,9 +41,11 @@ import os
 import re
 import select
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -271,12 +273,21 @@ class Zygote:
     its stdin ends it. Where it cannot start or dies, `run_probes` starts each probe as a process of its own."""
 
     def __init__(self, log_path: Path) -> None:
+        """Starts it; its import of torch goes on while the caller does other work, until `ready` is first asked."""
         self.log = open(log_path, "wb")  # noqa: SIM115 - closed in close()
         self.pending = b""
+        self.closed = False
         self.proc = subprocess.Popen([sys.executable, "-P", "-m", "compiler.adversarial", "--zygote"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      start_new_session=True)
-        self.ready = self._line(ZYGOTE_START_S) == {"ready": True}
+        self._ready: bool | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether it said it is ready (within ZYGOTE_START_S of the first time this is asked) and is not closed."""
+        if self._ready is None:
+            self._ready = self._line(ZYGOTE_START_S) == {"ready": True}
+        return self._ready and not self.closed
 
     def _line(self, timeout: float) -> dict[str, Any] | None:
         """The zygote's next answer, or None if none comes in `timeout` (or it has ended). Read from the pipe's
@@ -316,11 +327,39 @@ class Zygote:
         return True, int(ended["rc"])
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         with contextlib.suppress(OSError):
             if self.proc.stdin:
                 self.proc.stdin.close()
         _wait_or_kill(self.proc, 5.0)
         self.log.close()
+
+
+class Prestarted:
+    """Zygotes started when a check begins, one for each lane it may run (CUDA_LANES on CUDA): their import of torch
+    (4.6 s on a GPU host) then runs beside the check's eager and plain runs, not before its first probe. Started
+    only where the spec has an integer or bool input, so a check with no adversarial cases (an image model's) does
+    not pay for them; a float input cast to an index still gets its zygotes when its probes need them. `take` hands
+    them to `check_adversarial`, which closes them; `close` ends those never taken."""
+
+    def __init__(self, device: str, spec: inputs_mod.Spec) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="aotc-zygotes-")
+        wanted = bool(inputs_mod.integer_inputs(spec)) or any(i["dtype"] == "bool" for i in spec)
+        n = (CUDA_LANES if device.startswith("cuda") else CPU_LANES) if ZYGOTE and wanted else 0
+        self._all = [Zygote(Path(self._dir.name) / f"zygote-{i}.log") for i in range(n)]
+        self.zygotes = list(self._all)
+
+    def take(self) -> list[Zygote]:
+        taken, self.zygotes = self.zygotes, []
+        return taken
+
+    def close(self) -> None:
+        """Ends every zygote it started (those taken too, where the check ended before closing them)."""
+        for z in self._all:
+            z.close()
+        self._dir.cleanup()
 
 
 def _wait_or_kill(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
@@ -341,20 +380,26 @@ def _exec_probe(cmd: list[str], log_path: Path) -> int | None:
 
 
 def run_probes(model_path: str, package_path: str, device: str, cases: list[dict[str, Any]], tolerance: float,
-               workdir: Path, autocast: str = "none", budget: float | None = None,
+               workdir: Path, autocast: str = "none", budget: float | None = None, zygote: Zygote | None = None,
                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run `cases` (each {"inputs": flat CPU tensors, "eager": None | what eager raised | UNKNOWN}) in probe
     children, in order; returns one result per case and what the probes cost. `autocast` ("bfloat16", "float16"
     or "none"): the dtype eager's forward runs under in the probes, a train step's precision (the check's own).
-    No probe starts after `budget` seconds (BUDGET_S by default)."""
+    No probe starts after `budget` seconds (BUDGET_S by default). `zygote`: the caller's (left open, unless it
+    failed here), else one started here and closed at the end."""
     budget = BUDGET_S if budget is None else budget
+    own = zygote is None
     cases_path = workdir / "cases.pt"
     torch.save([{"inputs": c["inputs"], "eager": c["eager"]} for c in cases], cases_path)
     results: dict[int, dict[str, Any]] = {}
     probes, start = 0, 0
     t0 = time.perf_counter()
-    zygote: Zygote | None = Zygote(workdir / "zygote.log") if ZYGOTE else None
+    if own:
+        zygote = Zygote(workdir / "zygote.log") if ZYGOTE else None
     forked = 0
+    walls: list[float] = []  # each probe's wall time, from its start to its exit
+    setups: list[dict[str, float]] = []  # each probe's "ready" line: its context, package and program loads
+    spent_on = {False: 0.0, True: 0.0}  # seconds in cases eager returned on (False) and refused (True)
     try:
         while start < len(cases):
             spent = time.perf_counter() - t0
@@ -369,6 +414,7 @@ def run_probes(model_path: str, package_path: str, device: str, cases: list[dict
             log_path = workdir / f"probe-{probes}.log"
             argv = [model_path, package_path, device, str(cases_path), str(out_path), str(start), repr(tolerance),
                     autocast]
+            began = time.perf_counter()
             started, rc = zygote.run(argv, log_path, PROBE_TIMEOUT_S) if zygote and zygote.ready else (False, None)
             if started:
                 forked += 1
@@ -379,11 +425,15 @@ def run_probes(model_path: str, package_path: str, device: str, cases: list[dict
                 # -P, as the worker starts its children: the working directory (where a sandboxed child keeps
                 # Triton's cache dir, named `triton`) must not shadow a package.
                 rc = _exec_probe([sys.executable, "-P", "-m", "compiler.adversarial", *argv], log_path)
+            walls.append(time.perf_counter() - began)
             text = out_path.read_text() if out_path.exists() else ""
             lines = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
             in_flight: dict[str, Any] | None = None
             for line in lines:
-                if "outcome" in line:
+                if line.get("event") == "ready":
+                    setups.append(line)
+                elif "outcome" in line:
+                    spent_on[bool(line.get("eager"))] += line.get("s") or 0.0
                     results[line["k"]] = line
                     in_flight = None
                 else:
@@ -414,10 +464,30 @@ def run_probes(model_path: str, package_path: str, device: str, cases: list[dict
                 torch.save([{"inputs": c["inputs"], "eager": c["eager"]} for c in cases], cases_path)
                 start = k
     finally:
-        if zygote is not None:
+        if zygote is not None and own:
             zygote.close()
-    cost = {"probes": probes, "forked": forked, "seconds": round(time.perf_counter() - t0, 3)}
+    cost = {"probes": probes, "forked": forked, "seconds": round(time.perf_counter() - t0, 3), "walls": walls,
+            "setups": setups, "returned_s": spent_on[False], "refused_s": spent_on[True]}
     return [results[k] for k in range(len(cases))], cost
+
+
+def probe_costs(cost: dict[str, Any]) -> dict[str, Any]:
+    """What the probes cost, for the check's record: the median probe's wall time and its parts before the first
+    case (the CUDA context, the package's load with its weights, the program's load where eager runs in the
+    probe); the seconds the cases took, those eager returned on and those it refused, all probes together; and
+    each lane's seconds, where lanes ran side by side."""
+    walls, setups = cost["walls"], cost["setups"]
+    if not walls:
+        return {}
+    out: dict[str, Any] = {"median_s": round(statistics.median(walls), 3), "max_s": round(max(walls), 3)}
+    for part in ("context_s", "package_s", "program_s"):
+        got = [s[part] for s in setups if part in s]
+        if got:
+            out[part] = round(statistics.median(got), 3)
+    out["cases_s"] = {"eager returned": round(cost["returned_s"], 3), "eager refused": round(cost["refused_s"], 3)}
+    if "lanes_s" in cost:
+        out["lanes_s"] = cost["lanes_s"]
+    return out
 
 
 def probe_lanes(device: str, package_path: str, refused: int) -> int:
@@ -428,35 +498,84 @@ def probe_lanes(device: str, package_path: str, refused: int) -> int:
 
 
 def run_probe_lanes(model_path: str, package_path: str, device: str, cases: list[dict[str, Any]], tolerance: float,
-                    workdir: Path, autocast: str = "none") -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """`run_probes` over `cases`, with the cases eager refuses dealt round-robin to `probe_lanes` lanes that run
-    side by side, each a `run_probes` of its own (its zygote, its probes, its budget, all starting together); the
-    first lane also runs the cases eager returns on (or that the probe decides), first, in its order. One result
-    per case, in `cases`' order; the cost adds the lanes' probes and says how many lanes ran."""
+                    workdir: Path, autocast: str = "none", zygotes: list[Zygote] | None = None,
+                    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """`run_probes` over `cases`, on `probe_lanes` lanes that run side by side, each with a zygote of its own (one
+    of `zygotes`, started ahead by the caller, where there is one left: see `prestart`). The first lane runs the
+    cases eager returns on (or that the probe decides) first, in one probe, in their order; the cases eager refuses
+    are then taken one at a time, in order, by whichever lane is free, each in a probe of its own (on CUDA each
+    ends its probe's context). No lane takes a case after BUDGET_S: those left are recorded as not run. One result
+    per case, in `cases`' order; the cost adds the lanes' probes, says how many lanes ran and what each took.
+
+    Taken as lanes come free, rather than dealt round-robin ahead: the first lane's own cases (the program loaded
+    on the device, every case eager returns on) took as long as six refused cases on DistilBERT on an H200, so,
+    dealt its share of those too, it ran 16.4 s while the other two lanes ran 10.6 s."""
     refused = [k for k, c in enumerate(cases) if c["eager"] not in (None, UNKNOWN)]
     lanes = probe_lanes(device, package_path, len(refused))
+    spare = list(zygotes or [])
     if lanes <= 1:
-        alone, cost = run_probes(model_path, package_path, device, cases, tolerance, workdir, autocast)
+        alone, cost = run_probes(model_path, package_path, device, cases, tolerance, workdir, autocast,
+                                 zygote=spare.pop(0) if spare else None)
+        for z in spare:
+            z.close()
         return _run_ambiguous_again(model_path, package_path, device, cases, tolerance, workdir, autocast, alone,
                                     {**cost, "lanes": 1})
     taken = set(refused)
-    groups = [[k for k in range(len(cases)) if k not in taken] + refused[0::lanes]]
-    groups += [refused[i::lanes] for i in range(1, lanes)]
+    returned = [k for k in range(len(cases)) if k not in taken]
+    results: list[dict[str, Any]] = [{} for _ in cases]
+    queue = list(reversed(refused))
+    lock = threading.Lock()
     t0 = time.perf_counter()
 
-    def lane(i: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        (workdir / f"lane-{i}").mkdir()
-        return run_probes(model_path, package_path, device, [cases[k] for k in groups[i]], tolerance,
-                          workdir / f"lane-{i}", autocast)
+    def claim() -> int | None:
+        with lock:
+            return queue.pop() if queue else None
 
-    with ThreadPoolExecutor(lanes, thread_name_prefix="aotc-probe-lane") as pool:
-        got = list(pool.map(lane, range(lanes)))
-    results: list[dict[str, Any]] = [{} for _ in cases]
-    for group, (found, _) in zip(groups, got, strict=True):
-        for k, r in zip(group, found, strict=True):
-            results[k] = {**r, "k": k}
-    cost = {"probes": sum(c["probes"] for _, c in got), "forked": sum(c["forked"] for _, c in got),
-            "seconds": round(time.perf_counter() - t0, 3), "lanes": lanes}
+    def lane(i: int) -> dict[str, Any]:
+        home = workdir / f"lane-{i}"
+        home.mkdir()
+        with lock:
+            zygote = spare.pop(0) if spare else (Zygote(home / "zygote.log") if ZYGOTE else None)
+        spent: list[dict[str, Any]] = []
+
+        def run(group: list[int], where: Path) -> None:
+            where.mkdir()
+            found, cost = run_probes(model_path, package_path, device, [cases[k] for k in group], tolerance, where,
+                                     autocast, budget=BUDGET_S - (time.perf_counter() - t0), zygote=zygote)
+            for k, r in zip(group, found, strict=True):
+                results[k] = {**r, "k": k}
+            spent.append(cost)
+
+        began = time.perf_counter()
+        try:
+            if i == 0 and returned:
+                run(returned, home / "returned")
+            while (k := claim()) is not None:
+                elapsed = time.perf_counter() - t0
+                if elapsed > BUDGET_S:
+                    results[k] = {"k": k, "outcome": "not run",
+                                  "why": f"the adversarial budget of {BUDGET_S:.0f} s was spent ({elapsed:.0f} s)"}
+                    continue
+                run([k], home / f"case-{k}")
+        finally:
+            if zygote is not None:
+                zygote.close()
+        return {"probes": sum(c["probes"] for c in spent), "forked": sum(c["forked"] for c in spent),
+                "walls": [w for c in spent for w in c["walls"]], "setups": [x for c in spent for x in c["setups"]],
+                "returned_s": sum(c["returned_s"] for c in spent), "refused_s": sum(c["refused_s"] for c in spent),
+                "seconds": round(time.perf_counter() - began, 3)}
+
+    try:
+        with ThreadPoolExecutor(lanes, thread_name_prefix="aotc-probe-lane") as pool:
+            got = list(pool.map(lane, range(lanes)))
+    finally:
+        for z in spare:
+            z.close()
+    cost = {"probes": sum(c["probes"] for c in got), "forked": sum(c["forked"] for c in got),
+            "seconds": round(time.perf_counter() - t0, 3), "lanes": lanes,
+            "walls": [w for c in got for w in c["walls"]], "setups": [x for c in got for x in c["setups"]],
+            "returned_s": sum(c["returned_s"] for c in got), "refused_s": sum(c["refused_s"] for c in got),
+            "lanes_s": [c["seconds"] for c in got]}
     return _run_ambiguous_again(model_path, package_path, device, cases, tolerance, workdir, autocast, results, cost)
 
 
@@ -485,6 +604,10 @@ def _run_ambiguous_again(model_path: str, package_path: str, device: str, cases:
                                   workdir / f"again-{round_}", autocast, budget=left)
         cost["probes"] += spent["probes"]
         cost["forked"] += spent["forked"]
+        cost["walls"] += spent["walls"]
+        cost["setups"] += spent["setups"]
+        cost["returned_s"] += spent["returned_s"]
+        cost["refused_s"] += spent["refused_s"]
         for k, r in zip(again, found, strict=True):
             if r.get("outcome") == "not run":  # the round's budget was spent before it: the fault stands
                 continue
@@ -551,15 +674,18 @@ def cases_at(ep: torch.export.ExportedProgram, spec: inputs_mod.Spec, shapes: li
 def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str,
                       ep: torch.export.ExportedProgram, base: list[torch.Tensor], shapes: list[list[int]],
                       ranges: list[tuple[int, int] | None], tolerance: float,
-                      autocast: torch.dtype | None = None) -> dict[str, Any]:
+                      autocast: torch.dtype | None = None, zygotes: list[Zygote] | None = None) -> dict[str, Any]:
     """The adversarial cases at one shape point (`base`: the in-range random inputs there, on the CPU). Returns the
     summary for the check's record, with "failures" (messages) empty when every case ended as it must.
     `autocast`: a train step's precision; eager's forward in the probes runs under it, as in the training check
-    (fp32 eager against a bf16 step refused resnet50 on an H200: its logits 0.13 apart at an in-range label)."""
+    (fp32 eager against a bf16 step refused resnet50 on an H200: its logits 0.13 apart at an in-range label).
+    `zygotes`: started ahead (Prestarted), for the probe lanes; closed here."""
     t0 = time.perf_counter()
     poisons, sizes = cases_at(ep, spec, shapes, ranges)
     summary: dict[str, Any] = {"cases": len(poisons), "max_cases": MAX_CASES, "failures": []}
     if not poisons:
+        for z in zygotes or []:
+            z.close()
         summary["note"] = ("no integer inputs, no float input cast to an integer, no bool mask it indexes by: "
                            "nothing to try")
         return summary
@@ -586,7 +712,8 @@ def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec,
     cases = [{"inputs": flats[k], "eager": eager[k]} for k in order]
     with tempfile.TemporaryDirectory(prefix="aotc-adversarial-") as tmp:
         results, cost = run_probe_lanes(model_path, package_path, device, cases, tolerance, Path(tmp),
-                                        str(autocast).removeprefix("torch.") if autocast is not None else "none")
+                                        str(autocast).removeprefix("torch.") if autocast is not None else "none",
+                                        zygotes)
     numels = [t.numel() for t in base]
     rows: list[dict[str, Any]] = [{} for _ in poisons]
     for k, r in zip(order, results, strict=True):
@@ -603,6 +730,7 @@ def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec,
     summary.update(
         oracle=oracle, outcomes=counts, probes=cost["probes"], forked=cost["forked"], probe_seconds=cost["seconds"],
         probe_lanes=cost["lanes"], run_again=cost.get("again", 0),
+        probe_cost=probe_costs(cost),
         seconds=round(time.perf_counter() - t0, 3),
         inputs={spec[k]["name"]: sorted({p.value for p in poisons if p.input == k})
                 for k in sorted({*inputs_mod.integer_inputs(spec), *(p.input for p in poisons)})},
@@ -629,10 +757,16 @@ def _probe(model_path: str, package_path: str, device: str, cases_path: str, out
     from compiler.check import compare
     from compiler.compat import pytree
     from compiler.compat.aoti import aoti_load_package, train_step_loss_output
-    from compiler.loading import load_program
+    from compiler.loading import load_program, on_device
 
     cases = torch.load(cases_path, weights_only=True)
+    cuda = device.startswith("cuda")
+    t0 = time.perf_counter()
+    if cuda:
+        torch.empty(1, device=device)  # the context, timed apart from the package's load
+    t1 = time.perf_counter()
     package: Any = aoti_load_package(package_path, device)
+    t2 = time.perf_counter()
     in_spec = getattr(package, "in_spec", None)
     loss_output = train_step_loss_output(package)
     if loss_output is not None:  # a train step: its flat outputs lead with the loss and the program's other outputs
@@ -642,30 +776,38 @@ def _probe(model_path: str, package_path: str, device: str, cases_path: str, out
             return step.run_flat(step.flat_inputs(args, kwargs))
 
         package = call
-    cuda = device.startswith("cuda")
     ep: torch.export.ExportedProgram | None = None
     eager: Any = None
     if in_spec is None or any(c["eager"] in (None, UNKNOWN) for c in cases[start:]):
-        ep = load_program(model_path)  # eager runs here, or the package cannot say how its inputs nest
+        # eager runs here, or the package cannot say how its inputs nest
+        ep = on_device(load_program(model_path), device)
         eager = ep.module()
         eager.to(device)
         if autocast != "none":  # export's dtype asserts before each .to()/.float() would refuse autocast's dtypes
             from compiler.specialize import drop_metadata_asserts
 
             drop_metadata_asserts(eager)
+    ready = {**({"context_s": round(t1 - t0, 4)} if cuda else {}), "package_s": round(t2 - t1, 4),
+             "program_s": round(time.perf_counter() - t2, 4)}
 
     def amp() -> Any:  # a train step's precision, as its check ran eager (a new context per case)
         if autocast == "none":
             return contextlib.nullcontext()
         return torch.autocast("cuda" if cuda else "cpu", dtype=getattr(torch, autocast))
 
+    began = 0.0  # the case's start: its outcome line says how long it took ("s"), its package line eager's part
+
     with open(out_path, "a", buffering=1) as out:
         def write(**line: Any) -> None:
+            if "outcome" in line or line.get("event") == "package":
+                line["s" if "outcome" in line else "eager_s"] = round(time.perf_counter() - began, 4)
             out.write(json.dumps(line) + "\n")
             out.flush()
             os.fsync(out.fileno())
 
+        write(event="ready", **ready)
         for k in range(start, len(cases)):
+            began = time.perf_counter()
             write(k=k, event="start")
             case = cases[k]
             flat = [t.to(device) for t in case["inputs"]]

@@ -28,13 +28,13 @@ import torch
 
 from compiler import inputs as inputs_mod
 from compiler import weights as weights_mod
-from compiler.adversarial import check_adversarial, refuse_failures
+from compiler.adversarial import Prestarted, check_adversarial, refuse_failures
 from compiler.compat import pytree
 from compiler.compat.aoti import aoti_load_package, constant_fqns, load_for_graphs, native_graph_support
 from compiler.device import cpu_name
 from compiler.errors import CheckFailed
 from compiler.fp64 import NONFINITE_PLACES, float64_run
-from compiler.loading import load_program
+from compiler.loading import load_program, on_device
 
 log = logging.getLogger("aotc.check")
 
@@ -239,15 +239,31 @@ def compare(expected: Any, actual: Any, min_tolerance: float = 0.0, allow_nonfin
 GRAPH_PAYS = 0.95
 
 
-def eager_cases(model_path: str, spec: inputs_mod.Spec, device: str, seed: int, rep_ms: float = MEASURE_REP_MS
+class _Phases:
+    """Seconds per part of the check, for its record ("phases"): where a check's time went, in the order they ran."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def done(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases[phase] = round(now - self._t, 3)
+        self._t = now
+
+
+def eager_cases(model_path: str, spec: inputs_mod.Spec, device: str, seed: int, rep_ms: float = MEASURE_REP_MS,
+                clock: _Phases | None = None,
                 ) -> tuple[Any, torch.nn.Module, list[tuple[str, Any, tuple, dict, Any, dict[str, Any]]]]:
     """The program, its eager module on `device`, and per point of `spec` (label, shapes, args, kwargs, eager's
     output, eager's `measure` over `rep_ms`). Eager runs first, for every point, before any package is loaded: on
     CPUs a package brings its own OpenMP runtime, and two runtimes spinning on the same cores would slow whichever
     runs second."""
-    ep = load_program(model_path)
+    ep = on_device(load_program(model_path), device)
     eager = ep.module()
     eager.to(device)
+    if clock is not None:
+        clock.done("program")
     ranges = inputs_mod.int_ranges(ep)
     cases = []
     for label, shapes in inputs_mod.points(spec).items():
@@ -268,8 +284,23 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     (unless `graphs=False`) the package's run is also captured in a CUDA graph per point, checked and timed. Then
     (unless `adversarial=False`, which only tests use) the adversarial cases at the smallest point, in probe
     processes (compiler.adversarial): CheckFailed, naming the input and the value, where the package returns what
-    eager refuses or disagrees with what eager returns. The summary's `adversarial` says what ran."""
-    ep, eager, cases = eager_cases(model_path, spec, device, seed)
+    eager refuses or disagrees with what eager returns. The summary's `adversarial` says what ran. The probes'
+    zygotes are started first (Prestarted), so that they import torch while the rest of the check runs."""
+    early = Prestarted(device, spec) if adversarial else None
+    try:
+        return _check_artifact(model_path, package_path, spec, device, seed, precision, allow_nonfinite, graphs,
+                               early)
+    finally:
+        if early is not None:
+            early.close()
+
+
+def _check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, seed: int,
+                    precision: str, allow_nonfinite: bool, graphs: bool, early: Prestarted | None,
+                    ) -> dict[str, Any]:
+    clock = _Phases()
+    ep, eager, cases = eager_cases(model_path, spec, device, seed, clock=clock)
+    clock.done("eager")
     ranges = inputs_mod.int_ranges(ep)
     tolerance = PRECISION_TOLERANCE.get(precision, 0.0)
     weights_path = weights_mod.sidecar(package_path)
@@ -286,6 +317,7 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
                            "bytes": weights_path.stat().st_size}
     else:
         compiled = aoti_load_package(package_path, device)
+    clock.done("load")
     results = []
     for label, shapes, args, kwargs, expected, eager_t in cases:
         with torch.inference_mode():
@@ -297,6 +329,7 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
                         "speedup": round(eager_ms / compiled_ms, 3) if compiled_ms > 0 else None,
                         "latency": {"eager": eager_t, "compiled": compiled_t}})
     failed = [r for r in results if not r["ok"]]
+    clock.done("plain")
     if weights_summary is not None and not failed:
         # The package follows its weights: perturbed in place, eager and the package must still agree.
         _, _, args0, kwargs0, _, _ = cases[0]
@@ -305,6 +338,7 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
             lambda e, a: compare(e, a, tolerance, allow_nonfinite),
             reference=functools.partial(float64_run, args=args0, kwargs=kwargs0), tolerance=tolerance)
         del blob
+        clock.done("follows")
     del compiled  # one copy of the weights at a time: the graph check and the probes load their own
     graph_summary: dict[str, Any] = {"impl": None, "captured": False}
     if not device.startswith("cuda"):
@@ -316,6 +350,7 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     else:
         torch.cuda.empty_cache()
         graph_summary = _check_graphs(package_path, device, cases, results, tolerance, allow_nonfinite)
+        clock.done("graphs")
     first = results[0]
     summary = {
         "passed": not failed,
@@ -335,18 +370,21 @@ def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, de
         "allow_nonfinite": allow_nonfinite,
         "nonfinite": [{"point": r["point"], **n} for r in results for n in r.get("nonfinite", [])],
         "weights": weights_summary,
+        "phases": clock.phases,
     }
     if failed:
         raise CheckFailed(f"artifact disagrees with eager at {failed[0]['point']} shapes: {failed[0]['why']}",
                           stage="check", excerpt=str(summary))
-    if adversarial:
+    if early is not None:
         label, shapes = next(iter(inputs_mod.points(spec).items()))
         base = inputs_mod.random_inputs(spec, shapes, "cpu", ranges, seed)
         del eager, cases  # the probes load their own copies
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-        found = check_adversarial(model_path, package_path, spec, device, ep, base, shapes, ranges, tolerance)
+        found = check_adversarial(model_path, package_path, spec, device, ep, base, shapes, ranges, tolerance,
+                                  zygotes=early.take())
         summary["adversarial"] = {"point": label, **found}
+        clock.done("adversarial")
         refuse_failures(found, "artifact", f" at {label} shapes")
     return summary
 

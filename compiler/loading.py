@@ -33,6 +33,7 @@ from compiler.archive.inspect import inspect_archive
 from compiler.archive.limits import DEFAULT_LIMITS, Limits
 from compiler.archive.ops import HOP_PREFIX, HOPS, excluded, is_operator_target
 from compiler.archive.strings import check
+from compiler.compat import pytree
 from compiler.compat.safe_load import DeserializationRefused, guarded_export_load
 from compiler.errors import AotcError, BadModel, UnsafeArchive, UnsafeModel
 
@@ -274,3 +275,31 @@ def load_program(path: str, limits: Limits | None = None) -> torch.export.Export
     _check_loaded(ep)
     _sanitize(ep)
     return ep
+
+
+def on_device(ep: torch.export.ExportedProgram, device: str) -> torch.export.ExportedProgram:
+    """`ep` ready to run on `device`. A program exported on the CPU, for another device, is moved there whole, in
+    place (torch.export.passes.move_to_device_pass): its weights and constants, and the devices burnt into its
+    nodes, which `module.to(device)` leaves on the CPU: a factory call's `device=` (`torch.arange(n)`), and the
+    `aten._assert_tensor_metadata` that export puts before each cast (`.long()`, `.to(dtype)`), which asserts the
+    device its input had at export. Without the move, a program exported on a laptop and compiled for a CUDA target
+    failed its capture and its check on "Tensor device mismatch! Expected: cpu". A program exported on a GPU is
+    left as it is, with any tensor it placed on the CPU itself."""
+    from torch.export.passes import move_to_device_pass
+
+    target = torch.device(device)
+    if target.type == "cpu" or _devices(ep) - {"cpu"}:
+        return ep
+    return move_to_device_pass(ep, {"cpu": str(target)})
+
+
+def _devices(ep: torch.export.ExportedProgram) -> set[str]:
+    """The device types of the program's inputs, weights and constants, as export saw them."""
+    found: set[str] = set()
+    for node in ep.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        for v in pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(v, torch.Tensor):
+                found.add(v.device.type)
+    return found

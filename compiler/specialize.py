@@ -16,6 +16,7 @@ import torch
 from compiler import inputs as inputs_mod
 from compiler.compat import pytree
 from compiler.errors import SpecError
+from compiler.loading import on_device
 
 
 def dynamic_shapes(spec: inputs_mod.Spec, program_inputs: list[dict[str, Any]]) -> list[dict[int, Any] | None]:
@@ -167,6 +168,7 @@ def specialize(
     precision: str = "keep", autocast: bool = False,
 ) -> torch.export.ExportedProgram:
     """`autocast`: a precision other than "keep" means torch.autocast to it (mode=training), not casts."""
+    ep = on_device(ep, device)
     module: torch.nn.Module = ep.module()
     inline_literals(module)  # before the casts: a literal keeps its own dtype, as eager's does
     if precision != "keep":

@@ -38,7 +38,7 @@ from compiler.check import TOLERANCE, compare, device_info, measure, sync_device
 from compiler.compat import joint as joint_mod
 from compiler.compat.aoti import LoadedPackage
 from compiler.errors import CheckFailed, first_line
-from compiler.loading import load_program
+from compiler.loading import load_program, on_device
 from compiler.specialize import drop_metadata_asserts
 
 STEPS = 3
@@ -131,7 +131,7 @@ def check_training(model_path: str, package_path: str, spec: inputs_mod.Spec, de
     read = set(weights_mod.program_weights(joint))  # a parameter nothing reads (BERT's pooler) is not in the joint
     del joint
     drawn = joint_mod.random_ops(ep)  # seeded alike on both sides below
-    eager = ep.module().to(device)
+    eager = on_device(ep, device).module().to(device)
     if precision in AUTOCAST:  # the dtype asserts export put before each .to()/.float() would refuse autocast's dtypes
         drop_metadata_asserts(eager)
     bound_model = copy.deepcopy(eager)  # the "caller's" module: the package reads and updates these tensors

@@ -187,3 +187,31 @@ class InvertedResidual(torch.nn.Module):
         h = torch.relu(self.stem(x))
         y = self.project(torch.nn.functional.hardswish(self.depthwise(torch.relu(self.expand(h)))))
         return y + h if self.stride == 1 else y
+
+
+class FloatInputIndex(torch.nn.Module):
+    """An index that a float input becomes (`.long()`): the check varied only integer inputs until 2026-11-30, so
+    this program compiled as main did (reading wherever the float points) passed it."""
+
+    def forward(self, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._unsafe_index.Tensor(x, [f.abs().long()])
+
+
+FLOAT_SPEC = [{"name": "x", "dtype": "float32", "shape": [16, 4]}, {"name": "f", "dtype": "float32", "shape": [8]}]
+
+
+class MaskedGather(torch.nn.Module):
+    """Rows of a table of 12 picked by a running count of the mask the caller sends (what CUDA lowers masked_scatter
+    to): until 2026-11-30 the check kept the uploader's random mask (10 set), so a package that reads past the
+    table at a mask of 16 set passed it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.arange(12.0))
+
+    def forward(self, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        rows = (torch.cumsum(mask.long(), 0) - 1).clamp(min=0)
+        return y + torch.ops.aten._unsafe_index.Tensor(self.table, [rows])
+
+
+MASK_SPEC = [{"name": "y", "dtype": "float32", "shape": [16]}, {"name": "mask", "dtype": "bool", "shape": [16]}]

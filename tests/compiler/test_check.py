@@ -19,7 +19,7 @@ from compiler.check import check_artifact, compare
 from compiler.errors import CheckFailed
 from compiler.options import CompileOptions
 from compiler.pipeline import compile_model
-from modelzoo import export, seeded
+from modelzoo import FLOAT_SPEC, MASK_SPEC, FloatInputIndex, MaskedGather, export, seeded
 
 
 def test_a_bf16_result_within_tolerance_passes_and_reports_its_error():
@@ -229,17 +229,6 @@ def test_the_bounded_package_raises_where_eager_raises_and_the_check_records_wha
     assert rep.attach_check({"stages": {}}, check)["stages"]["package"]["check"]["adversarial"] == adv
 
 
-class FloatInputIndex(torch.nn.Module):
-    """An index that a float input becomes (`.long()`): the check varied only integer inputs until 2026-11-30, so
-    this program compiled as main did (reading wherever the float points) passed it."""
-
-    def forward(self, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._unsafe_index.Tensor(x, [f.abs().long()])
-
-
-FLOAT_SPEC = [{"name": "x", "dtype": "float32", "shape": [16, 4]}, {"name": "f", "dtype": "float32", "shape": [8]}]
-
-
 @pytest.mark.slow
 def test_a_float_input_cast_to_an_index_gets_the_adversarial_cases_an_integer_input_gets(tmp_path):
     from compiler.compat.aoti import aoti_compile_and_package
@@ -261,23 +250,6 @@ def test_a_float_input_cast_to_an_index_gets_the_adversarial_cases_an_integer_in
                                   2.0**40]
     # |f| indexes 16 rows: 0, 4, 8, -1 (1), -5 (5), -9 (9) agree; 16, 17 and the far values are refused
     assert adv["outcomes"]["refused"] >= 10 and adv["outcomes"]["agreed"] >= 10, adv["outcomes"]
-
-
-class MaskedGather(torch.nn.Module):
-    """Rows of a table of 12 picked by a running count of the mask the caller sends (what CUDA lowers masked_scatter
-    to): until 2026-11-30 the check kept the uploader's random mask (10 set), so a package that reads past the
-    table at a mask of 16 set passed it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("table", torch.arange(12.0))
-
-    def forward(self, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        rows = (torch.cumsum(mask.long(), 0) - 1).clamp(min=0)
-        return y + torch.ops.aten._unsafe_index.Tensor(self.table, [rows])
-
-
-MASK_SPEC = [{"name": "y", "dtype": "float32", "shape": [16]}, {"name": "mask", "dtype": "bool", "shape": [16]}]
 
 
 @pytest.mark.slow
@@ -398,8 +370,19 @@ def test_probes_are_forked_from_a_zygote_and_are_processes_of_their_own_where_it
                                                                                              monkeypatch):
     from compiler import adversarial
 
-    forked = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")["adversarial"]
+    summary = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")
+    forked = summary["adversarial"]
     assert forked["probes"] == forked["forked"] == 1 and forked["outcomes"] == {"refused": 12, "agreed": 14}
+    # What the probe cost, and where the check's time went, in the record: the one probe's wall time holds its
+    # package's and program's loads (a CPU probe has no context to make); the phases are in the order they ran (a
+    # weightless package's perturbed weights; no CUDA graphs on a CPU).
+    cost = forked["probe_cost"]
+    assert set(cost) == {"median_s", "max_s", "package_s", "program_s", "cases_s"}, cost
+    assert cost["cases_s"]["eager returned"] > 0 and cost["cases_s"]["eager refused"] > 0, cost
+    assert 0 < cost["package_s"] + cost["program_s"] < cost["median_s"] == cost["max_s"], cost
+    assert list(summary["phases"]) == ["program", "eager", "load", "plain", "follows", "adversarial"], \
+        summary["phases"]
+    assert summary["phases"]["adversarial"] >= forked["probe_seconds"] >= cost["median_s"], summary["phases"]
     monkeypatch.setattr(adversarial, "ZYGOTE_START_S", 0.0)  # no answer in time: each probe starts python itself
     own = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")["adversarial"]
     assert own["probes"] == 1 and own["forked"] == 0
@@ -414,7 +397,12 @@ def test_refused_cases_split_between_lanes_of_probes_give_one_lanes_verdicts(uns
     assert one["probe_lanes"] == 1 and one["probes"] == 1
     monkeypatch.setattr(adversarial, "CPU_LANES", 3)  # as on CUDA, where each refused case costs a probe
     three = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")["adversarial"]
-    assert three["probe_lanes"] == 3 and three["probes"] == three["forked"] == 3  # a zygote and a probe a lane
+    # The cases eager returns on in one probe; then each refused case in a probe of its own, in whichever lane is
+    # free (on CUDA each ends its probe's context), all forked from the lanes' zygotes.
+    refused = one["outcomes"]["refused"]
+    assert three["probe_lanes"] == 3 and three["probes"] == three["forked"] == 1 + refused, three
+    assert three["probe_cost"]["max_s"] >= three["probe_cost"]["median_s"] > 0  # the three lanes' probes, together
+    assert len(three["probe_cost"]["lanes_s"]) == 3 and max(three["probe_cost"]["lanes_s"]) <= three["probe_seconds"]
     assert three["results"] == one["results"] and three["failures"] == [] and three["outcomes"] == one["outcomes"]
 
     # The package that returns where eager raises is refused whichever lane meets the case: every refused case of
@@ -813,3 +801,23 @@ def test_cases_left_when_the_adversarial_budget_is_spent_are_recorded_as_not_run
     adv = check["adversarial"]
     assert adv["outcomes"] == {"not run": 26} and adv["probes"] == 0 and adv["failures"] == []
     assert all(r["outcome"] == "not run" for r in adv["results"])
+    monkeypatch.setattr(adversarial, "CPU_LANES", 3)  # lanes that take the refused cases as they come free
+    lanes = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")["adversarial"]
+    assert lanes["probe_lanes"] == 3 and lanes["outcomes"] == {"not run": 26} and lanes["probes"] == 0, lanes
+    assert all(r["outcome"] == "not run" for r in lanes["results"]), lanes
+    assert _zygotes_left() == []  # the prestarted zygotes, none of them used, are gone with the check
+
+
+def _zygotes_left() -> list[int]:
+    """This process's children that are probe zygotes (`python -m compiler.adversarial --zygote`), still running."""
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == os.getpid() and b"--zygote" in cmd and stat.rsplit(")", 1)[1].split()[0] != "Z":
+            left.append(int(proc.name))
+    return left

@@ -45,7 +45,8 @@ from compiler.archive.exprs import check_sym_expr
 from compiler.archive.inspect import inspect_archive
 from compiler.compat.safe_load import DeserializationRefused, guarded_export_load
 from compiler.errors import BadModel, UnsafeArchive, UnsafeModel
-from compiler.loading import load_program
+from compiler.loading import load_program, on_device
+from modelzoo import export
 
 
 class Pair(torch.nn.Module):
@@ -509,3 +510,31 @@ def test_control_plain_torch_runs_the_print_variant_eagerly(models: dict[str, Pa
     before, _, after = run.stdout.partition("LOADED")
     assert secret not in before, "the load itself ran the callable"
     assert f"LEAK {secret}" in after, (run.stdout[-2000:], run.stderr[-2000:])
+
+
+class MadeAndCast(torch.nn.Module):
+    """What a program exported on the CPU carries of its device: a factory call's `device=` (arange) and the asserts
+    export puts before each cast (`.long()`, `.float()`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.ones(4))
+
+    def forward(self, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + torch.arange(x.shape[0]).float()[:, None] + f.long().float().sum()
+
+
+def test_a_program_exported_on_the_cpu_is_moved_whole_to_its_target_device(tmp_path):
+    """`module.to(device)` moved the weights only: a CPU export compiled for a CUDA target failed its capture and its
+    check ("Tensor device mismatch! Expected: cpu"). The CPU box has no GPU: the meta device stands in for it."""
+    path = export(MadeAndCast(), (torch.randn(3, 4), torch.rand(2)), tmp_path / "m.pt2")
+    args = (torch.randn(3, 4, device="meta"), torch.rand(2, device="meta"))
+    with pytest.raises(RuntimeError, match="device"):
+        load_program(str(path)).module().to("meta")(*args)  # as the check and the capture moved it
+    ep = on_device(load_program(str(path)), "meta")
+    burnt = [n.kwargs["device"] for n in ep.graph.nodes if "device" in n.kwargs]
+    assert len(burnt) == 4 and {str(d) for d in burnt} == {"meta"}, burnt  # arange and three casts' asserts
+    assert ep.state_dict["scale"].device.type == "meta"
+    out = ep.module()(*args)
+    assert out.device.type == "meta" and out.shape == (3, 4)
+    assert on_device(ep, "cpu") is ep  # a CPU target: nothing to move
