@@ -32,7 +32,7 @@ from compiler.adversarial import Prestarted, check_adversarial, refuse_failures
 from compiler.compat import pytree
 from compiler.compat.aoti import aoti_load_package, constant_fqns, load_for_graphs, native_graph_support
 from compiler.device import cpu_name
-from compiler.errors import CheckFailed
+from compiler.errors import CheckFailed, first_line
 from compiler.fp64 import NONFINITE_PLACES, float64_run
 from compiler.loading import load_program, on_device
 
@@ -270,10 +270,26 @@ def eager_cases(model_path: str, spec: inputs_mod.Spec, device: str, seed: int, 
         flat = inputs_mod.random_inputs(spec, shapes, device, ranges, seed)
         args, kwargs = inputs_mod.call_args(ep, flat)
         with torch.inference_mode():
-            expected = eager(*args, **kwargs)
+            try:
+                expected = eager(*args, **kwargs)
+            except Exception as e:
+                raise CheckFailed(_refused_samples(spec, ranges, label, e), stage="check") from None
             eager_t = measure(lambda: eager(*args, **kwargs), device, rep_ms=rep_ms)  # noqa: B023  (here, not later)
         cases.append((label, shapes, args, kwargs, expected, eager_t))
     return ep, eager, cases
+
+
+def _refused_samples(spec: inputs_mod.Spec, ranges: list[tuple[int, int] | None], label: str,
+                     e: Exception) -> str:
+    """Why the check cannot start when eager refuses its own random inputs: the user's to fix, said as such."""
+    drawn = [f"'{spec[k]['name']}' in [{r[0]}, {r[1]})" for k in inputs_mod.integer_inputs(spec)
+             if k < len(ranges) and (r := ranges[k]) is not None]
+    where = (f"; its integer inputs are drawn from the range of values the upload's example inputs hold "
+             f"({', '.join(drawn)}; where that range starts below 0, from 0 up, with its lowest value at one element "
+             f"in {inputs_mod.SENTINEL_SHARE}), so the program must accept every value there: export it with "
+             f"example inputs it accepts throughout their range" if drawn else "")
+    return (f"eager PyTorch raises at the check's own random inputs at {label} shapes, so nothing can be compared: "
+            f"{first_line(e).rstrip('.')}{where}")
 
 
 def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, seed: int = 0,

@@ -62,9 +62,19 @@ def int_ranges(ep: torch.export.ExportedProgram) -> list[tuple[int, int] | None]
     return out
 
 
+# Of an integer input whose sample holds negative and non-negative values, the share of elements given the sample's
+# lowest value (see random_inputs).
+SENTINEL_SHARE = 8
+
+
 def random_inputs(
     spec: Spec, shapes: list[list[int]], device: str, ranges: list[tuple[int, int] | None], seed: int = 0
 ) -> list[torch.Tensor]:
+    """Random inputs at `shapes`: floats from a normal distribution, bools fair, integers uniform in their sample's
+    [low, high) (`ranges`, from int_ranges; [0, 2) where the archive has no sample). Where that range spans zero from
+    below, as labels padded with an ignore index do (-100 beside class ids 0..C-1), values are drawn from [0, high),
+    and one element in SENTINEL_SHARE, at random, holds the sample's low value. Drawn from the whole range, a label
+    of -84 failed a classifier's check with eager's own IndexError."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for k, (inp, shape) in enumerate(zip(spec, shapes)):
@@ -77,7 +87,11 @@ def random_inputs(
             t = torch.randn(shape, generator=gen, dtype=dtype)
         else:
             lo, hi = (ranges[k] if k < len(ranges) else None) or (0, 2)
-            t = torch.randint(lo, max(hi, lo + 1), shape, generator=gen, dtype=dtype)
+            if lo < 0 < hi:  # a sentinel below the values proper: drawn apart (see above)
+                t = torch.randint(0, hi, shape, generator=gen, dtype=dtype)
+                t[torch.randint(0, SENTINEL_SHARE, shape, generator=gen) == 0] = lo
+            else:
+                t = torch.randint(lo, max(hi, lo + 1), shape, generator=gen, dtype=dtype)
         out.append(t.to(device))
     return out
 

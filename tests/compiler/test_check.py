@@ -821,3 +821,48 @@ def _zygotes_left() -> list[int]:
         if ppid == os.getpid() and b"--zygote" in cmd and stat.rsplit(")", 1)[1].split()[0] != "Z":
             left.append(int(proc.name))
     return left
+
+
+class Labelled(torch.nn.Module):
+    """A classifier's loss over labels, as a training upload (or an evaluation program) takes them."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(x, y)
+
+
+LABELLED_SPEC = [{"name": "x", "dtype": "float32", "shape": [4, 10]}, {"name": "y", "dtype": "int64", "shape": [4]}]
+
+
+@pytest.mark.slow
+def test_labels_padded_with_an_ignore_index_get_valid_random_labels(tmp_path):
+    """Example labels padded with -100 (what HF's collators write) gave the sample range [-100, 10): the check drew
+    labels such as -84 from it, and eager's own IndexError failed the job with no word of why."""
+    path = export(Labelled(), (torch.randn(4, 10), torch.tensor([1, -100, 3, 9])), tmp_path / "m.pt2")
+    result = compile_model(str(path), LABELLED_SPEC, LABELLED_SPEC, CompileOptions(), "cpu", str(tmp_path / "p.pt2"))
+    check = check_artifact(str(path), result["package"], LABELLED_SPEC, "cpu")
+    assert check["passed"] and check["adversarial"]["failures"] == [], check["adversarial"]["failures"]
+
+    # Example labels past the classes (12 of 10): the check's labels reach them, and it fails, naming the input,
+    # its range and the fix, before any package is loaded.
+    labels = torch.arange(64) % 10
+    labels[5] = 12
+    spec = [{"name": "x", "dtype": "float32", "shape": [64, 10]}, {"name": "y", "dtype": "int64", "shape": [64]}]
+    bad = export(Labelled(), (torch.randn(64, 10), labels), tmp_path / "bad.pt2")
+    with pytest.raises(CheckFailed) as info:
+        check_artifact(str(bad), str(tmp_path / "never-loaded.pt2"), spec, "cpu")
+    message = info.value.message
+    assert message.startswith("eager PyTorch raises at the check's own random inputs at min shapes, so nothing can "
+                              "be compared: IndexError: Target 1"), message  # 10, 11 or 12
+    assert "'y' in [0, 13)" in message and "export it with example inputs it accepts" in message, message
+    assert _zygotes_left() == []  # the check's prestarted zygotes end with it, failed or not
+
+
+def test_random_integers_keep_a_sentinel_below_zero_apart():
+    from compiler.inputs import SENTINEL_SHARE, random_inputs
+
+    spec = [{"name": "y", "dtype": "int64", "shape": [4096]}, {"name": "i", "dtype": "int32", "shape": [4096]}]
+    y, i = random_inputs(spec, [[4096], [4096]], "cpu", [(-100, 10), (3, 7)], seed=1)
+    assert set(y.unique().tolist()) == {-100, *range(10)}  # the labels proper, and the ignore index
+    share = float((y == -100).float().mean())
+    assert abs(share - 1 / SENTINEL_SHARE) < 0.03, share
+    assert set(i.unique().tolist()) == {3, 4, 5, 6} and i.dtype == torch.int32  # a range above zero: as before
