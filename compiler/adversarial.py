@@ -501,7 +501,7 @@ def run_probe_lanes(model_path: str, package_path: str, device: str, cases: list
                     workdir: Path, autocast: str = "none", zygotes: list[Zygote] | None = None,
                     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """`run_probes` over `cases`, on `probe_lanes` lanes that run side by side, each with a zygote of its own (one
-    of `zygotes`, started ahead by the caller, where there is one left: see `prestart`). The first lane runs the
+    of `zygotes`, started ahead by the caller, where there is one left: see `Prestarted`). The first lane runs the
     cases eager returns on (or that the probe decides) first, in one probe, in their order; the cases eager refuses
     are then taken one at a time, in order, by whichever lane is free, each in a probe of its own (on CUDA each
     ends its probe's context). No lane takes a case after BUDGET_S: those left are recorded as not run. One result
@@ -795,12 +795,12 @@ def _probe(model_path: str, package_path: str, device: str, cases_path: str, out
             return contextlib.nullcontext()
         return torch.autocast("cuda" if cuda else "cpu", dtype=getattr(torch, autocast))
 
-    began = 0.0  # the case's start: its outcome line says how long it took ("s"), its package line eager's part
+    began = 0.0  # the case's start: its outcome line says how long it took ("s")
 
     with open(out_path, "a", buffering=1) as out:
         def write(**line: Any) -> None:
-            if "outcome" in line or line.get("event") == "package":
-                line["s" if "outcome" in line else "eager_s"] = round(time.perf_counter() - began, 4)
+            if "outcome" in line:
+                line["s"] = round(time.perf_counter() - began, 4)
             out.write(json.dumps(line) + "\n")
             out.flush()
             os.fsync(out.fileno())
