@@ -284,13 +284,25 @@ def on_device(ep: torch.export.ExportedProgram, device: str) -> torch.export.Exp
     `aten._assert_tensor_metadata` that export puts before each cast (`.long()`, `.to(dtype)`), which asserts the
     device its input had at export. Without the move, a program exported on a laptop and compiled for a CUDA target
     failed its capture and its check on "Tensor device mismatch! Expected: cpu". A program exported on a GPU is
-    left as it is, with any tensor it placed on the CPU itself."""
+    left as it is, with any tensor it placed on the CPU itself; so is one with no device in its nodes (a plain
+    convolution net), which `module.to(device)` moves as it always has."""
     from torch.export.passes import move_to_device_pass
 
     target = torch.device(device)
-    if target.type == "cpu" or _devices(ep) - {"cpu"}:
+    if target.type == "cpu" or _devices(ep) - {"cpu"} or not _burnt_in(ep):
         return ep
     return move_to_device_pass(ep, {"cpu": str(target)})
+
+
+def _burnt_in(ep: torch.export.ExportedProgram) -> bool:
+    """Whether a node of the program (or of a subgraph) names a device: a `device=` argument, or `aten.to.device`."""
+    for gm in ep.graph_module.modules():
+        if not isinstance(gm, torch.fx.GraphModule):
+            continue
+        for node in gm.graph.nodes:
+            if "device" in node.kwargs or (node.op == "call_function" and node.target is torch.ops.aten.to.device):
+                return True
+    return False
 
 
 def _devices(ep: torch.export.ExportedProgram) -> set[str]:

@@ -46,7 +46,7 @@ from compiler.archive.inspect import inspect_archive
 from compiler.compat.safe_load import DeserializationRefused, guarded_export_load
 from compiler.errors import BadModel, UnsafeArchive, UnsafeModel
 from compiler.loading import load_program, on_device
-from modelzoo import export
+from modelzoo import ConvNet, export
 
 
 class Pair(torch.nn.Module):
@@ -538,3 +538,5 @@ def test_a_program_exported_on_the_cpu_is_moved_whole_to_its_target_device(tmp_p
     out = ep.module()(*args)
     assert out.device.type == "meta" and out.shape == (3, 4)
     assert on_device(ep, "cpu") is ep  # a CPU target: nothing to move
+    plain = load_program(str(export(ConvNet(), (torch.randn(1, 3, 8, 8),), tmp_path / "c.pt2")))
+    assert on_device(plain, "meta") is plain and plain.state_dict["conv1.weight"].device.type == "cpu"  # .to() will do
