@@ -471,6 +471,14 @@ def run_probes(model_path: str, package_path: str, device: str, cases: list[dict
     return [results[k] for k in range(len(cases))], cost
 
 
+def _summed(costs: list[dict[str, Any]]) -> dict[str, Any]:
+    """`run_probes` costs added up: the probes, the forked ones, each probe's wall time and set-up, the cases'
+    seconds."""
+    return {"probes": sum(c["probes"] for c in costs), "forked": sum(c["forked"] for c in costs),
+            "walls": [w for c in costs for w in c["walls"]], "setups": [x for c in costs for x in c["setups"]],
+            "returned_s": sum(c["returned_s"] for c in costs), "refused_s": sum(c["refused_s"] for c in costs)}
+
+
 def probe_costs(cost: dict[str, Any]) -> dict[str, Any]:
     """What the probes cost, for the check's record: the median probe's wall time and its parts before the first
     case (the CUDA context, the package's load with its weights, the program's load where eager runs in the
@@ -560,10 +568,7 @@ def run_probe_lanes(model_path: str, package_path: str, device: str, cases: list
         finally:
             if zygote is not None:
                 zygote.close()
-        return {"probes": sum(c["probes"] for c in spent), "forked": sum(c["forked"] for c in spent),
-                "walls": [w for c in spent for w in c["walls"]], "setups": [x for c in spent for x in c["setups"]],
-                "returned_s": sum(c["returned_s"] for c in spent), "refused_s": sum(c["refused_s"] for c in spent),
-                "seconds": round(time.perf_counter() - began, 3)}
+        return {**_summed(spent), "seconds": round(time.perf_counter() - began, 3)}
 
     try:
         with ThreadPoolExecutor(lanes, thread_name_prefix="aotc-probe-lane") as pool:
@@ -571,10 +576,7 @@ def run_probe_lanes(model_path: str, package_path: str, device: str, cases: list
     finally:
         for z in spare:
             z.close()
-    cost = {"probes": sum(c["probes"] for c in got), "forked": sum(c["forked"] for c in got),
-            "seconds": round(time.perf_counter() - t0, 3), "lanes": lanes,
-            "walls": [w for c in got for w in c["walls"]], "setups": [x for c in got for x in c["setups"]],
-            "returned_s": sum(c["returned_s"] for c in got), "refused_s": sum(c["refused_s"] for c in got),
+    cost = {**_summed(got), "seconds": round(time.perf_counter() - t0, 3), "lanes": lanes,
             "lanes_s": [c["seconds"] for c in got]}
     return _run_ambiguous_again(model_path, package_path, device, cases, tolerance, workdir, autocast, results, cost)
 
@@ -602,12 +604,7 @@ def _run_ambiguous_again(model_path: str, package_path: str, device: str, cases:
         (workdir / f"again-{round_}").mkdir()
         found, spent = run_probes(model_path, package_path, device, [cases[k] for k in again], tolerance,
                                   workdir / f"again-{round_}", autocast, budget=left)
-        cost["probes"] += spent["probes"]
-        cost["forked"] += spent["forked"]
-        cost["walls"] += spent["walls"]
-        cost["setups"] += spent["setups"]
-        cost["returned_s"] += spent["returned_s"]
-        cost["refused_s"] += spent["refused_s"]
+        cost.update(_summed([cost, spent]))
         for k, r in zip(again, found, strict=True):
             if r.get("outcome") == "not run":  # the round's budget was spent before it: the fault stands
                 continue
