@@ -13,10 +13,11 @@ fails whatever eager did.
 
 Where it runs. The package never runs in the check's own process for these cases: each run happens in a probe
 child, which writes one line per case as it goes. Probes are forked from a zygote that has imported torch (Zygote),
-or started as `python -m compiler.adversarial` where it cannot start. The check decides first, with eager on the
-CPU, which cases raise (on CUDA, on a CPU copy of the program: an out-of-range index in eager CUDA is a device-side
-assert too), running again for each case only the nodes its poisoned input reaches (partial_verdicts), and hands
-the probe the cases that return first and those that raise last. A probe that
+or started as `python -m compiler.adversarial` where it cannot start. The check decides first, with eager on a
+CPU copy of the program, which cases raise (on CUDA an out-of-range index in eager is a device-side assert too), the
+copy bounded where eager ATen is not (compiler.bounds: embedding_bag's middle offsets, which its kernel reads
+wherever they point), running again for each case only the nodes its poisoned input reaches (partial_verdicts), and
+hands the probe the cases that return first and those that raise last. A probe that
 dies mid-case is read from its lines: the case it was in is marked, and a new probe goes on from the next one. On
 CUDA a probe also leaves, to be replaced, as soon as a case has left its context unusable, so every case runs on a
 working device. Where the CPU copy raises at in-range inputs too (an op with no CPU kernel), eager runs on the
@@ -48,13 +49,14 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from compiler import inputs as inputs_mod
+from compiler.bounds import bound_program
 from compiler.errors import CheckFailed, first_line
 from compiler.weightsfile import sidecar
 
@@ -668,17 +670,74 @@ def cases_at(ep: torch.export.ExportedProgram, spec: inputs_mod.Spec, shapes: li
     return inputs_mod.adversarial_cases(spec, shapes, ranges, sizes, MAX_CASES, floats, masks), sizes
 
 
+@dataclass
+class Oracle:
+    """What eager says of each adversarial case at one shape point, decided before any package is loaded (see
+    `oracle_at`): the cases (`poisons`, their inputs `flats`), eager's verdict on each, and how it was reached."""
+
+    poisons: list[inputs_mod.Poison]
+    sizes: list[int]
+    flats: list[list[torch.Tensor]] = field(default_factory=list)
+    eager: list[str | None] = field(default_factory=list)
+    oracle: str = ""
+    cpu_nodes_run: Any = None
+    bounds: dict[str, int] = field(default_factory=dict)  # the CPU copy's ops rewritten to checked forms, and checked
+    # before they index (compiler.bounds)
+    seconds: float = 0.0
+
+
+def oracle_at(model_path: str, spec: inputs_mod.Spec, device: str, ep: torch.export.ExportedProgram,
+              base: list[torch.Tensor], shapes: list[list[int]], ranges: list[tuple[int, int] | None]) -> Oracle:
+    """The adversarial cases at one shape point (`base`: the in-range random inputs there, on the CPU) and eager's
+    verdict on each. It needs the program only, never the package: a check started before its package exists (the
+    worker's early check) decides them while the compile runs."""
+    t0 = time.perf_counter()
+    poisons, sizes = cases_at(ep, spec, shapes, ranges)
+    found = Oracle(poisons, sizes)
+    if not poisons:
+        return found
+    found.flats = [inputs_mod.poisoned(base, p) for p in poisons]
+    found.oracle = f"eager on the CPU ({torch.__version__})"
+    on_cuda = device.startswith("cuda")
+    # Eager's verdicts come from a CPU copy of the program: on CUDA an out-of-range index in eager is a device-side
+    # assert too, which would end the check's own context. The copy is bounded where eager ATen is not
+    # (compiler.bounds' rewrites, and `eager_gaps`), since some kernels read wherever an adversarial value points
+    # instead of raising: embedding_bag's middle offsets read past the ids, which took down the check's own process
+    # with SIGSEGV on an H200 (2026-11-30) and on the CPU box returned what it found there. Bounded, such a case
+    # raises, as the package must; every other op raises eager's own error.
+    oracle_ep = cpu_copy(model_path)[0]
+    bounded = bound_program(oracle_ep, eager_gaps=True)
+    found.bounds = {"rewritten": len(bounded.rewritten), "range_checked": len(bounded.range_checked)}
+    module = oracle_ep.module()
+    decided = partial_verdicts(oracle_ep, module, base, found.flats, [p.input for p in poisons])
+    if decided is None and on_cuda:
+        found.eager = [UNKNOWN] * len(found.flats)
+        found.oracle = "eager on the device, in the probes (the program's CPU copy raises at in-range inputs)"
+    elif decided is None:  # eager raises at the in-range start too: each case, whole
+        found.eager = eager_verdicts(oracle_ep, module, found.flats)
+    else:
+        found.eager, found.cpu_nodes_run = list(decided[0]), decided[1]
+        if on_cuda:
+            found.oracle = "eager on a CPU copy of the program"
+    found.seconds = round(time.perf_counter() - t0, 3)
+    return found
+
+
 def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str,
                       ep: torch.export.ExportedProgram, base: list[torch.Tensor], shapes: list[list[int]],
                       ranges: list[tuple[int, int] | None], tolerance: float,
-                      autocast: torch.dtype | None = None, zygotes: list[Zygote] | None = None) -> dict[str, Any]:
+                      autocast: torch.dtype | None = None, zygotes: list[Zygote] | None = None,
+                      decided: Oracle | None = None) -> dict[str, Any]:
     """The adversarial cases at one shape point (`base`: the in-range random inputs there, on the CPU). Returns the
     summary for the check's record, with "failures" (messages) empty when every case ended as it must.
     `autocast`: a train step's precision; eager's forward in the probes runs under it, as in the training check
     (fp32 eager against a bf16 step refused resnet50 on an H200: its logits 0.13 apart at an in-range label).
-    `zygotes`: started ahead (Prestarted), for the probe lanes; closed here."""
+    `zygotes`: started ahead (Prestarted), for the probe lanes; closed here. `decided`: eager's verdicts, where
+    `oracle_at` ran ahead (the summary's `oracle_s` says how long it took there)."""
     t0 = time.perf_counter()
-    poisons, sizes = cases_at(ep, spec, shapes, ranges)
+    ahead = decided is not None
+    found = decided if decided is not None else oracle_at(model_path, spec, device, ep, base, shapes, ranges)
+    poisons, sizes, flats, eager = found.poisons, found.sizes, found.flats, found.eager
     summary: dict[str, Any] = {"cases": len(poisons), "max_cases": MAX_CASES, "failures": []}
     if not poisons:
         for z in zygotes or []:
@@ -686,24 +745,12 @@ def check_adversarial(model_path: str, package_path: str, spec: inputs_mod.Spec,
         summary["note"] = ("no integer inputs, no float input cast to an integer, no bool mask it indexes by: "
                            "nothing to try")
         return summary
-    flats = [inputs_mod.poisoned(base, p) for p in poisons]
-    oracle = f"eager on the CPU ({torch.__version__})"
-    on_cuda = device.startswith("cuda")
-    # On CUDA, eager's verdicts come from a CPU copy of the program: an out-of-range index in eager CUDA is a
-    # device-side assert too, which would end the check's own context.
-    oracle_ep = cpu_copy(model_path)[0] if on_cuda else ep
-    decided = partial_verdicts(oracle_ep, oracle_ep.module(), base, flats, [p.input for p in poisons])
-    eager: list[str | None]
-    if decided is None and on_cuda:
-        eager = [UNKNOWN] * len(flats)
-        oracle = "eager on the device, in the probes (the program's CPU copy raises at in-range inputs)"
-    elif decided is None:  # eager raises at the in-range start too: each case, whole
-        eager = eager_verdicts(ep, ep.module(), flats)
-    else:
-        eager, summary["cpu_nodes_run"] = list(decided[0]), decided[1]
-        if on_cuda:
-            oracle = "eager on a CPU copy of the program"
-    del oracle_ep
+    oracle = found.oracle
+    if found.cpu_nodes_run is not None:
+        summary["cpu_nodes_run"] = found.cpu_nodes_run
+    summary["oracle_bounds"] = found.bounds
+    if ahead:
+        summary["oracle_s"] = found.seconds
     # Cases eager returns first, those it refuses last: on CUDA a refused case ends the probe's context.
     order = sorted(range(len(poisons)), key=lambda k: eager[k] not in (None, UNKNOWN))
     cases = [{"inputs": flats[k], "eager": eager[k]} for k in order]

@@ -261,15 +261,20 @@ def op_key(target: Any) -> str | None:
 
 
 def bound_program(ep: torch.export.ExportedProgram, negative_ids: bool | None = None,
-                  device: str | None = None) -> BoundsReport:
+                  device: str | None = None, eager_gaps: bool = False) -> BoundsReport:
     """Rewrite every op of `ep` that skips a bounds check (in every graph: higher-order ops' subgraphs too) to its
     checked form, in place; raise BadModel for one that has none. `negative_ids`: also move negative ids out of
     range before embedding and class-target losses (None: where this torch's Inductor wraps them). `device`, the
     target's: on a CPU, each op that indexes with a tensor also checks the whole index first, so an out-of-range
-    index raises in the package's wrapper, not in a parallel kernel that ends the process (compiler.ranges)."""
+    index raises in the package's wrapper, not in a parallel kernel that ends the process (compiler.ranges).
+    `eager_gaps`: whatever `device`, only the index tensors no kernel bounds (Span.on_cuda: embedding_bag's middle
+    offsets, which eager ATen reads unchecked on a CPU too), so that the program can run eagerly on hostile inputs
+    (the adversarial check's oracle) and raise where it would read out of bounds, eager's own errors kept
+    elsewhere."""
     rules = _rules(INDUCTOR_WRAPS_NEGATIVE_IDS if negative_ids is None else negative_ids)
     kind = torch.device(device).type if device is not None else None
-    ranges: Collection[str] = CHECKED if kind == "cpu" else CHECKED_ON_CUDA if kind == "cuda" else ()
+    ranges: Collection[str] = (CHECKED_ON_CUDA if eager_gaps or kind == "cuda" else CHECKED if kind == "cpu"
+                               else ())
     report = BoundsReport()
     for gm in ep.graph_module.modules():
         if not isinstance(gm, torch.fx.GraphModule):
@@ -290,7 +295,7 @@ def bound_program(ep: torch.export.ExportedProgram, negative_ids: bool | None = 
                 report.rewritten.append({"node": node.name, "op": key, "became": rule.becomes})
                 changed = True
             if key in ranges:
-                node.target = range_checked(key, op, node.target, cuda=kind == "cuda")
+                node.target = range_checked(key, op, node.target, cuda=kind == "cuda" or eager_gaps)
                 report.range_checked.append({"node": node.name, "op": key})
                 changed = True
         if changed:

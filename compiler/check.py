@@ -22,13 +22,14 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from compiler import inputs as inputs_mod
 from compiler import weights as weights_mod
-from compiler.adversarial import Prestarted, check_adversarial, refuse_failures
+from compiler.adversarial import Oracle, Prestarted, check_adversarial, oracle_at, refuse_failures
 from compiler.compat import pytree
 from compiler.compat.aoti import aoti_load_package, constant_fqns, load_for_graphs, native_graph_support
 from compiler.device import cpu_name
@@ -251,6 +252,16 @@ class _Phases:
         self.phases[phase] = round(now - self._t, 3)
         self._t = now
 
+    def restart(self) -> float:
+        """The next phase starts now; returns the seconds since the last one ended (an early check's wait for its
+        package, which is no phase of the check)."""
+        now = time.perf_counter()
+        idle, self._t = now - self._t, now
+        return round(idle, 3)
+
+
+Case = tuple[str, Any, tuple, dict, Any]  # label, shapes, args, kwargs, eager's output
+
 
 def eager_cases(model_path: str, spec: inputs_mod.Spec, device: str, seed: int, rep_ms: float = MEASURE_REP_MS,
                 clock: _Phases | None = None,
@@ -259,13 +270,21 @@ def eager_cases(model_path: str, spec: inputs_mod.Spec, device: str, seed: int, 
     output, eager's `measure` over `rep_ms`). Eager runs first, for every point, before any package is loaded: on
     CPUs a package brings its own OpenMP runtime, and two runtimes spinning on the same cores would slow whichever
     runs second."""
+    ep, eager, cases = eager_outputs(model_path, spec, device, seed, clock)
+    return ep, eager, [(*case, eager_time(eager, case, device, rep_ms)) for case in cases]
+
+
+def eager_outputs(model_path: str, spec: inputs_mod.Spec, device: str, seed: int, clock: _Phases | None = None,
+                  ) -> tuple[Any, torch.nn.Module, list[Case]]:
+    """The program, its eager module on `device`, and per point of `spec` eager's output on the check's random
+    inputs (CheckFailed, saying why, where eager refuses them)."""
     ep = on_device(load_program(model_path), device)
     eager = ep.module()
     eager.to(device)
     if clock is not None:
         clock.done("program")
     ranges = inputs_mod.int_ranges(ep)
-    cases = []
+    cases: list[Case] = []
     for label, shapes in inputs_mod.points(spec).items():
         flat = inputs_mod.random_inputs(spec, shapes, device, ranges, seed)
         args, kwargs = inputs_mod.call_args(ep, flat)
@@ -274,9 +293,15 @@ def eager_cases(model_path: str, spec: inputs_mod.Spec, device: str, seed: int, 
                 expected = eager(*args, **kwargs)
             except Exception as e:
                 raise CheckFailed(_refused_samples(spec, ranges, label, e), stage="check") from None
-            eager_t = measure(lambda: eager(*args, **kwargs), device, rep_ms=rep_ms)  # noqa: B023  (here, not later)
-        cases.append((label, shapes, args, kwargs, expected, eager_t))
+        cases.append((label, shapes, args, kwargs, expected))
     return ep, eager, cases
+
+
+def eager_time(eager: torch.nn.Module, case: Case, device: str, rep_ms: float = MEASURE_REP_MS) -> dict[str, Any]:
+    """Eager's `measure` at one case of `eager_outputs`."""
+    _, _, args, kwargs, _ = case
+    with torch.inference_mode():
+        return measure(lambda: eager(*args, **kwargs), device, rep_ms=rep_ms)
 
 
 def _refused_samples(spec: inputs_mod.Spec, ranges: list[tuple[int, int] | None], label: str,
@@ -292,31 +317,87 @@ def _refused_samples(spec: inputs_mod.Spec, ranges: list[tuple[int, int] | None]
             f"{first_line(e).rstrip('.')}{where}")
 
 
+@dataclass
+class Prepared:
+    """The part of a check that needs no package (`prepare_check`): the program on the device, eager's output at
+    every point, the probes' zygotes started, and (`decided`) eager's verdict on each adversarial case. The worker's
+    early check makes it while the compile runs, then waits for the package (worker.earlycheck)."""
+
+    model_path: str
+    spec: inputs_mod.Spec
+    device: str
+    ep: Any
+    eager: torch.nn.Module | None
+    cases: list[Case]
+    clock: _Phases
+    early: Prestarted | None
+    base: list[torch.Tensor] = field(default_factory=list)
+    decided: Oracle | None = None
+
+    def drop_eager(self) -> None:
+        """Lets go of the eager module and its outputs (one copy of the weights at a time: the probes load theirs)."""
+        self.eager, self.cases = None, []
+
+    def close(self) -> None:
+        if self.early is not None:
+            self.early.close()
+
+
+def prepare_check(model_path: str, spec: inputs_mod.Spec, device: str, seed: int = 0, adversarial: bool = True,
+                  oracle: bool = False) -> Prepared:
+    """A check's part before its package: the probes' zygotes first (Prestarted, so that they import torch while
+    the rest runs), the program and eager's outputs, and with `oracle` eager's verdict on every adversarial case
+    (which a check run at once decides only after the plain run passed). No figure is taken: eager is timed when
+    the package has come (`check_artifact`), since an early check waits beside a compile."""
+    clock = _Phases()
+    early = Prestarted(device, spec) if adversarial else None
+    try:
+        ep, eager, cases = eager_outputs(model_path, spec, device, seed, clock)
+        clock.done("eager")
+        prepared = Prepared(model_path, spec, device, ep, eager, cases, clock, early)
+        if adversarial:
+            _, shapes = next(iter(inputs_mod.points(spec).items()))
+            ranges = inputs_mod.int_ranges(ep)
+            prepared.base = inputs_mod.random_inputs(spec, shapes, "cpu", ranges, seed)
+            if oracle:
+                prepared.decided = oracle_at(model_path, spec, device, ep, prepared.base, shapes, ranges)
+                clock.done("oracle")
+        return prepared
+    except BaseException:
+        if early is not None:
+            early.close()
+        raise
+
+
 def check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, seed: int = 0,
                    precision: str = "keep", allow_nonfinite: bool = False, graphs: bool = True,
-                   adversarial: bool = True) -> dict[str, Any]:
+                   adversarial: bool = True, prepared: Prepared | None = None) -> dict[str, Any]:
     """Run the package and the program eagerly at every point of `spec` and compare (see `compare`). Raises
     CheckFailed when they disagree, or when any output holds NaN or inf and `allow_nonfinite` is not set. On CUDA
     (unless `graphs=False`) the package's run is also captured in a CUDA graph per point, checked and timed. Then
     (unless `adversarial=False`, which only tests use) the adversarial cases at the smallest point, in probe
     processes (compiler.adversarial): CheckFailed, naming the input and the value, where the package returns what
-    eager refuses or disagrees with what eager returns. The summary's `adversarial` says what ran. The probes'
-    zygotes are started first (Prestarted), so that they import torch while the rest of the check runs."""
-    early = Prestarted(device, spec) if adversarial else None
+    eager refuses or disagrees with what eager returns. The summary's `adversarial` says what ran. `prepared`: the
+    part before the package, made ahead by `prepare_check` for this program, spec, device and seed (closed here);
+    without it the check makes it first."""
+    ahead = prepared is not None
+    if prepared is None:
+        prepared = prepare_check(model_path, spec, device, seed, adversarial)
     try:
-        return _check_artifact(model_path, package_path, spec, device, seed, precision, allow_nonfinite, graphs,
-                               early)
+        return _check_artifact(prepared, package_path, precision, allow_nonfinite, graphs, ahead)
     finally:
-        if early is not None:
-            early.close()
+        prepared.close()
 
 
-def _check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, device: str, seed: int,
-                    precision: str, allow_nonfinite: bool, graphs: bool, early: Prestarted | None,
-                    ) -> dict[str, Any]:
-    clock = _Phases()
-    ep, eager, cases = eager_cases(model_path, spec, device, seed, clock=clock)
-    clock.done("eager")
+def _check_artifact(prepared: Prepared, package_path: str, precision: str, allow_nonfinite: bool, graphs: bool,
+                    ahead: bool) -> dict[str, Any]:
+    model_path, spec, device, ep, eager, clock = (prepared.model_path, prepared.spec, prepared.device, prepared.ep,
+                                                  prepared.eager, prepared.clock)
+    assert eager is not None, "a prepared check runs once"
+    idle = clock.restart()
+    # Eager is timed before any package is loaded (eager_cases says why).
+    cases = [(*case, eager_time(eager, case, device)) for case in prepared.cases]
+    clock.done("eager_timed")
     ranges = inputs_mod.int_ranges(ep)
     tolerance = PRECISION_TOLERANCE.get(precision, 0.0)
     weights_path = weights_mod.sidecar(package_path)
@@ -391,14 +472,16 @@ def _check_artifact(model_path: str, package_path: str, spec: inputs_mod.Spec, d
     if failed:
         raise CheckFailed(f"artifact disagrees with eager at {failed[0]['point']} shapes: {failed[0]['why']}",
                           stage="check", excerpt=str(summary))
-    if early is not None:
+    if ahead:
+        summary["early"] = {"idle_s": idle}
+    if prepared.early is not None:
         label, shapes = next(iter(inputs_mod.points(spec).items()))
-        base = inputs_mod.random_inputs(spec, shapes, "cpu", ranges, seed)
-        del eager, cases  # the probes load their own copies
+        del eager, cases
+        prepared.drop_eager()  # the probes load their own copies
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-        found = check_adversarial(model_path, package_path, spec, device, ep, base, shapes, ranges, tolerance,
-                                  zygotes=early.take())
+        found = check_adversarial(model_path, package_path, spec, device, ep, prepared.base, shapes, ranges,
+                                  tolerance, zygotes=prepared.early.take(), decided=prepared.decided)
         summary["adversarial"] = {"point": label, **found}
         clock.done("adversarial")
         refuse_failures(found, "artifact", f" at {label} shapes")

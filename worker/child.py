@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from worker.cpus import pin
+from worker.cpus import pin, repin
 
 READY = "child-ready"  # the handshake's stage name (worker.health takes it out of the job's stages)
 KINDS = ("compile", "check", "time", "warmup", "probe")
@@ -88,6 +88,27 @@ def _warm_up(task: dict[str, Any], d: Path) -> dict[str, Any]:
     return {"seconds": round(time.perf_counter() - t0, 3)}
 
 
+GO_POLL_S = 0.02
+
+
+def _prepare_early(task: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """An early check (worker.earlycheck): the part before the package (compiler.check.prepare_check, the
+    adversarial verdicts included), then a wait for the worker's word, task["go_path"] in the job's dir (the
+    worker's, read-only here), which names the package and how to run: {"package_path", "untimed", "cpus"}. The
+    worker kills this child instead where the compile fails. Returns (the prepared part, the word)."""
+    from compiler.check import prepare_check
+
+    t0 = time.perf_counter()
+    prepared = prepare_check(task["model_path"], task["spec"], task["device"], oracle=True)
+    ready = time.perf_counter()
+    go = Path(task["go_path"])
+    while not go.exists():
+        time.sleep(GO_POLL_S)
+    word = json.loads(go.read_text())
+    word["early"] = {"prepared_s": round(ready - t0, 3), "waited_s": round(time.perf_counter() - ready, 3)}
+    return prepared, word
+
+
 def _import_toolchain(kind: str, device: str) -> None:
     """What must work before any of the job is touched: torch, the compiler modules this kind runs, the device."""
     import torch
@@ -102,6 +123,7 @@ def main(jobdir: str, kind: str) -> int:
     task: dict[str, Any] = json.loads((Path(jobdir) / f"{kind}-task.json").read_text())
     _die_with_parent(task.get("parent_pid"))
     # Before torch starts a thread: what this child starts inherits the cores (worker.cpus, AOTC_TIMING_CPUS).
+    everywhere = sorted(os.sched_getaffinity(0))
     cpus = pin(task.get("cpus"))
     faulthandler.enable()  # a segfault leaves the Python stack in the log, hence in the job's error excerpt
     d = Path(task["dir"])
@@ -135,6 +157,10 @@ def main(jobdir: str, kind: str) -> int:
         elif kind == "check":
             from compiler.check import check_artifact, untimed
 
+            prepared = _prepare_early(task) if task.get("go_path") else None
+            if prepared is not None:  # an early check: its package has come
+                task = {**task, **prepared[1]}
+                cpus = repin(task.get("cpus"), everywhere)
             on_stage("check")
             asked = task.get("options") or {}
             # `untimed`: a timing pass of its own follows (compiler/timing.py), so the check takes no figures.
@@ -149,7 +175,10 @@ def main(jobdir: str, kind: str) -> int:
                 with untimed() if task.get("untimed") else contextlib.nullcontext():
                     result = check_artifact(task["model_path"], task["package_path"], task["spec"], task["device"],
                                             precision=asked.get("precision", "keep"),
-                                            allow_nonfinite=bool(asked.get("allow_nonfinite", False)))
+                                            allow_nonfinite=bool(asked.get("allow_nonfinite", False)),
+                                            prepared=prepared[0] if prepared is not None else None)
+                if prepared is not None:
+                    result["early"] = {**task["early"], **result.get("early", {})}
         elif kind == "time":  # the timing pass, under the device lock (compiler/timing.py)
             from compiler.timing import time_artifact
 

@@ -138,3 +138,17 @@ def pin(cores: list[int] | None) -> list[int]:
         except OSError:
             pass
     return sorted(os.sched_getaffinity(0))
+
+
+def repin(cores: list[int] | None, everywhere: list[int]) -> list[int]:
+    """Pin every thread of this process to `cores`, or back to `everywhere` where None (`pin` pins the caller only,
+    before any other thread starts): an early check (worker.earlycheck) starts on an untimed check's cores and learns
+    only when its package comes whether it times itself, unpinned. The processes it started (the probes' zygotes)
+    keep their cores. Returns the cores it runs on."""
+    want = cores or everywhere
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), want)
+        except (OSError, ValueError):
+            pass
+    return sorted(os.sched_getaffinity(0))

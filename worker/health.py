@@ -176,9 +176,15 @@ class Health:
         """worker.sandbox.run_child, watching for the handshake: a failure before it is a BrokenEnvironment."""
         handshake = Handshake(on_stage)
         outcome = run_child(task, jobdir, on_stage=handshake, **kwargs)
-        outcome = self.judge(task["kind"], outcome, handshake.seen, jobdir / f"{task['kind']}.log",
-                             jobdir / task["kind"])
-        if handshake.seen and self._recheck(task["kind"], str(task.get("device") or "cpu"), outcome):
+        return self.settle(task, outcome, handshake.seen, jobdir, **kwargs)
+
+    def settle(self, task: dict[str, Any], outcome: Outcome, started: bool, jobdir: Path, **kwargs: Any) -> Outcome:
+        """What `run_child` makes of a child's outcome, for a child run apart (worker.earlycheck runs its own in a
+        thread, and settles it here, in the job's): judged, and its device rechecked where it failed after its
+        handshake."""
+        outcome = self.judge(task["kind"], outcome, started, jobdir / f"{task['kind']}.log", jobdir / task["kind"])
+        if started and self._recheck(task["kind"], str(task.get("device") or "cpu"), outcome):
+            kwargs.pop("waiting", None)
             return self.recheck(task, outcome, jobdir, **kwargs)
         return outcome
 

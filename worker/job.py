@@ -42,6 +42,7 @@ from worker import cpus as cpus_mod
 from worker.backoff import retry_delay, until_redis
 from worker.devlock import exclusive, lock_path, shared, timing_now
 from worker.disk import DiskWatch
+from worker.earlycheck import EarlyCheck
 from worker.headers import Headers, header_dir
 from worker.health import Health
 from worker.isolation import Sandbox, headers_dir
@@ -392,120 +393,158 @@ class JobRunner:
                 share.seed(childdir)
             return self._headers(childdir)
 
-        compile_dir = workdir / "compile"
-        store.caches.record_compile()
-        compiled = run(
-            {"kind": "compile", "model_path": str(model_path), "spec": job["spec"], "options": job["options"],
-             "program_inputs": model["inputs"], "device": device, "out_path": str(compile_dir / "artifact.pt2"),
-             "target": target, "isa_scan_timeout_s": self.settings.isa_scan_timeout_s,
-             "precompiled_headers": self.headers.ready, "cpus": self.cpus.for_kind("compile")},
-            workdir, timeout_s=self.settings.compile_timeout_s, prepare=prepare,
-            keep=lambda: [*OUTPUTS.values(), *(share.files() if share is not None else [])],
-            **self._pause(device),
-        )
-        if share is not None:
-            share.collect(compile_dir)
-        if not compiled.ok:
-            return compiled, {}
-        outputs = _take_outputs(compiled.result, compile_dir, workdir / "results")
-        if isinstance(outputs, Failure):
-            return Outcome(False, failure=outputs), {}
-        caches = {**(compiled.result.get("caches") or {}), "gemm_timings": share.stats if share else None}
-        check: dict[str, Any] | None = None
-        timings = {**compiled.result["timings"], "compile_total": round(compiled.seconds, 3)}
-        if compiled.paused_s:
-            timings["compile_paused"] = compiled.paused_s
-        if outputs["package"] is not None:  # always, since mode=training builds a package too
-            # Correctness beside compiles and other checks: no lock. Its figures were taken on a busy device, so
-            # the timing pass replaces them, under the device lock (compiler/timing.py).
-            task = {"model_path": str(model_path), "package_path": str(outputs["package"]), "spec": job["spec"],
-                    "device": device, "options": job["options"]}
-            lock = lock_path(self.settings.data_dir, device) if self.settings.check_exclusive else None
-            # No lock at all, or AOTC_TIMING_PASS=auto (alone: and no other worker on this device): a check that
-            # finds the device free times itself under the lock (one child fewer); otherwise it runs beside the
-            # others, untimed. With AOTC_TIMING_WINDOWS above 1 the timing pass always takes the figures.
-            with exclusive(lock, 0) as held:
-                alone = (lock is None and self.settings.timing_windows == 1) or (
-                    held["exclusive"] and self._times_itself())
+        # The check's child starts now, beside the compile, where AOTC_CHECK_EARLY says so (worker/earlycheck.py).
+        early = self._early_check(job, model_path, workdir, on_stage, cancelled)
+        try:
+            compile_dir = workdir / "compile"
+            store.caches.record_compile()
+            compiled = run(
+                {"kind": "compile", "model_path": str(model_path), "spec": job["spec"], "options": job["options"],
+                 "program_inputs": model["inputs"], "device": device, "out_path": str(compile_dir / "artifact.pt2"),
+                 "target": target, "isa_scan_timeout_s": self.settings.isa_scan_timeout_s,
+                 "precompiled_headers": self.headers.ready, "cpus": self.cpus.for_kind("compile")},
+                workdir, timeout_s=self.settings.compile_timeout_s, prepare=prepare,
+                keep=lambda: [*OUTPUTS.values(), *(share.files() if share is not None else [])],
+                **self._pause(device),
+            )
+            if share is not None:
+                share.collect(compile_dir)
+            if not compiled.ok:
+                return compiled, {}
+            outputs = _take_outputs(compiled.result, compile_dir, workdir / "results")
+            if isinstance(outputs, Failure):
+                return Outcome(False, failure=outputs), {}
+            caches = {**(compiled.result.get("caches") or {}), "gemm_timings": share.stats if share else None}
+            check: dict[str, Any] | None = None
+            timings = {**compiled.result["timings"], "compile_total": round(compiled.seconds, 3)}
+            if compiled.paused_s:
+                timings["compile_paused"] = compiled.paused_s
+            if outputs["package"] is not None:  # always, since mode=training builds a package too
+                # Correctness beside compiles and other checks: no lock. Its figures were taken on a busy device, so
+                # the timing pass replaces them, under the device lock (compiler/timing.py).
+                task = {"model_path": str(model_path), "package_path": str(outputs["package"]), "spec": job["spec"],
+                        "device": device, "options": job["options"]}
+                lock = lock_path(self.settings.data_dir, device) if self.settings.check_exclusive else None
+                # No lock at all, or AOTC_TIMING_PASS=auto (alone: and no other worker on this device): a check that
+                # finds the device free times itself under the lock (one child fewer); otherwise it runs beside the
+                # others, untimed. With AOTC_TIMING_WINDOWS above 1 the timing pass always takes the figures.
+                with exclusive(lock, 0) as held:
+                    alone = (lock is None and self.settings.timing_windows == 1) or (
+                        held["exclusive"] and self._times_itself())
+                    if alone:
+                        checked = self._check(early, run, task, workdir, timed=True)
+                if not alone:
+                    # Where compiles pause for the timing (AOTC_TIMING_PAUSE), checks hold the device shared: beside
+                    # each other, never beside a timing pass. A check is not paused: its probes keep wall-clock limits.
+                    pauses = self._pauses(device)
+                    if pauses:
+                        self._set_stage(job_id, "check")  # while it waits for a timing pass to end, too
+                    with shared(lock if pauses else None, self.settings.check_timeout_s, cancelled) as sh:
+                        checked = self._check(early, run, task, workdir, timed=False)
+                if not checked.ok:
+                    return checked, {}
+                timings["check"] = round(checked.seconds, 3)
                 if alone:
-                    checked = run({"kind": "check", **task}, workdir, timeout_s=self.settings.check_timeout_s)
-            if not alone:
-                # Where compiles pause for the timing (AOTC_TIMING_PAUSE), checks hold the device shared: beside
-                # each other, never beside a timing pass. A check is not paused: its probes keep wall-clock limits.
-                pauses = self._pauses(device)
-                if pauses:
-                    self._set_stage(job_id, "check")  # while it waits for a timing pass to end, too
-                with shared(lock if pauses else None, self.settings.check_timeout_s, cancelled) as sh:
-                    checked = run({"kind": "check", **task, "untimed": True, "cpus": self.cpus.for_kind("check")},
-                                  workdir, timeout_s=self.settings.check_timeout_s)
-            if not checked.ok:
-                return checked, {}
-            timings["check"] = round(checked.seconds, 3)
-            if alone:
-                check = {**checked.result, "host": held, "timing": {**held, "pass": "check",
-                                                                      "compiles": self._compiles(device)}}
-                timings["check_wait"] = 0.0
-            elif options.get("mode") == "training":  # no timing pass for train steps yet: untimed
-                check = {**checked.result, "host": {**held, "exclusive": False}}
-            else:
-                host = {**held, "exclusive": False, "waited_s": sh["waited_s"],
-                        "reason": "the check holds the device shared: beside other checks, never a timing pass"
-                        if sh["shared"] else sh.get("reason") or "the check takes no device lock: the timing pass does"}
-                timed = self._timing_pass(job_id, task, {**checked.result, "host": host}, workdir, run, cancelled)
-                if isinstance(timed, Outcome):
-                    return timed, {}
-                check, timings["timing"], timings["check_wait"] = timed
-                check["timing"]["cores"] = {"compile": compiled.cpus, "check": checked.cpus,
-                                           **check["timing"].get("cores", {}), "why": self.cpus.why}
-            if speed.is_dynamic(job["spec"]):  # no client replays it: its graph figure would promise nothing
-                check = speed.not_replayable(check)
-        weights: dict[str, Any] | None = None
-        if outputs["weights"] is not None:
-            found = _weights_manifest(outputs["weights"], check, self.settings.weights_max_header_mb * 2**20)
-            if isinstance(found, Failure):
-                return Outcome(False, failure=found), {}
-            weights = found
-        on_stage("publish")
-        # The stage report and the generated sources go in before the record, which is written last.
-        report_path = outputs["report"]
-        assert report_path is not None
-        report = attach_check(json.loads(report_path.read_text()), check)
-        report["key"] = job["key"]
-        report["caches"] = caches
-        record: dict[str, Any] = {
-            "key": job["key"],
-            "factors": job["factors"],
-            "model_id": job["model_id"],
-            "target": target,
-            "spec": job["spec"],
-            "options": job["options"],
-            "dynamic_dims": compiled.result["dynamic_dims"],
-            "timings": timings,
-            "caches": caches,
-            "check": check,
-            "job_id": job_id,
-            "worker": {"id": self.id, "device_name": self.info["device_name"], "host": self.info["host"]},
-        }
-        if weights is not None:
-            record["weights"] = {"sha256": weights["sha256"], "size": weights["size"],
-                                 "constants": len(weights["constants"])}
-        # A target it builds but does not serve natively: checked here, on its own device, not on the target.
-        blind = outputs["package"] is not None and target in (self.info.get("build_only") or ())
-        built_on = str(self.info.get("built_on") or self.target)
-        if blind:
-            record["on_target"] = {"state": ontarget.UNVERIFIED, "built_on": built_on}
+                    check = {**checked.result, "host": held, "timing": {**held, "pass": "check",
+                                                                          "compiles": self._compiles(device)}}
+                    timings["check_wait"] = 0.0
+                elif options.get("mode") == "training":  # no timing pass for train steps yet: untimed
+                    check = {**checked.result, "host": {**held, "exclusive": False}}
+                else:
+                    host = {**held, "exclusive": False, "waited_s": sh["waited_s"],
+                            "reason": "the check holds the device shared: beside other checks, never a timing pass"
+                            if sh["shared"]
+                            else sh.get("reason") or "the check takes no device lock: the timing pass does"}
+                    timed = self._timing_pass(job_id, task, {**checked.result, "host": host}, workdir, run, cancelled)
+                    if isinstance(timed, Outcome):
+                        return timed, {}
+                    check, timings["timing"], timings["check_wait"] = timed
+                    check["timing"]["cores"] = {"compile": compiled.cpus, "check": checked.cpus,
+                                               **check["timing"].get("cores", {}), "why": self.cpus.why}
+                if speed.is_dynamic(job["spec"]):  # no client replays it: its graph figure would promise nothing
+                    check = speed.not_replayable(check)
+            weights: dict[str, Any] | None = None
+            if outputs["weights"] is not None:
+                found = _weights_manifest(outputs["weights"], check, self.settings.weights_max_header_mb * 2**20)
+                if isinstance(found, Failure):
+                    return Outcome(False, failure=found), {}
+                weights = found
+            on_stage("publish")
+            # The stage report and the generated sources go in before the record, which is written last.
+            report_path = outputs["report"]
+            assert report_path is not None
+            report = attach_check(json.loads(report_path.read_text()), check)
+            report["key"] = job["key"]
+            report["caches"] = caches
+            record: dict[str, Any] = {
+                "key": job["key"],
+                "factors": job["factors"],
+                "model_id": job["model_id"],
+                "target": target,
+                "spec": job["spec"],
+                "options": job["options"],
+                "dynamic_dims": compiled.result["dynamic_dims"],
+                "timings": timings,
+                "caches": caches,
+                "check": check,
+                "job_id": job_id,
+                "worker": {"id": self.id, "device_name": self.info["device_name"], "host": self.info["host"]},
+            }
+            if weights is not None:
+                record["weights"] = {"sha256": weights["sha256"], "size": weights["size"],
+                                     "constants": len(weights["constants"])}
+            # A target it builds but does not serve natively: checked here, on its own device, not on the target.
+            blind = outputs["package"] is not None and target in (self.info.get("build_only") or ())
+            built_on = str(self.info.get("built_on") or self.target)
+            if blind:
+                record["on_target"] = {"state": ontarget.UNVERIFIED, "built_on": built_on}
 
-        def publish() -> dict[str, Any]:
-            if outputs["package"] is not None:  # a report-only record (mode=training) has no package to sign
-                record["manifest"] = self._sign(job, outputs["package"], check, weights,
-                                                {"run": False, "built_on": built_on} if blind else None)
-            return store.artifacts.put(record, outputs["package"], report=report, sources=outputs["sources"],
-                                       weights=outputs["weights"])
+            def publish() -> dict[str, Any]:
+                if outputs["package"] is not None:  # a report-only record (mode=training) has no package to sign
+                    record["manifest"] = self._sign(job, outputs["package"], check, weights,
+                                                    {"run": False, "built_on": built_on} if blind else None)
+                return store.artifacts.put(record, outputs["package"], report=report, sources=outputs["sources"],
+                                           weights=outputs["weights"])
 
-        artifact = self._once_redis_answers(publish, f"publish job {job_id}")
-        if ontarget.state(artifact) == ontarget.UNVERIFIED:
-            self._once_redis_answers(partial(self._ask_verify, job, artifact), f"queue the verify job of {job_id}")
-        return Outcome(True), {"key": artifact["key"], "timings": timings, "check": check}
+            artifact = self._once_redis_answers(publish, f"publish job {job_id}")
+            if ontarget.state(artifact) == ontarget.UNVERIFIED:
+                self._once_redis_answers(partial(self._ask_verify, job, artifact), f"queue the verify job of {job_id}")
+            return Outcome(True), {"key": artifact["key"], "timings": timings, "check": check}
+        finally:
+            if early is not None:
+                early.cancel()
+
+    def _early_check(self, job: dict[str, Any], model_path: Path, workdir: Path, on_stage: Callable[[str], None],
+                     cancelled: Callable[[], bool]) -> EarlyCheck | None:
+        """The job's check child, started beside its compile (worker/earlycheck.py), where AOTC_CHECK_EARLY says
+        so: on a CUDA device (auto), never for a train step."""
+        device, mode = self.info["device"], self.settings.check_early
+        if mode == "off" or (mode == "auto" and not device.startswith("cuda")) or \
+                (job["options"] or {}).get("mode") == "training":
+            return None
+        # Its part before the package waits out other workers' timing passes, as a compile does (AOTC_TIMING_PAUSE).
+        paused = self._pause(device)
+        return EarlyCheck(self.health, {"model_path": str(model_path), "spec": job["spec"], "device": device,
+                                        "options": job["options"], "cpus": self.cpus.for_kind("check")},
+                          workdir, timeout_s=self.settings.check_timeout_s, on_stage=on_stage,
+                          should_cancel=cancelled, pause=paused.get("pause"), sandbox=self.sandbox, device=device,
+                          limits=self.limits(), hide=self._hide(),
+                          **({"pause_max_s": paused["pause_max_s"]} if paused else {}))
+
+    def _check(self, early: EarlyCheck | None, run: Callable[..., Outcome], task: dict[str, Any], workdir: Path,
+               timed: bool) -> Outcome:
+        """The check of `task`'s package: by the early check where one runs, else by a child started now. `timed`:
+        it takes the figures itself (unpinned), else it runs untimed on the untimed check's cores."""
+        cpus = None if timed else self.cpus.for_kind("check")
+        if early is not None:
+            took = early.go(task["package_path"], not timed, cpus)
+            if took is not None:
+                return took
+        untimed = {} if timed else {"untimed": True, "cpus": cpus}
+        checked: Outcome = run({"kind": "check", **task, **untimed}, workdir, timeout_s=self.settings.check_timeout_s)
+        if early is not None and early.fell_back and checked.ok:
+            checked.result["early"] = {"fell_back": early.fell_back}
+        return checked
 
     def _ask_verify(self, job: dict[str, Any], artifact: dict[str, Any]) -> None:
         """Queue the job that has a worker serving the artifact's target natively check it there and countersign

@@ -101,6 +101,7 @@ def run_child(
     should_cancel: Callable[[], bool] = lambda: False,
     pause: Callable[[], bool] | None = None,
     pause_max_s: float = 300.0,
+    waiting: Callable[[], bool] | None = None,
     poll_s: float = 0.25,
 ) -> Outcome:
     """Run `task` (its "kind": compile, check, warmup) in a fresh JOBDIR/KIND. `prepare(childdir)` may seed the
@@ -109,7 +110,9 @@ def run_child(
     caller reads afterwards: where childdir is a tmpfs (the disk bound) only those are copied out before it goes.
     While `pause()` is true, the child and everything under it are stopped (SIGSTOP) and the time limit stands
     still, for at most `pause_max_s` in all: a compile on a CPU device waits out another worker's timing pass on
-    the same cores (AOTC_TIMING_PAUSE)."""
+    the same cores (AOTC_TIMING_PAUSE). While `waiting()` is true the time limit stands still too, the child
+    running: an early check waits for its package (worker.earlycheck), its time limit counted from then on; the
+    caller ends the wait (or cancels the child) when its compile ends, which has a limit of its own."""
     kind = task["kind"]
     jobdir.mkdir(parents=True, exist_ok=True)
     os.chmod(jobdir, 0o755)
@@ -124,7 +127,7 @@ def run_child(
         ro_files = list(prepare(childdir)) if prepare else []
         cell.sandbox.own(childdir)
         outcome = _run(task, jobdir, childdir, cell, timeout_s, ro_files, hide, on_stage, should_cancel, pause,
-                       pause_max_s, poll_s)
+                       pause_max_s, waiting, poll_s)
         cell.keep = list(keep())
         return outcome
 
@@ -132,7 +135,7 @@ def run_child(
 def _run(task: dict[str, Any], jobdir: Path, childdir: Path, cell: Cell, timeout_s: float,
          ro_files: list[tuple[Path, Path]], hide: Iterable[Path], on_stage: Callable[[str], None],
          should_cancel: Callable[[], bool], pause: Callable[[], bool] | None, pause_max_s: float,
-         poll_s: float) -> Outcome:
+         waiting: Callable[[], bool] | None, poll_s: float) -> Outcome:
     kind, sandbox, limits = task["kind"], cell.sandbox, cell.limits
     task = {**task, "dir": str(childdir)}
     if not sandbox.on:
@@ -151,6 +154,7 @@ def _run(task: dict[str, Any], jobdir: Path, childdir: Path, cell: Cell, timeout
                           stdin=subprocess.DEVNULL, start_new_session=True)
         events = _Events(childdir, on_stage)
         stopped = _Stopped(proc, pause, pause_max_s)
+        clock = _Clock(t0, stopped, waiting)
         try:
             while True:
                 rc = proc.poll()
@@ -159,21 +163,21 @@ def _run(task: dict[str, Any], jobdir: Path, childdir: Path, cell: Cell, timeout
                     break
                 now = time.monotonic()
                 stopped.update(now)
-                if now - t0 - stopped.total(now) > timeout_s:
+                if clock.ran(now) > timeout_s:
                     _kill(proc)
                     return Outcome(False, failure=Failure.timeout(kind, timeout_s, excerpt(log_path)),
-                                   seconds=now - t0 - stopped.total(now), paused_s=stopped.total(now))
+                                   seconds=clock.ran(now), paused_s=stopped.total(now))
                 if should_cancel():  # cheap to call each poll: the caller rate-limits what costs a round trip
                     _kill(proc)
                     return Outcome(False, failure=Failure.cancelled(f"cancelled while running ({kind})", kind),
-                                   cancelled=True, seconds=now - t0 - stopped.total(now),
-                                   paused_s=stopped.total(now))
+                                   cancelled=True, seconds=clock.ran(now), paused_s=stopped.total(now))
                 time.sleep(poll_s)
         except BaseException:
             _kill(proc)  # the worker is going down (SIGTERM, Ctrl-C): never leave an orphan compile behind
             raise
-    paused_s = round(stopped.total(time.monotonic()), 3)
-    seconds = time.monotonic() - t0 - paused_s
+    now = time.monotonic()
+    paused_s = round(stopped.total(now), 3)
+    seconds = clock.ran(now)
     peaks = cell.peaks()
     # bwrap reports a child killed by signal N as exit status 128+N; a plain child as -N. A sandbox is gone with
     # its first process (pid namespace), so nothing the child started can still touch its dir.
@@ -247,6 +251,23 @@ class _Events:
                 continue
             if isinstance(stage, str) and len(stage) <= 64:
                 self.on_stage(stage)
+
+
+class _Clock:
+    """The seconds a child has run against its time limit: not while it was stopped (`_Stopped`), nor before
+    `waiting()` first turned false (an early check waiting for its package: its limit starts when the package
+    comes)."""
+
+    def __init__(self, t0: float, stopped: _Stopped, waiting: Callable[[], bool] | None) -> None:
+        self.t0, self.stopped, self.waiting = t0, stopped, waiting
+        self.base = 0.0  # the time stopped before the wait ended, which `t0` already leaves out
+
+    def ran(self, now: float) -> float:
+        if self.waiting is not None and self.waiting():
+            self.t0, self.base = now, self.stopped.total(now)
+            return 0.0
+        self.waiting = None  # the wait ends once: a limit that started does not stop again
+        return now - self.t0 - (self.stopped.total(now) - self.base)
 
 
 class _Stopped:

@@ -45,6 +45,13 @@ class WorkerSettings(StorageSettings):
     work_dir: Path = Field(default=Path(".aotc/work"), description="Scratch space for compiles.")
     compile_timeout_s: float = Field(default=1800.0, gt=0, description="A compile running longer is killed.")
     check_timeout_s: float = Field(default=600.0, gt=0, description="An artifact check running longer is killed.")
+    check_early: Literal["auto", "on", "off"] = Field(
+        default="auto", description="Start each job's check beside its compile (worker/earlycheck.py): the check "
+        "child imports torch, loads the program on the device, runs it eagerly and decides eager's verdict on the "
+        "adversarial cases while the compile runs, then waits for the package; its time limit "
+        "(AOTC_CHECK_TIMEOUT_S) starts when the package comes. The device holds the program's weights twice "
+        "meanwhile (the compile's copy and the check's). auto: on a CUDA device (on a CPU device the two would "
+        "share the same cores). Never for train steps (mode=training). A job's check.early says what it saved.")
     heartbeat_s: float = Field(default=5.0, gt=0, description="Registry and lease renewal period.")
     lease_s: float = Field(
         default=30.0, gt=0, description="A claimed job whose lease is not renewed this long is reclaimed."

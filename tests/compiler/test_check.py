@@ -380,13 +380,40 @@ def test_probes_are_forked_from_a_zygote_and_are_processes_of_their_own_where_it
     assert set(cost) == {"median_s", "max_s", "package_s", "program_s", "cases_s"}, cost
     assert cost["cases_s"]["eager returned"] > 0 and cost["cases_s"]["eager refused"] > 0, cost
     assert 0 < cost["package_s"] + cost["program_s"] < cost["median_s"] == cost["max_s"], cost
-    assert list(summary["phases"]) == ["program", "eager", "load", "plain", "follows", "adversarial"], \
-        summary["phases"]
+    assert list(summary["phases"]) == ["program", "eager", "eager_timed", "load", "plain", "follows",
+                                       "adversarial"], summary["phases"]
     assert summary["phases"]["adversarial"] >= forked["probe_seconds"] >= cost["median_s"], summary["phases"]
     monkeypatch.setattr(adversarial, "ZYGOTE_START_S", 0.0)  # no answer in time: each probe starts python itself
     own = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")["adversarial"]
     assert own["probes"] == 1 and own["forked"] == 0
     assert own["results"] == forked["results"] and own["failures"] == forked["failures"] == []
+
+
+@pytest.mark.slow
+def test_a_check_prepared_ahead_of_its_package_gives_the_same_verdicts_and_says_how_long_it_waited(unsafe_index):
+    """The worker's early check (worker/earlycheck.py): the program, eager's outputs and eager's verdict on every
+    adversarial case made before the package exists, then the package checked. The same cases end the same way as
+    in a check run at once; eager's figure is taken only once the package has come (after the wait)."""
+    from compiler.check import prepare_check
+
+    at_once = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu")
+    prepared = prepare_check(unsafe_index["path"], INDEX_SPEC, "cpu", oracle=True)
+    assert list(prepared.clock.phases) == ["program", "eager", "oracle"], prepared.clock.phases
+    assert prepared.decided is not None and len(prepared.decided.poisons) == 26
+    time.sleep(1.0)  # the compile, meanwhile
+    ahead = check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu",
+                           prepared=prepared)
+    assert ahead["early"]["idle_s"] >= 1.0
+    assert list(ahead["phases"]) == ["program", "eager", "oracle", "eager_timed", "load", "plain", "follows",
+                                     "adversarial"], ahead["phases"]
+    assert ahead["phases"]["eager_timed"] < 1.0  # the wait is no phase of the check
+    adv, adv0 = ahead["adversarial"], at_once["adversarial"]
+    assert adv["results"] == adv0["results"] and adv["outcomes"] == adv0["outcomes"] == {"refused": 12, "agreed": 14}
+    assert adv["failures"] == adv0["failures"] == []
+    assert adv["oracle_s"] > 0 and "oracle_s" not in adv0  # decided ahead, and said so
+    assert ahead["points"][0]["latency"]["eager"]["method"] == "wall-clock"
+    with pytest.raises(AssertionError, match="runs once"):  # its eager module was let go for the probes
+        check_artifact(unsafe_index["path"], unsafe_index["result"]["package"], INDEX_SPEC, "cpu", prepared=prepared)
 
 
 @pytest.mark.slow

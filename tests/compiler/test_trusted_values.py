@@ -6,6 +6,7 @@ tested without a compile in test_unsafe_ops.py."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,14 @@ print("served", len(package(z, z, z, t, d)), flush=True)
 """
 
 
+CHECK = """
+import json, sys
+from compiler.check import check_artifact
+adv = check_artifact(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), "cpu")["adversarial"]
+print(json.dumps({k: adv.get(k) for k in ("failures", "outcomes", "oracle_bounds", "results")}))
+"""
+
+
 @pytest.mark.slow
 def test_index_values_from_a_float_input_raise_in_the_callers_process(tmp_path):
     from compiler.options import CompileOptions
@@ -80,3 +89,17 @@ def test_index_values_from_a_float_input_raise_in_the_callers_process(tmp_path):
     assert said["b"].startswith("raised") and "offsets of aten.embedding_bag.padding_idx (ascending, into the ids)" \
         in said["b"], said["b"]
     assert said["c"].startswith("raised") and "segment_reduce" in said["c"], said["c"]
+    # The artifact check on the same package, in a process of its own as the worker runs it. Its adversarial cases
+    # move these floats far out; eager's verdicts come from a copy of the program with the same bounds, so eager's own
+    # embedding_bag never reads where a hostile offset points (before: past the ids, in the check's own process;
+    # SIGSEGV on an H200, a pointer read as an offset here).
+    proc = subprocess.run([sys.executable, "-c", CHECK, str(path), result["package"], json.dumps(SPEC)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+    adv = json.loads(proc.stdout.splitlines()[-1])
+    assert adv["failures"] == [] and adv["oracle_bounds"] == {"rewritten": 2, "range_checked": 1}, adv
+    refused = [r for r in adv["results"] if r["eager"] is not None]
+    assert refused and all(r["outcome"] == "refused" for r in refused), refused
+    for name, words in (("b", "offsets of aten.embedding_bag"), ("c", "segment_reduce"), ("a", "select")):
+        mine = [r for r in refused if SPEC[r["input"]]["name"] == name]
+        assert mine and all(words in r["eager"] for r in mine), (name, mine)

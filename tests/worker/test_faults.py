@@ -128,6 +128,57 @@ def test_segfault_and_hang_fail_their_jobs_with_the_reason_and_the_worker_lives_
     stop(proc)
 
 
+def _kinds(job_id: str) -> set[str]:
+    """The kinds (compile, check) of the job's children alive now."""
+    out = set()
+    for pid in _children(job_id):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"worker.child" in argv and len(argv) > argv.index(b"worker.child") + 2:
+            out.add(argv[argv.index(b"worker.child") + 2].decode())
+    return out
+
+
+def test_an_early_check_dies_with_its_compile_waits_for_its_package_or_gives_way_to_a_fresh_check(
+        cluster, tmp_path):
+    """AOTC_CHECK_EARLY=on (the default on CUDA devices only): the check child starts beside the compile and waits
+    for the package. A compile that crashes takes it down with it; a check that comes checks the package, its
+    stage shown only once the package is there; an early check that fails before its package gives way to a
+    fresh check child, which the record says."""
+    proc, wid = cluster.start_worker(AOTC_CHECK_EARLY="on")
+
+    crash = cluster.submit(cluster.upload(_model(tmp_path, "segv", 3)))
+    deadline = time.monotonic() + 120
+    while _kinds(crash["id"]) != {"compile", "check"}:  # both children, side by side
+        assert time.monotonic() < deadline and cluster.job(crash["id"])["state"] in ("queued", "running")
+        time.sleep(0.05)
+    job = cluster.wait_end(crash["id"])
+    assert job["state"] == "failed" and job["error"]["type"] == "Crashed" and job["error"]["signal"] == 11, job
+    assert _children(crash["id"]) == [] and proc.poll() is None
+
+    good = cluster.submit(cluster.upload(_model(tmp_path, "good", 4)))
+    assert cluster.wait_end(good["id"])["state"] == "succeeded"
+    meta = api.get(f"{cluster.url}/v1/artifacts/{cluster.job(good['id'])['artifact']}/meta", timeout=30).json()
+    early, phases = meta["check"]["early"], meta["check"]["phases"]
+    assert early["prepared_s"] > 0 and early["waited_s"] > 0 and early["idle_s"] >= early["waited_s"], early
+    assert {"program", "eager", "eager_timed", "load", "plain"} <= set(phases), phases  # eager timed after the wait
+    # The check's time is counted from its package on: the prepared part and the wait are not in it.
+    assert meta["timings"]["check"] < meta["timings"]["compile_total"]
+    stages = [stage for _, stage in _events(cluster.store, good["id"])]
+    assert "check" in stages and "package" in stages[:stages.index("check")], stages
+
+    fell = cluster.submit(cluster.upload(export(armed("early").eval(), (torch.randn(2, 4),), tmp_path / "e.pt2")),
+                          )
+    assert cluster.wait_end(fell["id"])["state"] == "succeeded"
+    meta = api.get(f"{cluster.url}/v1/artifacts/{cluster.job(fell['id'])['artifact']}/meta", timeout=30).json()
+    assert meta["check"]["early"]["fell_back"].startswith("the early check ended before its package came: ")
+    assert "CUDA out of memory (faultops" in meta["check"]["early"]["fell_back"]
+    assert _children(fell["id"]) == [] and proc.poll() is None
+    stop(proc)
+
+
 def test_sigterm_hands_the_job_back_unspent_and_cancel_stops_queued_and_running_jobs(cluster, tmp_path):
     w1, w1_id = cluster.start_worker()
     hang = cluster.submit(cluster.upload(_model(tmp_path, "hang", 3)))

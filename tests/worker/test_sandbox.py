@@ -119,7 +119,8 @@ class Listener:
         self.sock.close()
 
 
-def test_code_in_the_compile_and_check_children_reaches_nothing_of_the_workers(cluster, outside, tmp_path):
+@pytest.mark.parametrize("early", ["off", "on"])  # on: the check child starts beside the compile (on CUDA, the default)
+def test_code_in_the_compile_and_check_children_reaches_nothing_of_the_workers(cluster, outside, tmp_path, early):
     token = secrets.token_hex(12)
     secret_files = {
         "data dir": cluster.base / "secret.txt",  # AOTC_DATA_DIR, beside the embedded Redis's data: hidden
@@ -142,7 +143,7 @@ def test_code_in_the_compile_and_check_children_reaches_nothing_of_the_workers(c
     (outside / "probe-plan.json").write_text(json.dumps(plan))
     os.chmod(outside / "probe-plan.json", 0o644)
     try:
-        proc, wid = cluster.start_worker(AOTC_KEEP_WORK="1",
+        proc, wid = cluster.start_worker(AOTC_KEEP_WORK="1", AOTC_CHECK_EARLY=early,
                                          AOTC_SANDBOX_MOUNT=json.dumps([str(outside / "probe-plan.json")]))
         record = _record(cluster, wid)
         # The finished sets: a worker of the other pytest-xdist process may be swapping one in meanwhile, through
@@ -204,6 +205,8 @@ def test_code_in_the_compile_and_check_children_reaches_nothing_of_the_workers(c
     artifact = api.get(f"{cluster.url}/v1/artifacts/{done['artifact']}/meta", timeout=30).text
     report = api.get(f"{cluster.url}/v1/artifacts/{done['artifact']}/report", timeout=30).text
     job_json = api.get(f"{cluster.url}/v1/jobs/{job['id']}", timeout=30).text
+    # With AOTC_CHECK_EARLY=on the check child that was probed is the one that waited for the package.
+    assert ("early" in json.loads(artifact)["check"]) is (early == "on")
     logs = [_worker_log(cluster, proc), *(p.read_text(errors="replace") for p in jobdir.glob("*.log"))]
     for text in (artifact, report, job_json, json.dumps(reports), *logs):
         for secret in contents.values():

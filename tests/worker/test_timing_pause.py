@@ -180,3 +180,19 @@ def test_a_timing_pass_waits_for_the_checks_that_hold_the_device_and_no_check_st
     assert got["timing"]["exclusive"] is True and got["timing"]["waited_s"] >= 1.2  # the check and the late one
     with shared(path, 5) as after:  # the pass ended: checks start again
         assert after["shared"] is True
+
+
+def test_a_time_limit_that_waits_starts_when_the_wait_ends_and_does_not_stop_again() -> None:
+    """An early check (worker/earlycheck.py) waits for its package beside the compile: its time limit
+    (AOTC_CHECK_TIMEOUT_S) counts from the package on, not from the child's start."""
+    from worker.sandbox import _Clock, _Stopped
+
+    went = threading.Event()
+    clock = _Clock(100.0, _Stopped(None, None, 0.0), lambda: not went.is_set())  # type: ignore[arg-type]
+    assert clock.ran(100.0) == 0.0 and clock.ran(400.0) == 0.0  # 300 s of waiting: none of it counts
+    went.set()
+    assert clock.ran(401.0) == 1.0 and clock.ran(460.0) == 60.0  # from the last poll that saw it waiting
+    went.clear()  # a wait that ended does not come back
+    assert clock.ran(470.0) == 70.0
+    plain = _Clock(100.0, _Stopped(None, None, 0.0), None)  # type: ignore[arg-type]
+    assert plain.ran(130.0) == 30.0

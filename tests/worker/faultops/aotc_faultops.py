@@ -15,6 +15,9 @@ child's task and acts on the names of the model's inputs, which the models below
   no_new_privs, environment and network interfaces. The plan (ports, paths) is
   probe-plan.json three levels above the job dir (beside the test cluster's data dir: JOBDIR is DATA/work/JOB);
   the report goes to the child's log as `AOTC-PROBE KIND {json}`;
+- `early` (check): an early check (worker/earlycheck.py: its task names the word it waits for) fails in its part
+  before the package, as a device short of memory for a second copy of the weights would; a check child started
+  the usual way runs as ever;
 - `poison` (compile): writes timings of shapes Inductor never writes into the compile's max-autotune timings file
   (POISON), which the worker must not publish.
 
@@ -73,6 +76,17 @@ def arm() -> None:
         poison()
     if kind == "compile" and names & {"segv", "hang"}:
         _break_lowering("segv" if "segv" in names else "hang")
+    if kind == "check" and "early" in names and task.get("go_path"):
+        _fail_before_the_package()
+
+
+def _fail_before_the_package() -> None:
+    import compiler.check
+
+    def short_of_memory(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("CUDA out of memory (faultops: the early check's part before the package)")
+
+    compiler.check.prepare_check = short_of_memory  # type: ignore[assignment]
 
 
 def _break_lowering(how: str) -> None:
@@ -170,7 +184,7 @@ def poison() -> None:
 # -- the models: a Linear whose input's name arms what the children do --------------------------------------------
 
 def model(kind: str, d_in: int = 4, d_out: int = 4) -> Any:
-    """A Linear(d_in, d_out) whose input is named `kind` (segv, hang, probe, poison)."""
+    """A Linear(d_in, d_out) whose input is named `kind` (segv, hang, probe, poison, early)."""
     import torch
 
     class Armed(torch.nn.Module):
@@ -183,5 +197,6 @@ def model(kind: str, d_in: int = 4, d_out: int = 4) -> Any:
         "hang": lambda self, hang: self.lin(hang),
         "probe": lambda self, probe: self.lin(probe),
         "poison": lambda self, poison: self.lin(poison),
+        "early": lambda self, early: self.lin(early),
     }
     return type(f"Armed_{kind}", (Armed,), {"forward": forwards[kind]})()
