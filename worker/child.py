@@ -7,7 +7,9 @@ that fails without it failed because of the worker's environment (a broken torch
 interpreter), never because of the model, and the job goes back without spending an attempt.
 
 JOBDIR/KIND-task.json (the worker's, read-only here) says what to do and names the one dir this child may write
-(task["dir"]). The child appends stage events to DIR/events.jsonl and writes DIR/result.json: {"ok": true,
+(task["dir"]). An early check's task (worker.earlycheck) names no package but a word, task["go_path"], which the
+worker writes into JOBDIR when the compile has made the package: the child prepares what needs none, then waits
+for it. The child appends stage events to DIR/events.jsonl and writes DIR/result.json: {"ok": true,
 "result": ...} or {"ok": false, "error": ...}. A crash leaves no result; the parent reads that from the exit status.
 Compiler output goes to the parent's log file through stdout/stderr. The child has no Redis URL and no network:
 whatever it shares with other compiles (max-autotune timings), the worker reads from DIR and checks (worker.tuning).
