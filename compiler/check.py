@@ -270,14 +270,14 @@ def eager_cases(model_path: str, spec: inputs_mod.Spec, device: str, seed: int, 
     output, eager's `measure` over `rep_ms`). Eager runs first, for every point, before any package is loaded: on
     CPUs a package brings its own OpenMP runtime, and two runtimes spinning on the same cores would slow whichever
     runs second."""
-    ep, eager, cases = eager_outputs(model_path, spec, device, seed, clock)
+    ep, eager, cases, _ = eager_outputs(model_path, spec, device, seed, clock)
     return ep, eager, [(*case, eager_time(eager, case, device, rep_ms)) for case in cases]
 
 
 def eager_outputs(model_path: str, spec: inputs_mod.Spec, device: str, seed: int, clock: _Phases | None = None,
-                  ) -> tuple[Any, torch.nn.Module, list[Case]]:
-    """The program, its eager module on `device`, and per point of `spec` eager's output on the check's random
-    inputs (CheckFailed, saying why, where eager refuses them)."""
+                  ) -> tuple[Any, torch.nn.Module, list[Case], list[tuple[int, int] | None]]:
+    """The program, its eager module on `device`, per point of `spec` eager's output on the check's random inputs
+    (CheckFailed, saying why, where eager refuses them), and the integer ranges they were drawn from (int_ranges)."""
     ep = on_device(load_program(model_path), device)
     eager = ep.module()
     eager.to(device)
@@ -294,7 +294,7 @@ def eager_outputs(model_path: str, spec: inputs_mod.Spec, device: str, seed: int
             except Exception as e:
                 raise CheckFailed(_refused_samples(spec, ranges, label, e), stage="check") from None
         cases.append((label, shapes, args, kwargs, expected))
-    return ep, eager, cases
+    return ep, eager, cases, ranges
 
 
 def eager_time(eager: torch.nn.Module, case: Case, device: str, rep_ms: float = MEASURE_REP_MS) -> dict[str, Any]:
@@ -329,6 +329,7 @@ class Prepared:
     ep: Any
     eager: torch.nn.Module | None
     cases: list[Case]
+    ranges: list[tuple[int, int] | None]
     clock: _Phases
     early: Prestarted | None
     base: list[torch.Tensor] = field(default_factory=list)
@@ -352,12 +353,11 @@ def prepare_check(model_path: str, spec: inputs_mod.Spec, device: str, seed: int
     clock = _Phases()
     early = Prestarted(device, spec) if adversarial else None
     try:
-        ep, eager, cases = eager_outputs(model_path, spec, device, seed, clock)
+        ep, eager, cases, ranges = eager_outputs(model_path, spec, device, seed, clock)
         clock.done("eager")
-        prepared = Prepared(model_path, spec, device, ep, eager, cases, clock, early)
+        prepared = Prepared(model_path, spec, device, ep, eager, cases, ranges, clock, early)
         if adversarial:
             _, shapes = next(iter(inputs_mod.points(spec).items()))
-            ranges = inputs_mod.int_ranges(ep)
             prepared.base = inputs_mod.random_inputs(spec, shapes, "cpu", ranges, seed)
             if oracle:
                 prepared.decided = oracle_at(model_path, spec, device, ep, prepared.base, shapes, ranges)
@@ -398,7 +398,7 @@ def _check_artifact(prepared: Prepared, package_path: str, precision: str, allow
     # Eager is timed before any package is loaded (eager_cases says why).
     cases = [(*case, eager_time(eager, case, device)) for case in prepared.cases]
     clock.done("eager_timed")
-    ranges = inputs_mod.int_ranges(ep)
+    ranges = prepared.ranges
     tolerance = PRECISION_TOLERANCE.get(precision, 0.0)
     weights_path = weights_mod.sidecar(package_path)
     weights_summary: dict[str, Any] | None = None

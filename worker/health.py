@@ -184,7 +184,6 @@ class Health:
         handshake."""
         outcome = self.judge(task["kind"], outcome, started, jobdir / f"{task['kind']}.log", jobdir / task["kind"])
         if started and self._recheck(task["kind"], str(task.get("device") or "cpu"), outcome):
-            kwargs.pop("waiting", None)
             return self.recheck(task, outcome, jobdir, **kwargs)
         return outcome
 
