@@ -167,7 +167,7 @@ def test_the_farm_shows_an_admin_the_job_that_filled_a_disk_escaped_and_readyz_d
     keyless /readyz leaves it out."""
     wid = f"ui-disk-{time.time_ns()}"
     words = "the compile ran out of disk space <script>alert(1)</script> in /work/job-42"
-    store.workers.heartbeat({"id": wid, "target": "cpu-ui-disk", "toolchain": {"torch": "x"}, "device_name": "none",
+    store.workers.heartbeat({"id": wid, "target": "cpu-zui-disk", "toolchain": {"torch": "x"}, "device_name": "none",
                              "started": time.time(), "healthy": False, "unhealthy_since": time.time(),
                              "unhealthy_reason": "disk full: /work has 1.0 MB free", "last_disk_full": words},
                             ttl_s=60)

@@ -30,7 +30,7 @@ from procs import AUTH, ROOT, api, start_api, stop
 from service.store import Store, keys
 from service.store.leases import Lease
 
-TARGET = f"cpu-sse-{uuid.uuid4().hex[:8]}"
+TARGET = f"cpu-zsse-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="module")

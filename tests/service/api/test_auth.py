@@ -22,7 +22,7 @@ from procs import ADMIN_KEY, ROOT, api, start_api, stop
 from service.store import Store
 from service.store.embedded import free_port
 
-TARGET = f"cpu-auth-{uuid.uuid4().hex[:8]}"  # a target only a fake worker "serves": its jobs stay queued
+TARGET = f"cpu-zauth-{uuid.uuid4().hex[:8]}"  # a target only a fake worker "serves": its jobs stay queued
 SHAPES = {"x": [2, 4]}
 
 

@@ -36,7 +36,7 @@ from procs import ADMIN_KEY, AotcServer, api, start_api, stop
 from service.store import Store, keys
 from service.store.leases import Lease
 
-TARGET = f"cpu-tenancy-{uuid.uuid4().hex[:8]}"
+TARGET = f"cpu-ztenancy-{uuid.uuid4().hex[:8]}"
 ART_TARGET = "cpu-x86_64-test"
 
 
