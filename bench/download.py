@@ -54,6 +54,7 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 import redis  # noqa: E402
 
+from compiler.digests import file_digests  # noqa: E402
 from compiler.signing import Signer, key_record, statement  # noqa: E402
 from service.store import StorageOptions, Store  # noqa: E402
 from service.store.embedded import EmbeddedRedis, free_port  # noqa: E402
@@ -288,28 +289,29 @@ class Lane:
 
     def publish(self, size: int) -> tuple[str, str]:
         path = self.base / "package.pt2"
-        digest = hashlib.sha256()
         with open(path, "wb") as f:
             left = size
             while left:
                 piece = os.urandom(min(left, 8 << 20))
-                digest.update(piece)
                 f.write(piece)
                 left -= len(piece)
+        digests = file_digests(path)
         key = os.urandom(16).hex()
         factors = {"format": 1, "model": "b" * 64, "options": {}, "spec": [], "target": "cpu-bench",
                    "toolchain": {"torch": "bench"}}
         store = self.store()
-        # Signed as a worker signs what it publishes: the SDK's pull verifies the manifest before it writes.
+        # Signed as a worker signs what it publishes (sha256 and BLAKE3): the SDK's pull verifies the manifest
+        # before it writes, and the package by its BLAKE3 (unless AOTC_PULL_DIGEST=sha256).
         manifest = SIGNER.sign(statement(
-            artifact_key=key, package_sha256=digest.hexdigest(), package_size=size, model_sha256="b" * 64,
+            artifact_key=key, package_sha256=digests["sha256"], package_blake3=digests.get("blake3"),
+            package_size=size, model_sha256="b" * 64,
             factors=factors, toolchain=factors["toolchain"], target="cpu-bench", check={}, worker={"id": "bench"}))
         store.signing.publish(key_record(SIGNER.public))
         store.artifacts.put({"key": key, "factors": factors, "model_id": "b" * 64, "target": "cpu-bench",
                              "spec": [], "options": {}, "manifest": manifest}, path)
         store.close()
         path.unlink()
-        return key, digest.hexdigest()
+        return key, digests["sha256"]
 
     def restart(self) -> float:
         """Stop Redis and the API, start both; seconds until Redis serves reads and the API is ready."""

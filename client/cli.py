@@ -322,7 +322,7 @@ def pull(
         except BadSignature as e:
             _fail(f"refused artifact {key}: {e.message}", 3)
     extra = f"; weights {weights.name}, {weights.stat().st_size} bytes, verified" if weights else ""
-    _say(f"pulled {key} ({path.stat().st_size} bytes, signature and sha256 verified{extra}){checked}")
+    _say(f"pulled {key} ({path.stat().st_size} bytes, signature and digest verified{extra}){checked}")
     typer.echo(str(path))
 
 

@@ -33,6 +33,8 @@ from client import transfer
 from client.buckets import BucketedModel, Bundle
 from client.verify import ENV as TRUSTED_KEYS_ENV
 from client.verify import Asked, TrustSpec, Verifier, check_digest, check_file
+from compiler import digests
+from compiler.digests import Want
 from compiler.errors import BadSignature, Unprocessable
 from compiler.shapes import format_shape, parse_shape
 from compiler.signing import ARTIFACT_KEY
@@ -457,7 +459,8 @@ class Client:
 
         Before a byte is written, the manifest's signature must verify with a trusted key that is not revoked, name
         this artifact, and agree with the service's record (client/verify.py); the download must then have the
-        signed sha256 and size, computed while the bytes stream in (client/transfer.py). Any refusal raises
+        signed digest (BLAKE3 where the manifest signs one, else sha256: compiler/digests.py) and size, computed
+        while the bytes stream in (client/transfer.py). Any refusal raises
         compiler.errors.BadSignature and leaves nothing behind.
 
         A verified copy is recorded beside it (`<key>.pt2.verified`: its sha256, size, inode, mtime and ctime), so
@@ -478,19 +481,20 @@ class Client:
         art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
         signed = self.verifier.manifest(art.key, art.meta, art.asked)  # the record agrees: art.sha256 is signed
         cached = self.cache_dir / "artifacts" / f"{art.key}.pt2"
-        hit = _verified(cached, signed.sha256, signed.size, rehash)
+        want = signed.want
+        hit = _verified(cached, want, rehash)
         t1 = time.perf_counter()
         if not hit:
             cached.parent.mkdir(parents=True, exist_ok=True)
             part = cached.with_name(cached.name + ".part")
             with open(part, "ab") as f, _locked(f):  # one writer per file, across processes
-                if _verified(cached, signed.sha256, signed.size, rehash=False, record_only=True):  # another pull
+                if _verified(cached, want, rehash=False, record_only=True):  # another pull
                     # finished meanwhile (and recorded what it verified); a copy found wrong above is not hashed twice
                     _drop_if_empty(part, f)
                 else:
-                    digest = self._download(art, part, f, attempts)
+                    digest = self._download(art, part, f, attempts, want)
                     try:
-                        check_digest(signed, digest, os.fstat(f.fileno()).st_size)
+                        check_digest(signed, digest, os.fstat(f.fileno()).st_size, want)
                     except BadSignature:
                         part.unlink(missing_ok=True)  # not a prefix worth resuming from
                         raise
@@ -513,19 +517,19 @@ class Client:
             except OSError:
                 shutil.copyfile(cached, tmp)
                 try:
-                    check_file(signed, tmp)  # what was copied, not what the cache held a moment before
+                    check_file(signed, tmp, want)  # what was copied, not what the cache held a moment before
                 except BadSignature:
                     tmp.unlink(missing_ok=True)
                     raise
             os.replace(tmp, dest)
         return dest
 
-    def _download(self, art: Artifact, part: Path, f: BinaryIO, attempts: int, *, what: str = "",
-                  size: int | None = None, sha256: str | None = None) -> str:
-        """Complete `part` (open for appending as `f`) from its current size; returns the sha256 of the whole.
-        `what`: a sub-resource of the artifact (`weights`), whose `size` and `sha256` (the ETag) are given."""
-        size = int(art.meta["size"]) if size is None else size
-        etag = sha256 or art.sha256
+    def _download(self, art: Artifact, part: Path, f: BinaryIO, attempts: int, want: Want, *,
+                  what: str = "") -> str:
+        """Complete `part` (open for appending as `f`) from its current size to `want.size`; returns the digest of
+        the whole by `want.algorithm`. `what`: a sub-resource of the artifact (`weights`); `want.sha256` is the
+        ETag."""
+        size, etag = want.size, want.sha256
         url = f"/v1/artifacts/{art.key}" + (f"/{what}" if what else "")
         direct = self.http is self._own_http and transfer.direct_ok(self.url)
         for attempt in range(1, attempts + 1):
@@ -534,7 +538,7 @@ class Client:
             if have > size:
                 f.truncate(0)
                 have = 0
-            digest = _file_sha256_object(part, have)
+            digest = digests.prefix(part, have, want.algorithm)
             if have == size:
                 return digest.hexdigest()
             # If-Range: a copy of other bytes (the artifact was evicted and built again) comes back whole (200).
@@ -719,8 +723,8 @@ class Client:
     def pull_weights(self, artifact: Artifact | str, dest: str | Path | None = None, *,
                      attempts: int = 3, rehash: bool = False) -> Path | None:
         """The weights blob a weightless artifact binds, into the local cache by its sha256 (or to `dest`), verified
-        against the artifact's signed manifest: the sha256 and size, and every constant's name, shape, dtype and
-        stride as its header says them (read strictly, without torch). None for a package that carries its own
+        against the artifact's signed manifest: its digest (as `pull`'s) and size, and every constant's name, shape,
+        dtype and stride as its header says them (read strictly, without torch). None for a package that carries its own
         weights. A blob verified once in this process is not hashed again; another bucket of the model that names
         the same blob downloads nothing more."""
         art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
@@ -731,26 +735,28 @@ class Client:
         if w is None:
             raise BadSignature("mismatch", f"artifact {art.key}: the record names a weights blob, its signed manifest "
                                            "none", kid=signed.kid)
-        sha, size = str(w["sha256"]), int(w["size"])
-        cached = self.cache_dir / "weights" / f"{sha}.safetensors"
-        if not _weights_verified(cached, sha, size, w, rehash):
+        want = signed.weights_want
+        assert want is not None
+        cached = self.cache_dir / "weights" / f"{want.sha256}.safetensors"
+        if not _weights_verified(cached, want, w, rehash):
             cached.parent.mkdir(parents=True, exist_ok=True)
             part = cached.with_name(cached.name + ".part")
             with open(part, "ab") as f, _locked(f):
-                if _weights_verified(cached, sha, size, w):
+                if _weights_verified(cached, want, w):
                     _drop_if_empty(part, f)
                 else:
-                    digest = self._download(art, part, f, attempts, what="weights", size=size, sha256=sha)
+                    digest = self._download(art, part, f, attempts, want, what="weights")
                     got = os.fstat(f.fileno()).st_size
-                    if (digest, got) != (sha, size):
+                    if not want.matches(digest, got):
                         part.unlink(missing_ok=True)
                         raise BadSignature("mismatch", f"the weights of artifact {art.key} arrived corrupt or "
-                                           f"tampered with: sha256 {digest} ({got} bytes), but its signed manifest "
-                                           f"says {sha} ({size} bytes)", kid=signed.kid)
+                                           f"tampered with: {want.algorithm} {digest} ({got} bytes), but its signed "
+                                           f"manifest says {want.hexdigest} ({want.size} bytes)", kid=signed.kid)
                     os.chmod(part, 0o444)
                     os.replace(part, cached)
-                    _record(cached, sha)  # hashed as it streamed in: the check below reads the record, not the bytes
-            if not _weights_verified(cached, sha, size, w):
+                    # Hashed as it streamed in: the check below reads the record, not the bytes.
+                    _record(cached, want.sha256)
+            if not _weights_verified(cached, want, w):
                 cached.unlink(missing_ok=True)
                 raise BadSignature("mismatch", f"the weights of artifact {art.key}: their header does not list the "
                                                "constants its signed manifest lists", kid=signed.kid)
@@ -766,7 +772,8 @@ class Client:
         except OSError:
             shutil.copyfile(cached, tmp)
             copied = True
-        if copied and _file_sha256(tmp) != sha:  # what was copied, not what the cache held a moment before
+        # What was copied, not what the cache held a moment before.
+        if copied and _file_digest(tmp, want.algorithm) != want.hexdigest:
             tmp.unlink(missing_ok=True)
             raise BadSignature("mismatch", f"the weights of artifact {art.key} changed while copied", kid=signed.kid)
         os.replace(tmp, dest)
@@ -902,16 +909,16 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _weights_verified(path: Path, sha: str, size: int, signed: Mapping[str, Any], rehash: bool = False) -> bool:
-    """Whether `path` holds the signed weights blob: its sha256 and size, and a header (read strictly) listing the
-    signed constants. Remembered per process while the file is unchanged."""
+def _weights_verified(path: Path, want: Want, signed: Mapping[str, Any], rehash: bool = False) -> bool:
+    """Whether `path` holds the signed weights blob (`want`: its digest and size), and a header (read strictly)
+    listing the signed constants. Remembered per process while the file is unchanged."""
     try:
         st = path.stat()
     except FileNotFoundError:
         return False
-    if not rehash and _VERIFIED.get(path) == (sha, size, _identity(st)):
+    if not rehash and _VERIFIED.get(path) == (want.sha256, want.size, _identity(st)):
         return True
-    if not _verified(path, sha, size, rehash):  # by its record where it has one: a new process hashes no
+    if not _verified(path, want, rehash):  # by its record where it has one: a new process hashes no
         return False                                  # blob a pull already verified
     from compiler.weightsfile import FormatError, describe, read_header_file
 
@@ -920,7 +927,7 @@ def _weights_verified(path: Path, sha: str, size: int, signed: Mapping[str, Any]
             return False
     except FormatError:
         return False
-    _VERIFIED[path] = (sha, size, _identity(st))
+    _VERIFIED[path] = (want.sha256, want.size, _identity(st))
     return True
 
 
@@ -946,35 +953,34 @@ def _check_target(target: Target, device: str, meta: dict[str, Any] | None = Non
                                    f"again for {target}")
 
 
-def _file_sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+def _file_digest(path: Path, algorithm: str) -> str:
+    return digests.file_digest(path, algorithm)
 
 
-def _verified(cached: Path, sha256: str, size: int, rehash: bool, record_only: bool = False) -> bool:
-    """Whether `cached` holds the package with this sha256 and size: by its record (`<file>.verified`) while the
-    file is the one recorded (inode, size, mtime, ctime), else (unless `record_only`) by hashing it, and recording
-    it when it matches."""
+def _verified(cached: Path, want: Want, rehash: bool, record_only: bool = False) -> bool:
+    """Whether `cached` holds the file `want` describes: by its record (`<file>.verified`, which names the signed
+    sha256) while the file is the one recorded (inode, size, mtime, ctime), else (unless `record_only`) by hashing
+    it (by `want.algorithm`), and recording it when it matches."""
     try:
         st = cached.stat()
     except FileNotFoundError:
         return False
-    if st.st_size != size:
+    if st.st_size != want.size:
         return False
     if not rehash:
         try:
             record = json.loads(cached.with_name(cached.name + ".verified").read_text())
         except (OSError, ValueError):
             record = None
-        if record == _stamp(st, sha256):
+        if record == _stamp(st, want.sha256):
             return True
     if record_only:
         return False
-    if _file_sha256(cached) != sha256:
+    if _file_digest(cached, want.algorithm) != want.hexdigest:
         # Found wrong: the record vouches for it no more (a copy corrupted in place can keep its stat).
         cached.with_name(cached.name + ".verified").unlink(missing_ok=True)
         return False
-    _record(cached, sha256)
+    _record(cached, want.sha256)
     return True
 
 
@@ -990,16 +996,6 @@ def _record(cached: Path, sha256: str) -> None:
     tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(_stamp(cached.stat(), sha256)))
     os.replace(tmp, record)
-
-
-def _file_sha256_object(path: Path, n: int) -> Any:
-    """A sha256 object fed the first `n` bytes of `path`, to go on hashing what a resumed pull appends."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while n > 0 and (piece := f.read(min(n, 1 << 20))):
-            digest.update(piece)
-            n -= len(piece)
-    return digest
 
 
 def _drop_if_empty(path: Path, f: BinaryIO) -> None:

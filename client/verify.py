@@ -3,7 +3,8 @@
 A pull fetches the manifest (GET /v1/artifacts/{key}/manifest) and verifies, before a byte of the package is
 written: the Ed25519 signature, by a trusted key that is not revoked; that the statement names this artifact key;
 and that the service's record agrees with it on the package's sha256 and size. After the download the file must
-have that sha256 and size, before it is renamed into place (client/sdk.py). Every refusal is a
+have that size and the signed digest (BLAKE3 where the manifest signs one and the `blake3` module is installed,
+else sha256: compiler/digests.py), before it is renamed into place (client/sdk.py). Every refusal is a
 compiler.errors.BadSignature whose message says what failed.
 
 Which keys are trusted:
@@ -27,7 +28,6 @@ the client does not trust (or a revoked one) vouches for nothing, as if it were 
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from compiler.digests import Want, file_digest
 from compiler.errors import AotcError, BadSignature
 from compiler.shapes import covers, format_shape, parse_shape
 from compiler.signing import (
@@ -263,18 +264,20 @@ def adopt(signed: Manifest, meta: dict[str, Any]) -> None:
         meta["worker"] = {**(held if isinstance(held, dict) else {}), **p["worker"]}
 
 
-def check_file(signed: Manifest, path: Path) -> None:
-    """BadSignature unless the file at `path` has the signed sha256 and size."""
-    with open(path, "rb") as f:
-        check_digest(signed, hashlib.file_digest(f, "sha256").hexdigest(), os.fstat(f.fileno()).st_size)
+def check_file(signed: Manifest, path: Path, want: Want | None = None) -> None:
+    """BadSignature unless the file at `path` has the signed digest and size (`want`: signed.want)."""
+    want = want or signed.want
+    check_digest(signed, file_digest(path, want.algorithm), path.stat().st_size, want)
 
 
-def check_digest(signed: Manifest, sha256: str, size: int) -> None:
-    """BadSignature unless a download's sha256 and size are the signed ones."""
-    if (sha256, size) != (signed.sha256, signed.size):
-        raise BadSignature("mismatch", f"artifact {signed.key} arrived corrupt or tampered with: sha256 {sha256} "
-                                       f"({size} bytes), but its signed manifest says {signed.sha256} "
-                                       f"({signed.size} bytes)", kid=signed.kid)
+def check_digest(signed: Manifest, hexdigest: str, size: int, want: Want | None = None) -> None:
+    """BadSignature unless a download's digest (by `want.algorithm`: the signed one verified fastest here, BLAKE3
+    or sha256; compiler/digests.py) and size are the signed ones."""
+    want = want or signed.want
+    if not want.matches(hexdigest, size):
+        raise BadSignature("mismatch", f"artifact {signed.key} arrived corrupt or tampered with: {want.algorithm} "
+                                       f"{hexdigest} ({size} bytes), but its signed manifest says {want.hexdigest} "
+                                       f"({want.size} bytes)", kid=signed.kid)
 
 
 def check_here(package: Path, model: Path, signed: Manifest, device: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ package.
                  "signatures": [{"keyid": kid, "sig": b64(ed25519(PAE(payloadType, statement bytes)))}]}
     PAE(t, b) = b"DSSEv1 " + len(t) + b" " + t + b" " + len(b) + b" " + b      (lengths in ASCII decimal)
     statement = {"_type": "https://in-toto.io/Statement/v1",
-                 "subject": [{"name": artifact key, "digest": {"sha256": package sha256}}],
+                 "subject": [{"name": artifact key, "digest": {"sha256": package sha256, "blake3": its BLAKE3}}],
                  "predicateType": "https://aotc.dev/artifact-manifest/v1",
                  "predicate": {artifact_key, package_sha256, package_size, model_sha256, factors, toolchain, target,
                                check, signed_at, worker}}
@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from compiler.canonical import canonical_json
+from compiler.digests import Want
 from compiler.errors import BadSignature
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -202,19 +203,22 @@ def _finite(value: Any) -> Any:
 def statement(*, artifact_key: str, package_sha256: str, package_size: int, model_sha256: str,
               factors: Mapping[str, Any], toolchain: Mapping[str, Any], target: str,
               check: Mapping[str, Any] | None, worker: Mapping[str, Any], signed_at: float | None = None,
-              weights: Mapping[str, Any] | None = None, on_target: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The in-toto statement an artifact's manifest signs: its package by digest, and what it was built from.
-    `weights` (a weightless package's: the weights blob's sha256 and size, and each constant's fqn, shape, dtype
-    and stride) is signed with it, so a client binds only the blob the package was checked with. `on_target`
+              weights: Mapping[str, Any] | None = None, on_target: Mapping[str, Any] | None = None,
+              package_blake3: str | None = None) -> dict[str, Any]:
+    """The in-toto statement an artifact's manifest signs: its package by digest (sha256, and `package_blake3`
+    where given: what a client verifies fastest, compiler/digests.py), and what it was built from.
+    `weights` (a weightless package's: the weights blob's sha256, BLAKE3 and size, and each constant's fqn, shape,
+    dtype and stride) is signed with it, so a client binds only the blob the package was checked with. `on_target`
     ({"run": false, "built_on": the builder's own target}) marks a package its builder did not run on its target:
     signed, so that no one who can write the record can drop the mark."""
     when = time.gmtime(signed_at if signed_at is not None else time.time())
     extra = {"weights": dict(weights)} if weights is not None else {}
     if on_target is not None:
         extra["on_target"] = dict(on_target)
+    digest = {"sha256": package_sha256, **({"blake3": package_blake3} if package_blake3 is not None else {})}
     return {
         "_type": STATEMENT_TYPE,
-        "subject": [{"name": artifact_key, "digest": {"sha256": package_sha256}}],
+        "subject": [{"name": artifact_key, "digest": digest}],
         "predicateType": PREDICATE_TYPE,
         "predicate": _finite({
             "artifact_key": artifact_key, "package_sha256": package_sha256, "package_size": package_size,
@@ -254,6 +258,17 @@ class Manifest:
     @property
     def size(self) -> int:
         return int(self.statement["predicate"]["package_size"])
+
+    @property
+    def want(self) -> Want:
+        """What the package's file must be: its size, and the signed digest this process verifies fastest."""
+        return Want.of(self.statement["subject"][0]["digest"], self.size)
+
+    @property
+    def weights_want(self) -> Want | None:
+        """The same for the weights blob a weightless package binds; None: self-contained."""
+        w = self.weights
+        return None if w is None else Want.of({k: w.get(k) for k in ("sha256", "blake3")}, int(w["size"]))
 
     @property
     def weights(self) -> dict[str, Any] | None:

@@ -15,7 +15,6 @@ someone else's now.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -30,6 +29,7 @@ from typing import Any, TypeVar, cast
 import redis
 
 from compiler import ontarget, speed  # torch-free
+from compiler.digests import file_digests
 from compiler.errors import RETRYABLE, BadSignature, Failure
 from compiler.report import attach_check  # torch-free
 from compiler.signing import ARTIFACT_KEY, Signer, TrustedKey, countersign_statement, key_record, statement
@@ -720,11 +720,11 @@ class JobRunner:
         if self.store.signing.publish(key_record(signer.public)).get("revoked_at") is not None:
             raise RuntimeError(f"this worker's signing key {signer.kid} was revoked: restart the worker with a new "
                                "key (AOTC_SIGNING_KEY_FILE, or delete the one it made to have it make another)")
-        with open(package, "rb") as f:
-            sha256 = hashlib.file_digest(f, "sha256").hexdigest()
-            size = os.fstat(f.fileno()).st_size
+        size = package.stat().st_size
+        digests = file_digests(package)  # sha256, and BLAKE3: what clients verify fastest (compiler/digests.py)
         return signer.sign(statement(
-            artifact_key=job["key"], package_sha256=sha256, package_size=size,
+            artifact_key=job["key"], package_sha256=digests["sha256"], package_blake3=digests.get("blake3"),
+            package_size=size,
             model_sha256=str(job["factors"].get("model") or job["model_id"]), factors=job["factors"],
             toolchain=self.info["toolchain"], target=str(job.get("target") or self.target), check=check,
             worker={"id": self.id, "host": self.info["host"], "device_name": self.info["device_name"]},
@@ -772,7 +772,7 @@ def requeue_failed_verifies(store: Store, targets: list[str], max_attempts: int,
 
 def _weights_manifest(path: Path, check: dict[str, Any] | None,
                       max_header_bytes: int | None = None) -> dict[str, Any] | Failure:
-    """What the manifest signs of a weights blob the compile left: its sha256, size and constants, read from its
+    """What the manifest signs of a weights blob the compile left: its sha256, BLAKE3, size and constants, read from its
     header here (torch-free, strictly: compiler.weightsfile). Refused unless the check bound this blob and found the
     package reading exactly these constants."""
     try:
@@ -789,10 +789,7 @@ def _weights_manifest(path: Path, check: dict[str, Any] | None,
         return Failure.bad_output("publish", f"publish refused: the package's constants do not match its weights "
                                              f"blob (the package does not read {unread[:5]}; the blob lacks "
                                              f"{lacking[:5]})")
-    with open(path, "rb") as f:
-        sha256 = hashlib.file_digest(f, "sha256").hexdigest()
-        size = os.fstat(f.fileno()).st_size
-    return {"sha256": sha256, "size": size, "constants": constants}
+    return {**file_digests(path), "size": path.stat().st_size, "constants": constants}
 
 
 def _take_outputs(result: dict[str, Any], childdir: Path, results: Path) -> dict[str, Path | None] | Failure:

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from client.sdk import Client, ClientError, JobFailed
+from compiler.digests import Want, file_digests
 from compiler.errors import BadSignature
 from compiler.signing import Signer, key_record, statement
 from procs import ROOT
@@ -174,7 +175,9 @@ def test_a_weights_blob_rewritten_in_place_is_hashed_again_though_its_mtime_was_
         write(f, [("fc.weight", "float32", (4, 4), bytes(range(64)))], {})
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     signed = {"constants": describe(read_header_file(path))}
-    assert sdk._weights_verified(path, sha, path.stat().st_size, signed)
+    want = Want.of(file_digests(path), path.stat().st_size)  # as a worker signs it: sha256 and BLAKE3
+    assert want.algorithm == "blake3" and want.sha256 == sha
+    assert sdk._weights_verified(path, want, signed)
     assert sdk._VERIFIED[path][0] == sha
 
     st = path.stat()
@@ -185,7 +188,7 @@ def test_a_weights_blob_rewritten_in_place_is_hashed_again_though_its_mtime_was_
         f.write(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert path.stat().st_mtime_ns == st.st_mtime_ns and path.stat().st_ino == st.st_ino
-    assert not sdk._weights_verified(path, sha, path.stat().st_size, signed)
+    assert not sdk._weights_verified(path, want, signed)
 
 
 def test_an_upload_the_service_names_with_another_model_id_is_refused(tmp_path) -> None:

@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives import serialization
 
 from client import Client
 from client.sdk import Artifact
+from compiler.digests import file_digest
 from compiler.errors import BadSignature
 from compiler.signing import Signer, TrustedKey, raw_public, verify
 from modelzoo import MLP, seeded
@@ -126,6 +127,10 @@ def test_the_worker_signs_what_it_publishes_and_the_sdk_verifies_it(signed: Sign
     with _client(signed, tmp_path) as c:
         path = c.pull(key, tmp_path / "out.pt2")
         assert hashlib.sha256(path.read_bytes()).hexdigest() == meta["sha256"]
+        # Both digests signed; the SDK verifies BLAKE3, the faster (compiler/digests.py).
+        assert m.statement["subject"][0]["digest"] == {"sha256": meta["sha256"],
+                                                       "blake3": file_digest(path, "blake3")}
+        assert m.want.algorithm == "blake3"
         fn = c.load(key)  # from the cache, verified again
     x = torch.randn(4, 16)
     with torch.no_grad():
@@ -164,7 +169,9 @@ def test_tampered_package_bytes_in_redis_are_refused_and_nothing_is_written(sign
         dest = tmp_path / "out.pt2"
         with _client(signed, tmp_path) as c:
             e = _refused(c, key, dest, "mismatch")
-            assert "arrived corrupt or tampered with" in e.message and record["sha256"] in e.message
+            subject = json.loads(base64.b64decode(record["manifest"]["payload"]))["subject"][0]
+            signed_blake3 = subject["digest"]["blake3"]
+            assert "arrived corrupt or tampered with: blake3" in e.message and signed_blake3 in e.message
             # Whoever swaps the bytes rewrites the record's sha256 too: refused before a byte is downloaded.
             _set_record(signed, {**record, "sha256": hashlib.sha256(tampered).hexdigest()})
             e = _refused(c, key, dest, "mismatch")

@@ -19,6 +19,7 @@ import httpx
 import psutil
 import pytest
 
+from compiler.digests import file_digests
 from compiler.errors import BadSignature
 from compiler.signing import Signer, key_record, statement
 from compiler.weightsfile import describe, read_header_file, write
@@ -35,8 +36,11 @@ class Service:
     def __init__(self, cluster: Cluster, store: Store, backend: str) -> None:
         self.cluster, self.store, self.backend, self.url = cluster, store, backend, cluster.url
 
-    def publish(self, tmp: Path, size: int, weights: Path | None = None) -> tuple[str, bytes]:
-        """A signed artifact of `size` random bytes; with `weights`, a weightless one binding that blob."""
+    def publish(self, tmp: Path, size: int, weights: Path | None = None, *, blake3: str | None = "computed",
+                weights_blake3: str | None = "computed") -> tuple[str, bytes]:
+        """A signed artifact of `size` random bytes; with `weights`, a weightless one binding that blob. `blake3`,
+        `weights_blake3`: the BLAKE3 digests signed ("computed": the true ones; None: none, as manifests signed
+        before BLAKE3 are)."""
         key = os.urandom(16).hex()
         data = os.urandom(size)
         (tmp / key).write_bytes(data)
@@ -44,12 +48,17 @@ class Service:
                    "toolchain": {"torch": "2.13.0"}}
         signed_weights = None
         if weights is not None:
-            w = weights.read_bytes()
-            signed_weights = {"sha256": hashlib.sha256(w).hexdigest(), "size": len(w),
+            signed_weights = {**file_digests(weights), "size": weights.stat().st_size,
                               "constants": describe(read_header_file(weights))}
-        # Signed as a worker signs what it publishes, so that the SDK's pulls verify it.
+            if weights_blake3 != "computed":
+                signed_weights.pop("blake3")
+                if weights_blake3 is not None:
+                    signed_weights["blake3"] = weights_blake3
+        # Signed as a worker signs what it publishes (sha256 and BLAKE3), so that the SDK's pulls verify it.
+        digests = file_digests(tmp / key)
         manifest = SIGNER.sign(statement(
-            artifact_key=key, package_sha256=hashlib.sha256(data).hexdigest(), package_size=size,
+            artifact_key=key, package_sha256=digests["sha256"], package_size=size,
+            package_blake3=digests["blake3"] if blake3 == "computed" else blake3,
             model_sha256="f" * 64, factors=factors, toolchain=factors["toolchain"], target=factors["target"],
             check={}, worker={"id": "test"}, weights=signed_weights))
         self.store.signing.publish(key_record(SIGNER.public))
@@ -227,11 +236,53 @@ def test_a_corrupt_part_file_is_started_over(service: Service, tmp_path: Path) -
     key, data = service.publish(tmp_path, 300_000)
     part = tmp_path / "cache" / "artifacts" / f"{key}.pt2.part"
     part.parent.mkdir(parents=True)
-    part.write_bytes(b"\0" * 1000)  # not a prefix of the package: the sha256 check fails, the file is dropped
+    part.write_bytes(b"\0" * 1000)  # not a prefix of the package: the digest check fails, the file is dropped
     with Client(service.url, cache_dir=tmp_path / "cache") as c:
         with pytest.raises(Exception, match="corrupt"):
             c.pull(key)
         assert c.pull(key).read_bytes() == data  # and the next pull starts from nothing
+
+
+def test_a_pull_verifies_the_signed_blake3_and_a_manifest_without_one_by_sha256(service: Service, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker signs a package's sha256 and its BLAKE3 (4x faster to compute here: compiler/digests.py), and the
+    SDK verifies the BLAKE3. Shown by a manifest whose BLAKE3 alone is wrong: refused, naming BLAKE3, though the
+    sha256 would have passed. AOTC_PULL_DIGEST=sha256 verifies the other, and so does a manifest signed before
+    BLAKE3 (sha256 only). The same for a weights blob, and for a copy hashed again (`rehash`)."""
+    from client import Client, sdk
+
+    if service.backend != "file":
+        pytest.skip("the digest is the client's: the same whatever the blob store")
+    weights = tmp_path / "w.safetensors"
+    with open(weights, "wb") as f:
+        write(f, [("w", "float32", (64, 64), os.urandom(64 * 64 * 4))], {})
+    good, data = service.publish(tmp_path, 400_000, weights=weights)
+    bad, _ = service.publish(tmp_path, 400_000, blake3="0" * 64)
+    bad_weights, _ = service.publish(tmp_path, 50_000, weights=weights, weights_blake3="1" * 64)
+    legacy, legacy_data = service.publish(tmp_path, 400_000, weights=weights, blake3=None, weights_blake3=None)
+
+    with Client(service.url, cache_dir=tmp_path / "a") as c:
+        assert c.pull(good).read_bytes() == data
+        assert c.pull_weights(good).read_bytes() == weights.read_bytes()  # type: ignore[union-attr]
+        with pytest.raises(BadSignature, match=f"blake3 [0-9a-f]{{64}} \\(400000 bytes\\), but its signed manifest "
+                                               f"says {'0' * 64}"):
+            c.pull(bad)
+        assert not (tmp_path / "a" / "artifacts" / f"{bad}.pt2").exists()
+        # A cached copy is held to the same digest when it is hashed again.
+        assert c.pull(good, rehash=True).read_bytes() == data
+
+    sdk._VERIFIED.clear()
+    with Client(service.url, cache_dir=tmp_path / "b") as c:
+        with pytest.raises(BadSignature, match=f"blake3 .* says {'1' * 64}"):
+            c.pull_weights(bad_weights)
+        assert c.pull(legacy).read_bytes() == legacy_data  # signed before BLAKE3: its sha256 verified
+        assert c.pull_weights(legacy).read_bytes() == weights.read_bytes()  # type: ignore[union-attr]
+
+    monkeypatch.setenv("AOTC_PULL_DIGEST", "sha256")
+    sdk._VERIFIED.clear()
+    with Client(service.url, cache_dir=tmp_path / "c") as c:
+        assert len(c.pull(bad).read_bytes()) == 400_000  # its sha256 is right
+        assert c.pull_weights(bad_weights) is not None
 
 
 def test_a_cached_pull_checks_the_signature_and_its_record_not_every_byte(service: Service, tmp_path: Path,
@@ -242,8 +293,8 @@ def test_a_cached_pull_checks_the_signature_and_its_record_not_every_byte(servic
         pytest.skip("the client's cache is the same whatever the blob store")
     key, data = service.publish(tmp_path, 3_000_000)
     hashed: list[Path] = []
-    whole_file_sha256 = sdk._file_sha256
-    monkeypatch.setattr(sdk, "_file_sha256", lambda p: hashed.append(p) or whole_file_sha256(p))
+    whole_file_digest = sdk._file_digest
+    monkeypatch.setattr(sdk, "_file_digest", lambda p, a: hashed.append(p) or whole_file_digest(p, a))
     with Client(service.url, cache_dir=tmp_path / "cache") as c:
         path = c.pull(key)
         assert hashed == []  # hashed while it streamed in: the file is not read again
@@ -404,14 +455,14 @@ def test_a_weights_blob_is_served_pulled_once_verified_and_refused_when_tampered
 
     sdk._VERIFIED.clear()
     hashed: list[Path] = []
-    whole_file_sha256 = sdk._file_sha256
-    monkeypatch.setattr(sdk, "_file_sha256", lambda p: hashed.append(p) or whole_file_sha256(p))
+    whole_file_digest = sdk._file_digest
+    monkeypatch.setattr(sdk, "_file_digest", lambda p, a: hashed.append(p) or whole_file_digest(p, a))
     with Client(service.url, cache_dir=tmp_path / "cache") as c:
         assert c.pull_weights(key) == got and hashed == []
         # Beside a package (`aotc pull -o`): a hard link to the verified blob, not hashed a second time.
         beside = c.pull_weights(key, tmp_path / "beside" / "x.weights.safetensors")
         assert beside is not None and beside.stat().st_ino == got.stat().st_ino and hashed == []
-    monkeypatch.setattr(sdk, "_file_sha256", whole_file_sha256)
+    monkeypatch.setattr(sdk, "_file_digest", whole_file_digest)
 
     # The stored bytes swapped for others: the client refuses them, keeping nothing.
     tampered = tmp_path / "t.safetensors"
