@@ -11,6 +11,7 @@ GPU). Prints a table of medians, writes JSON.
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 python bench/ttfi.py --device cuda:0 --graphs \\
         --zoo mobilenet_v3_large,efficientnet_b0,timm_convnext_small,hf_bert_large --out bench/results/ttfi-h100.json
     python bench/ttfi.py --url http://127.0.0.1:8000 --keys KEY1,KEY2 --device cuda:0 ...   # a running service
+    python bench/ttfi.py --digests default,sha256 ...   # each process verifying BLAKE3, then sha256, alternating
 
 Each round runs, per artifact, a `cold` process (an empty client cache: the whole pull) and a `warm` one (the cache
 the cold one left: its verified record checked, nothing downloaded or hashed). With --graphs each also runs with
@@ -68,15 +69,18 @@ def child(url: str, key: str, device: str, graphs: bool, cache: str) -> dict[str
     with torch.inference_mode():
         fn(*inputs)
     out.update({p: timings.get(p, 0.0) for p in PARTS})  # weights_s: 0 for a package that carries its weights
+    out["weights_pull_s"] = timings.get("weights_pull_s", 0.0)  # within weights_s: the blob's download and hash
     out["ttfi_s"] = sum(out[p] for p in PARTS)
     out["size_bytes"] = int(art.meta.get("size") or 0)
     return out
 
 
-def _run_child(url: str, key: str, device: str, graphs: bool, cache: Path) -> dict[str, Any]:
+def _run_child(url: str, key: str, device: str, graphs: bool, cache: Path, digest: str = "") -> dict[str, Any]:
+    """One fresh process's TTFI; `digest`: its AOTC_PULL_DIGEST ("": the default, BLAKE3 where signed)."""
     t0 = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": _pythonpath(), "AOTC_PULL_DIGEST": digest}
     p = subprocess.run([sys.executable, __file__, "--child", url, key, device, "1" if graphs else "0", str(cache)],
-                       capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": _pythonpath()})
+                       capture_output=True, text=True, timeout=900, env=env)
     if p.returncode != 0:
         return {"error": (p.stderr or p.stdout)[-2000:]}
     out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
@@ -124,8 +128,9 @@ def start_service(base: Path, device: str) -> tuple[str, list[subprocess.Popen[b
 
 
 def compile_models(url: str, names: list[str], device: str, records: dict[str, Any],
-                   given: list[str]) -> dict[str, str]:
-    """Compile each model (a 64 MB MLP for `mlp`, else bench/zoo.py's at its serving batch) with the compile options
+                   given: list[str], hidden: int = 2048) -> dict[str, str]:
+    """Compile each model (for `mlp` an MLP of four `hidden`-wide layers, 64 MB at 2048, else bench/zoo.py's at its
+    serving batch) with the compile options
     `given` (`--option [MODEL:]KEY=JSON`); {name: key}. What each record says of its timing pass and speed goes into
     `records`."""
     import torch
@@ -137,9 +142,9 @@ def compile_models(url: str, names: list[str], device: str, records: dict[str, A
     with Client(url, timeout=600) as c:
         for name in names:
             if name == "mlp":
-                model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.GELU())
+                model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.GELU())
                                               for _ in range(4)]).eval()
-                inputs: tuple[Any, ...] = (torch.randn(8, 2048),)
+                inputs: tuple[Any, ...] = (torch.randn(8, hidden),)
             else:
                 from bench.zoo import build
 
@@ -174,8 +179,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--option", action="append", default=[], metavar="[MODEL:]KEY=JSON",
                     help="A compile option for every model, or MODEL's only, e.g. convolutions=generated.")
+    ap.add_argument("--mlp-hidden", type=int, default=2048, help="The width of `mlp`'s layers (7168: 822 MB).")
+    ap.add_argument("--digests", default="default", help="Comma-separated AOTC_PULL_DIGEST values to run each "
+                    "process with, alternating: 'default' (BLAKE3 where signed), 'sha256'.")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ttfi.json")
     args = ap.parse_args()
+    digests = args.digests.split(",")
     base = Path(tempfile.mkdtemp(prefix="aotc-ttfi-"))
     procs: list[subprocess.Popen[bytes]] = []
     redis_srv = None
@@ -186,18 +195,21 @@ def main() -> None:
             keys = dict(k.split("=", 1) if "=" in k else (k, k) for k in args.keys.split(",") if k)
         else:
             url, procs, redis_srv = start_service(base, args.device)
-            keys = compile_models(url, args.zoo.split(","), args.device, records, args.option)
+            keys = compile_models(url, args.zoo.split(","), args.device, records, args.option, args.mlp_hidden)
         runs: dict[str, list[dict[str, Any]]] = {}
         for r in range(args.rounds):
             for name, key in keys.items():
                 for graphs in (False, True) if args.graphs else (False,):
-                    cache = base / f"cache-{key}-{int(graphs)}"
-                    shutil.rmtree(cache, ignore_errors=True)
-                    for mode in ("cold", "warm"):  # warm: the cache the cold process left
-                        row = _run_child(url, key, args.device, graphs, cache)
-                        runs.setdefault(f"{name}|{'graphs' if graphs else 'plain'}|{mode}", []).append(row)
-                        print(f"round {r + 1} {name} {'graphs' if graphs else 'plain'} {mode}: "
-                              f"{row.get('ttfi_s', row.get('error', '')[-300:])}", file=sys.stderr, flush=True)
+                    for digest in digests[r % len(digests):] + digests[:r % len(digests)]:
+                        cache = base / f"cache-{key}-{int(graphs)}"
+                        shutil.rmtree(cache, ignore_errors=True)
+                        for mode in ("cold", "warm"):  # warm: the cache the cold process left
+                            row = _run_child(url, key, args.device, graphs, cache,
+                                             "" if digest == "default" else digest)
+                            how = "graphs" if graphs else "plain"
+                            runs.setdefault(f"{name}|{how}|{mode}|{digest}", []).append(row)
+                            print(f"round {r + 1} {name} {how} {mode} {digest}: "
+                                  f"{row.get('ttfi_s', row.get('error', '')[-300:])}", file=sys.stderr, flush=True)
     finally:
         for p in procs:
             p.terminate()
@@ -206,29 +218,30 @@ def main() -> None:
             redis_srv.stop()
     rows = []
     for label, got in runs.items():
-        name, how, mode = label.split("|")
+        name, how, mode, digest = label.split("|")
         ok = [g for g in got if "error" not in g]
-        row: dict[str, Any] = {"model": name, "how": how, "cache": mode, "runs": len(got), "errors": len(got) - len(ok),
+        row: dict[str, Any] = {"model": name, "how": how, "cache": mode, "digest": digest, "runs": len(got),
+                               "errors": len(got) - len(ok),
                                "size_mb": round(ok[0]["size_bytes"] / 1e6, 1) if ok else None}
-        for part in ("import_s", "client_import_s", "client_record_s", *PARTS, "ttfi_s", "wall_s"):
-            row[part] = round(statistics.median(g[part] for g in ok), 4) if ok else None
+        for part in ("import_s", "client_import_s", "client_record_s", *PARTS, "weights_pull_s", "ttfi_s", "wall_s"):
+            row[part] = round(statistics.median(g.get(part, 0.0) for g in ok), 4) if ok else None
         if not ok:
             row["error"] = got[-1]["error"]
         rows.append(row)
-    head = ("model", "how", "cache", "MB", "import s", "client s", "verify s", "pull s", "bind s", "weights s",
-            "load s", "first call s", "TTFI s", "errors")
-    table = [head] + [(r["model"], r["how"], r["cache"], r["size_mb"], r["import_s"], r["client_s"], r["verify_s"],
-                       r["pull_s"], r["bind_s"], r["weights_s"], r["load_s"], r["first_call_s"], r["ttfi_s"],
-                       r["errors"]) for r in rows]
+    head = ("model", "how", "cache", "digest", "MB", "import s", "client s", "verify s", "pull s", "bind s",
+            "weights s", "(blob pull s)", "load s", "first call s", "TTFI s", "errors")
+    table = [head] + [(r["model"], r["how"], r["cache"], r["digest"], r["size_mb"], r["import_s"], r["client_s"],
+                       r["verify_s"], r["pull_s"], r["bind_s"], r["weights_s"], r["weights_pull_s"], r["load_s"],
+                       r["first_call_s"], r["ttfi_s"], r["errors"]) for r in rows]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     for line in table:
-        print("  ".join(str(v).rjust(w) if i > 2 else str(v).ljust(w) for i, (v, w) in enumerate(zip(line, widths))))
+        print("  ".join(str(v).rjust(w) if i > 3 else str(v).ljust(w) for i, (v, w) in enumerate(zip(line, widths))))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "load_avg": os.getloadavg()},
         "when": time.strftime("%Y-%m-%d %H:%M:%S"), "device": args.device, "rounds": args.rounds,
-        "options": args.option, "rows": rows, "artifacts": records, "runs": runs}, indent=1) + "\n")
+        "options": args.option, "digests": digests, "rows": rows, "artifacts": records, "runs": runs}, indent=1) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
     shutil.rmtree(base, ignore_errors=True)
 
