@@ -241,7 +241,8 @@ class Lane:
         self.backend, self.base = backend, base
         self.redis = EmbeddedRedis(base / "redis").start()
         self.moto: subprocess.Popen[bytes] | None = None
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "AOTC_REDIS_URL": self.redis.url,
+        path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])  # a GPU host's wheels
+        self.env = {**os.environ, "PYTHONPATH": path, "AOTC_REDIS_URL": self.redis.url,
                     "AOTC_DATA_DIR": str(base), "AOTC_REAPER": "false"}
         if backend == "redis":
             self.env["AOTC_BLOB_STORE"] = "redis"

@@ -214,6 +214,9 @@ def main() -> int:
                              "key": job.get("artifact"), "path": str(path), "spans": line["spans"],
                              "check": {k: (job.get("check") or {}).get(k) for k in FIGURES},
                              "timing": (job.get("check") or {}).get("timing"),  # how and on which cores it timed
+                             # where its check's time went, and the early check's waits (AOTC_CHECK_EARLY)
+                             "check_phases": (job.get("check") or {}).get("phases"),
+                             "check_early": (job.get("check") or {}).get("early"),
                              "error": job_error(job, 1000)})
             ok = [r for r in rows if r["state"] == "succeeded"]
             compiles = [r["compile_s"] for r in ok if r["compile_s"] is not None]

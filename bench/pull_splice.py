@@ -1,13 +1,16 @@
 """The verified pull's ways, in alternating pulls against one API (issue 24): splice(2) from the socket into the file,
 hashed from the page cache (client/transfer.py `_splice`), or the buffered path (`readinto` into reused 1 MiB
-buffers, written and hashed from them); and the digest verified, BLAKE3 (the default where the manifest signs one,
-compiler/digests.py) or sha256 (`AOTC_PULL_DIGEST=sha256`). One service (a file blob store, served with sendfile),
+buffers, written and hashed from them); the digest verified, BLAKE3 (the default where the manifest signs one,
+compiler/digests.py) or sha256 (`AOTC_PULL_DIGEST=sha256`); and one stream, or ranges over several connections at
+once, the file hashed whole after (`ranges-N`: AOTC_PULL_STREAMS=N; until 2026-11-30 also `ranges`, then
+AOTC_PULL_STREAMS=auto: half the cores, at most 8). One service (a file blob store, served with sendfile),
 one package of random bytes, signed as a worker signs (both digests); each pull into an empty client cache, the
 order of the ways rotating by round. Per way: the median rate, the client's CPU per GB (all its threads) and the API
 process's; `x_rate` and `x_client_cpu` against the last way named.
 
     python bench/pull_splice.py --size-mb 130 --rounds 11 --ways splice,splice-sha256 --out pull.json
     python bench/pull_splice.py --size-mb 130 --rounds 11 --ways splice-sha256,buffered-sha256 --out pull.json
+    python bench/pull_splice.py --size-mb 800 --rounds 7 --ways ranges-8,ranges-4,splice --out pull.json
 
 Prints a table, writes JSON.
 """
@@ -30,12 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import download  # noqa: E402 - after the path above, as the other scripts here
-from client import Client, transfer  # noqa: E402
+from client import Client, sdk, transfer  # noqa: E402
 from compiler import digests  # noqa: E402
 
-# way: (splice, AOTC_PULL_DIGEST: "" is the default, the fastest signed digest: BLAKE3)
-WAYS = {"splice": (True, ""), "buffered": (False, ""), "splice-sha256": (True, "sha256"),
-        "buffered-sha256": (False, "sha256")}
+# way: (splice, AOTC_PULL_DIGEST: "" is the default, the fastest signed digest: BLAKE3; AOTC_PULL_STREAMS)
+WAYS = {"splice": (True, "", "1"), "buffered": (False, "", "1"), "splice-sha256": (True, "sha256", "1"),
+        "buffered-sha256": (False, "sha256", "1"), **{f"ranges-{n}": (True, "", str(n)) for n in (2, 4, 8, 16)}}
 
 
 def main() -> None:
@@ -59,8 +62,9 @@ def main() -> None:
         for r in range(a.rounds):
             names = list(ways)
             for way in names[r % len(names):] + names[:r % len(names)]:
-                transfer.SPLICE, digest = ways[way]
+                transfer.SPLICE, digest, streams = ways[way]
                 os.environ[digests.ENV] = digest
+                os.environ[sdk.STREAMS_ENV] = streams
                 cache = base / f"client-{way}"
                 shutil.rmtree(cache, ignore_errors=True)
                 with Client(lane.url, cache_dir=cache, timeout=120) as c:

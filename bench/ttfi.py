@@ -11,7 +11,7 @@ GPU). Prints a table of medians, writes JSON.
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 python bench/ttfi.py --device cuda:0 --graphs \\
         --zoo mobilenet_v3_large,efficientnet_b0,timm_convnext_small,hf_bert_large --out bench/results/ttfi-h100.json
     python bench/ttfi.py --url http://127.0.0.1:8000 --keys KEY1,KEY2 --device cuda:0 ...   # a running service
-    python bench/ttfi.py --digests default,sha256 ...   # each process verifying BLAKE3, then sha256, alternating
+    python bench/ttfi.py --pulls default,ranges-8,sha256 ...   # how each process pulls, alternating (PULLS)
 
 Each round runs, per artifact, a `cold` process (an empty client cache: the whole pull) and a `warm` one (the cache
 the cold one left: its verified record checked, nothing downloaded or hashed). With --graphs each also runs with
@@ -75,10 +75,17 @@ def child(url: str, key: str, device: str, graphs: bool, cache: str) -> dict[str
     return out
 
 
-def _run_child(url: str, key: str, device: str, graphs: bool, cache: Path, digest: str = "") -> dict[str, Any]:
-    """One fresh process's TTFI; `digest`: its AOTC_PULL_DIGEST ("": the default, BLAKE3 where signed)."""
+# --pulls: how a process pulls (its environment): the default (BLAKE3 where signed, one stream), eight ranges at
+# once (BLAKE3 over the whole file after), sha256. (In the run of 2026-11-30 `default` was eight ranges, then
+# AOTC_PULL_STREAMS=auto on 16 cores, and `blake3-1` one stream: bench/README.md.)
+PULLS = {"default": {}, "ranges-8": {"AOTC_PULL_STREAMS": "8"}, "sha256": {"AOTC_PULL_DIGEST": "sha256"}}
+
+
+def _run_child(url: str, key: str, device: str, graphs: bool, cache: Path, pull: str = "default") -> dict[str, Any]:
+    """One fresh process's TTFI; `pull`: how it pulls (PULLS)."""
     t0 = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": _pythonpath(), "AOTC_PULL_DIGEST": digest}
+    env = {**os.environ, "PYTHONPATH": _pythonpath(), "AOTC_PULL_DIGEST": "", "AOTC_PULL_STREAMS": "1",
+           **PULLS[pull]}
     p = subprocess.run([sys.executable, __file__, "--child", url, key, device, "1" if graphs else "0", str(cache)],
                        capture_output=True, text=True, timeout=900, env=env)
     if p.returncode != 0:
@@ -180,11 +187,11 @@ def main() -> None:
     ap.add_argument("--option", action="append", default=[], metavar="[MODEL:]KEY=JSON",
                     help="A compile option for every model, or MODEL's only, e.g. convolutions=generated.")
     ap.add_argument("--mlp-hidden", type=int, default=2048, help="The width of `mlp`'s layers (7168: 822 MB).")
-    ap.add_argument("--digests", default="default", help="Comma-separated AOTC_PULL_DIGEST values to run each "
-                    "process with, alternating: 'default' (BLAKE3 where signed), 'sha256'.")
+    ap.add_argument("--pulls", default="default",
+                    help=f"Comma-separated ways to pull, alternating: {', '.join(PULLS)}.")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ttfi.json")
     args = ap.parse_args()
-    digests = args.digests.split(",")
+    pulls = args.pulls.split(",")
     base = Path(tempfile.mkdtemp(prefix="aotc-ttfi-"))
     procs: list[subprocess.Popen[bytes]] = []
     redis_srv = None
@@ -200,15 +207,14 @@ def main() -> None:
         for r in range(args.rounds):
             for name, key in keys.items():
                 for graphs in (False, True) if args.graphs else (False,):
-                    for digest in digests[r % len(digests):] + digests[:r % len(digests)]:
+                    for pull in pulls[r % len(pulls):] + pulls[:r % len(pulls)]:
                         cache = base / f"cache-{key}-{int(graphs)}"
                         shutil.rmtree(cache, ignore_errors=True)
                         for mode in ("cold", "warm"):  # warm: the cache the cold process left
-                            row = _run_child(url, key, args.device, graphs, cache,
-                                             "" if digest == "default" else digest)
+                            row = _run_child(url, key, args.device, graphs, cache, pull)
                             how = "graphs" if graphs else "plain"
-                            runs.setdefault(f"{name}|{how}|{mode}|{digest}", []).append(row)
-                            print(f"round {r + 1} {name} {how} {mode} {digest}: "
+                            runs.setdefault(f"{name}|{how}|{mode}|{pull}", []).append(row)
+                            print(f"round {r + 1} {name} {how} {mode} {pull}: "
                                   f"{row.get('ttfi_s', row.get('error', '')[-300:])}", file=sys.stderr, flush=True)
     finally:
         for p in procs:
@@ -218,9 +224,9 @@ def main() -> None:
             redis_srv.stop()
     rows = []
     for label, got in runs.items():
-        name, how, mode, digest = label.split("|")
+        name, how, mode, pull = label.split("|")
         ok = [g for g in got if "error" not in g]
-        row: dict[str, Any] = {"model": name, "how": how, "cache": mode, "digest": digest, "runs": len(got),
+        row: dict[str, Any] = {"model": name, "how": how, "cache": mode, "pull": pull, "runs": len(got),
                                "errors": len(got) - len(ok),
                                "size_mb": round(ok[0]["size_bytes"] / 1e6, 1) if ok else None}
         for part in ("import_s", "client_import_s", "client_record_s", *PARTS, "weights_pull_s", "ttfi_s", "wall_s"):
@@ -228,9 +234,9 @@ def main() -> None:
         if not ok:
             row["error"] = got[-1]["error"]
         rows.append(row)
-    head = ("model", "how", "cache", "digest", "MB", "import s", "client s", "verify s", "pull s", "bind s",
+    head = ("model", "how", "cache", "pull", "MB", "import s", "client s", "verify s", "pull s", "bind s",
             "weights s", "(blob pull s)", "load s", "first call s", "TTFI s", "errors")
-    table = [head] + [(r["model"], r["how"], r["cache"], r["digest"], r["size_mb"], r["import_s"], r["client_s"],
+    table = [head] + [(r["model"], r["how"], r["cache"], r["pull"], r["size_mb"], r["import_s"], r["client_s"],
                        r["verify_s"], r["pull_s"], r["bind_s"], r["weights_s"], r["weights_pull_s"], r["load_s"],
                        r["first_call_s"], r["ttfi_s"], r["errors"]) for r in rows]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
@@ -241,7 +247,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "load_avg": os.getloadavg()},
         "when": time.strftime("%Y-%m-%d %H:%M:%S"), "device": args.device, "rounds": args.rounds,
-        "options": args.option, "digests": digests, "rows": rows, "artifacts": records, "runs": runs}, indent=1) + "\n")
+        "options": args.option, "pulls": pulls, "rows": rows, "artifacts": records, "runs": runs}, indent=1) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
     shutil.rmtree(base, ignore_errors=True)
 

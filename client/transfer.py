@@ -5,13 +5,17 @@ httpx's re-chunking into 1 MB), so on 2 cores a verified pull ran at a third to 
 Here `http.client` reads the body straight into a few reused 1 MiB buffers (`readinto`): the calling thread
 receives each block and writes it to the file, a helper thread hashes it meanwhile (both release the GIL), and the
 block is reused once hashed, while it is still in the CPU's cache. There is no second pass over the file: the
-sha256 that `Client.pull` checks is the one computed here. sha256 (about 0.5 s of CPU a GB here) and receiving plus
-writing (about as much) then each take one core, where one thread doing all three would cap a pull near 1 GB/s.
+digest that `Client.pull` checks is the one computed here (BLAKE3 where the manifest signs one, else sha256:
+compiler/digests.py). Hashing and receiving plus writing then each take a core, where one thread doing all of it
+would cap a pull near 1 GB/s.
 
 Measured on 2 cores (bench/download.py, bench/README.md "Verified pull"): one thread doing all three, separate hash
 and write threads, and receiving into an mmap of the destination were no faster, and took as much CPU or more.
-Parallel ranges do not help here: sha256 is sequential, so bytes that arrive out of order would have to wait in
-memory or be read back from the file, and the API process that serves them shares the same two cores.
+Ranges over several connections at once (`fetch_ranges`, AOTC_PULL_STREAMS=N) write each range at its offset and
+hash nothing: the caller hashes the whole file after, BLAKE3 on every core. Not the default: on 2 cores the API
+shares the cores, and on a 16-core GPU host over loopback they were 1.2x one stream at 3.6x the client's CPU, with a
+fresh process's TTFI no shorter (bench/README.md, "Verified pull by BLAKE3"). They are for links one TCP stream
+cannot fill.
 
 Over plain HTTP with a Content-Length, on Linux, the body does not pass through this process at all (`_splice`):
 splice(2) moves the socket's bytes into a pipe and on into the file's page cache, and the helper thread hashes the
@@ -41,7 +45,8 @@ import select
 import ssl
 import threading
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
@@ -158,21 +163,8 @@ def fetch(url: str, headers: Mapping[str, str], f: BinaryIO, digest: Any, have: 
     is followed only where `refuse_redirect` allows (`allowed`: AOTC_REDIRECT_HOSTS). Raises Cutoff, Restart or
     Refused."""
     try:
-        conn, target = _connect(url, timeout)
+        conn, resp = _respond(url, headers, timeout, redirect_headers, allowed)
         try:
-            conn.request("GET", target, headers=dict(headers))
-            resp = conn.getresponse()
-            if resp.status == 307 and redirect_headers is not None:
-                location = resp.getheader("location") or ""
-                resp.read()
-                conn.close()
-                why = refuse_redirect(location, url, allowed)
-                if why:
-                    raise Refused(502, json.dumps({"error": {"message": why}}).encode())
-                if not direct_ok(location):
-                    raise Refused(502, f"the redirect to {location!r} cannot be fetched directly".encode())
-                return fetch(location, redirect_headers, f, digest, have, timeout=timeout, redirect_headers=None,
-                             limit=limit)
             _expect(resp, have)
             within(resp.length, limit)
             if not _splice_ok(conn, resp, f):
@@ -185,6 +177,30 @@ def fetch(url: str, headers: Mapping[str, str], f: BinaryIO, digest: Any, have: 
         raise e.__cause__ from None  # type: ignore[misc]
     except (OSError, http.client.HTTPException) as e:
         raise Cutoff(str(e) or type(e).__name__) from e
+
+
+def _respond(url: str, headers: Mapping[str, str], timeout: float | None, redirect_headers: Mapping[str, str] | None,
+             allowed: frozenset[str]) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """GET `url`: the connection and its response, after one 307 followed with `redirect_headers` (see `fetch`).
+    The caller closes the connection."""
+    conn, target = _connect(url, timeout)
+    try:
+        conn.request("GET", target, headers=dict(headers))
+        resp = conn.getresponse()
+        if resp.status != 307 or redirect_headers is None:
+            return conn, resp
+        location = resp.getheader("location") or ""
+        resp.read()
+    except BaseException:
+        conn.close()
+        raise
+    conn.close()
+    why = refuse_redirect(location, url, allowed)
+    if why:
+        raise Refused(502, json.dumps({"error": {"message": why}}).encode())
+    if not direct_ok(location):
+        raise Refused(502, f"the redirect to {location!r} cannot be fetched directly".encode())
+    return _respond(location, redirect_headers, timeout, None, allowed)
 
 
 def _expect(resp: http.client.HTTPResponse, have: int) -> None:
@@ -281,14 +297,15 @@ HASH_WINDOW = 8 << 20  # how much of the file one mmap of the hashing thread cov
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
-def _splice_ok(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, f: BinaryIO) -> bool:
+def _splice_ok(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, f: BinaryIO | None) -> bool:
     """Whether the body can go socket -> pipe -> file by splice(2): plain HTTP (TLS bytes must be decrypted in
-    user space), a known length (no chunked framing to parse), and a real file."""
+    user space), a known length (no chunked framing to parse), and a real file (`f`; None: a descriptor)."""
     if (not SPLICE or isinstance(conn, http.client.HTTPSConnection) or resp.length is None
             or not os.path.isdir("/proc/self/fd")):
         return False
     try:
-        f.fileno()
+        if f is not None:
+            f.fileno()
         resp.fp.fileno()  # the socket (the connection may have let go of it already: `Connection: close`)
     except (OSError, ValueError, AttributeError):  # an in-memory file (a test's BytesIO)
         return False
@@ -340,35 +357,20 @@ def _splice(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, f:
 
     helper = threading.Thread(target=hasher, name="aotc-pull-hash", daemon=True)
     helper.start()
-    timeout = conn.timeout if isinstance(conn.timeout, (int, float)) else None
-    poll = select.poll()
-    poll.register(fd, select.POLLIN)
+    at = [pos]
+
+    def window(left: int) -> bool:  # a window written: hash it; go on unless hashing failed
+        nonlocal hashed
+        if at[0] - hashed >= HASH_WINDOW or not left:
+            ranges.put((hashed, at[0]))
+            hashed = at[0]
+        return not failed
+
     try:
-        with contextlib.suppress(OSError):  # a bigger pipe means fewer calls; the default works too
-            fcntl.fcntl(pw, _F_SETPIPE_SZ, PIPE_BYTES)
-        while remaining and not failed:
-            try:
-                got = os.splice(fd, pw, min(remaining, PIPE_BYTES), flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)
-            except BlockingIOError:
-                if not poll.poll(None if timeout is None else timeout * 1000):
-                    raise TimeoutError("timed out") from None
-                continue
-            if not got:
-                raise ConnectionError(f"the connection closed with {remaining} bytes of the body still to come")
-            remaining -= got
-            while got:
-                try:
-                    moved = os.splice(pr, out, got, offset_dst=pos, flags=os.SPLICE_F_MOVE)
-                except OSError as e:
-                    raise _Local from e
-                got -= moved
-                pos += moved
-            if pos - hashed >= HASH_WINDOW or not remaining:
-                ranges.put((hashed, pos))
-                hashed = pos
+        _pump(fd, pr, pw, out, at, remaining, _timeout(conn), window)
     finally:
         try:
-            _flush_pipe(pr, out, pos, ranges, hashed)
+            _flush_pipe(pr, out, at[0], ranges, hashed)
         finally:
             ranges.put(None)
             helper.join()
@@ -378,6 +380,40 @@ def _splice(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, f:
             f.seek(0, os.SEEK_END)
     if failed:
         raise failed[0]
+
+
+def _timeout(conn: http.client.HTTPConnection) -> float | None:
+    return conn.timeout if isinstance(conn.timeout, (int, float)) else None
+
+
+def _pump(fd: int, pr: int, pw: int, out: int, at: list[int], remaining: int, timeout: float | None,
+          after: Callable[[int], bool]) -> None:
+    """Move `remaining` bytes from socket `fd` into file `out` at offset `at[0]` (advanced as they land) through
+    the pipe (`pr`, `pw`), by splice(2); after each piece, `after(bytes still to come)` says whether to go on.
+    Raises ConnectionError (the body ended early), TimeoutError (no byte within `timeout`), _Local (the file)."""
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)
+    with contextlib.suppress(OSError):  # a bigger pipe means fewer calls; the default works too
+        fcntl.fcntl(pw, _F_SETPIPE_SZ, PIPE_BYTES)
+    while remaining:
+        try:
+            got = os.splice(fd, pw, min(remaining, PIPE_BYTES), flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)
+        except BlockingIOError:
+            if not poll.poll(None if timeout is None else timeout * 1000):
+                raise TimeoutError("timed out") from None
+            continue
+        if not got:
+            raise ConnectionError(f"the connection closed with {remaining} bytes of the body still to come")
+        remaining -= got
+        while got:
+            try:
+                moved = os.splice(pr, out, got, offset_dst=at[0], flags=os.SPLICE_F_MOVE)
+            except OSError as e:
+                raise _Local from e
+            got -= moved
+            at[0] += moved
+        if not after(remaining):
+            return
 
 
 def _flush_pipe(pr: int, out: int, pos: int, ranges: queue.SimpleQueue[tuple[int, int] | None],
@@ -399,3 +435,137 @@ def _flush_pipe(pr: int, out: int, pos: int, ranges: queue.SimpleQueue[tuple[int
         pos += moved
     if pos > hashed:
         ranges.put((hashed, pos))
+
+
+# -- ranges: a large body over several connections at once -----------------------------------------------------------
+
+RANGE_MIN = 8 << 20  # the fewest bytes one stream of `fetch_ranges` takes
+
+
+class NotRanged(Exception):
+    """A range was answered with something else than exactly that range (the whole body: the artifact changed; a
+    server that ignores ranges): the caller fetches the ordinary way."""
+
+
+def journal(part: Path) -> Path:
+    """Where `fetch_ranges` notes the prefix of `part` that was whole before it began."""
+    return part.with_name(part.name + ".ranges")
+
+
+def recover(part: Path, f: BinaryIO) -> None:
+    """If a process died while it fetched ranges into `part` (open as `f`), cut the file back to the prefix that
+    was whole before: past it the file may have holes, which a resume would take for bytes and the digest would
+    then refuse as tampering."""
+    note = journal(part)
+    try:
+        whole = int(json.loads(note.read_text())["whole"])
+    except FileNotFoundError:
+        return
+    except (ValueError, KeyError, TypeError, OSError):
+        whole = 0
+    f.flush()
+    if os.fstat(f.fileno()).st_size > whole:
+        f.truncate(max(whole, 0))
+    note.unlink(missing_ok=True)
+
+
+def fetch_ranges(url: str, headers: Mapping[str, str], part: Path, f: BinaryIO, have: int, size: int, streams: int,
+                 *, etag: str, timeout: float | None, redirect: bool = False,
+                 allowed: frozenset[str] = frozenset()) -> None:
+    """Bytes [`have`, `size`) of the body at `url` into `part` (open for appending as `f`, `have` bytes long) over
+    `streams` connections at once: each a ranged GET (`If-Range: "etag"`) whose body is written at its own offset
+    (splice(2) on plain HTTP, else through one buffer and pwrite). Nothing is hashed here: the caller hashes the
+    whole file once it is complete, BLAKE3 on every core (compiler/digests.py). `redirect`: follow one 307 (the S3
+    store's presigned URL) with the Range alone, as `fetch` does.
+
+    A journal (`journal(part)`) names the prefix that was whole before, for `recover`. On a failure the file is cut
+    back to the longest prefix that arrived whole and the first failure raised (Cutoff for the network's, so a
+    resume continues from there; NotRanged, Refused, or the local OSError)."""
+    n = max(1, min(streams, (size - have) // RANGE_MIN))
+    bounds = [have + (size - have) * i // n for i in range(n + 1)]
+    note = journal(part)
+    tmp = note.with_name(f"{note.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"whole": have}))
+    os.replace(tmp, note)
+    f.flush()
+    out = os.open(f"/proc/self/fd/{f.fileno()}", os.O_WRONLY | os.O_CLOEXEC)  # f is O_APPEND: pwrite ignores offsets
+    at = [[a] for a in bounds[:-1]]
+    failed: list[BaseException] = []
+    stop = threading.Event()
+
+    def one(i: int) -> None:
+        a, b = bounds[i], bounds[i + 1]
+        want = f"bytes {a}-{b - 1}/{size}"
+        try:
+            conn, resp = _respond(url, {**headers, "Range": f"bytes={a}-{b - 1}", "If-Range": f'"{etag}"'}, timeout,
+                                  {"Range": f"bytes={a}-{b - 1}"} if redirect else None, allowed)
+            try:
+                if resp.status >= 300 and resp.status != 416:
+                    raise Refused(resp.status, resp.read(64 << 10))
+                if resp.status != 206 or resp.getheader("content-range") != want or resp.length != b - a:
+                    raise NotRanged(f"asked for {want}, got {resp.status} {resp.getheader('content-range')}")
+                _write_at(conn, resp, out, at[i], stop)
+            finally:
+                conn.close()
+            if at[i][0] != b and not stop.is_set():
+                raise ConnectionError(f"range {want} ended at {at[i][0]}")
+        except BaseException as e:  # noqa: BLE001 - handed to the calling thread
+            failed.append(e)
+            stop.set()
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"aotc-pull-range-{i}", daemon=True) for i in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if failed:
+            whole = have
+            for i in range(n):
+                whole = at[i][0]
+                if whole != bounds[i + 1]:
+                    break
+            os.ftruncate(out, whole)
+    finally:
+        os.close(out)
+        f.seek(0, os.SEEK_END)
+    note.unlink(missing_ok=True)
+    if failed:
+        e = failed[0]
+        if isinstance(e, _Local):
+            raise e.__cause__ from None  # type: ignore[misc]
+        if isinstance(e, (OSError, http.client.HTTPException)):
+            raise Cutoff(str(e) or type(e).__name__) from e
+        raise e
+
+
+def _write_at(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, out: int, at: list[int],
+              stop: threading.Event) -> None:
+    """The body of `resp` into file `out` from offset `at[0]` (advanced as it lands): by splice(2) where
+    `_splice_ok`, else through one buffer with pwrite. Returns early, quietly, once `stop` is set."""
+    assert resp.length is not None
+    if _splice_ok(conn, resp, None):
+        head = resp.read(min(len(resp.fp.peek()), resp.length))
+        _pwrite(out, head, at)
+        if resp.length:
+            pr, pw = os.pipe()
+            try:
+                _pump(resp.fp.fileno(), pr, pw, out, at, resp.length, _timeout(conn), lambda _: not stop.is_set())
+            finally:
+                os.close(pr)
+                os.close(pw)
+        return
+    buf = memoryview(bytearray(BLOCK))
+    while not stop.is_set() and (got := resp.readinto(buf)):
+        _pwrite(out, buf[:got], at)
+
+
+def _pwrite(out: int, data: bytes | memoryview, at: list[int]) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            done = os.pwrite(out, view, at[0])
+        except OSError as e:
+            raise _Local from e
+        at[0] += done
+        view = view[done:]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
 import threading
 import time
@@ -239,3 +240,114 @@ def _own_address() -> str | None:
         except OSError:
             return None
     return None if addr.startswith("127.") else addr
+
+
+# -- ranges: one body over several connections (fetch_ranges) --------------------------------------------------------
+
+ETAG = "e" * 64
+
+
+def _ranges(answer_range: Callable[[socket.socket, int, int], None] | None = None,
+            ignore: str = "") -> Callable[[socket.socket, bytes], None]:
+    """A server of BODY's ranges: `answer_range(conn, a, b)` answers bytes [a, b) where given, else exactly them;
+    `ignore="whole"` answers every range with the whole body (200), `"longer"` with a 206 whose Content-Length
+    runs past the range asked (a server filling the client's disk)."""
+    def answer(conn: socket.socket, request: bytes) -> None:
+        m = re.search(rb"Range: bytes=(\d+)-(\d+)", request)
+        assert m is not None and f'If-Range: "{ETAG}"'.encode() in request
+        a, b = int(m[1]), int(m[2]) + 1
+        if ignore == "whole":
+            conn.sendall(_head(len(BODY)) + BODY)
+            return
+        n = b - a + (1 << 20 if ignore == "longer" else 0)
+        head = (f"HTTP/1.1 206 Partial Content\r\nContent-Length: {n}\r\n"
+                f"Content-Range: bytes {a}-{b - 1}/{len(BODY)}\r\n\r\n").encode()
+        if answer_range is not None:
+            conn.sendall(head)
+            answer_range(conn, a, b)
+        else:
+            conn.sendall(head + BODY[a:a + n])
+    return answer
+
+
+@pytest.fixture
+def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transfer, "RANGE_MIN", 1 << 20)  # three streams for BODY's 3 MiB
+
+
+@pytest.mark.usefixtures("small_ranges")
+def test_a_body_in_ranges_lands_whole_with_no_journal_left(way: str, tmp_path: Path) -> None:
+    server = OneShot(_ranges())
+    try:
+        part = tmp_path / "blob.part"
+        with open(part, "ab") as f:
+            f.write(BODY[:1000])  # a prefix from before: the ranges cover the rest
+            transfer.fetch_ranges(server.url, {}, part, f, 1000, len(BODY), 3, etag=ETAG, timeout=10)
+            f.write(b"")  # still open for appending, at the end
+        assert part.read_bytes() == BODY
+        asked = sorted(re.search(rb"Range: bytes=(\d+)-", r)[1] for r in server.requests)  # type: ignore[index]
+        assert len(asked) == 3 and int(asked[0]) == 1000
+        assert not transfer.journal(part).exists()
+    finally:
+        server.close()
+
+
+@pytest.mark.usefixtures("small_ranges")
+def test_a_range_cut_off_leaves_the_longest_whole_prefix_and_a_resume_completes_it(way: str, tmp_path: Path) -> None:
+    """The middle range ends halfway: the file is cut back to a prefix of the body that arrived whole (the
+    ranges after it may have landed, but not contiguously), Cutoff is raised, and the ordinary resume from the
+    file's end completes it."""
+    third = len(BODY) // 3
+
+    def cut_middle(conn: socket.socket, a: int, b: int) -> None:
+        conn.sendall(BODY[a:b] if a != third else BODY[a:a + (b - a) // 2])  # then closes
+
+    server = OneShot(_ranges(cut_middle))
+    try:
+        part = tmp_path / "blob.part"
+        with open(part, "ab") as f:
+            with pytest.raises(transfer.Cutoff):
+                transfer.fetch_ranges(server.url, {}, part, f, 0, len(BODY), 3, etag=ETAG, timeout=10)
+            have = os.fstat(f.fileno()).st_size
+            assert have <= third + (third // 2) + 1 and part.read_bytes() == BODY[:have]
+            assert not transfer.journal(part).exists()
+            rest = OneShot(lambda c, r: c.sendall(
+                f"HTTP/1.1 206 Partial Content\r\nContent-Length: {len(BODY) - have}\r\n"
+                f"Content-Range: bytes {have}-{len(BODY) - 1}/{len(BODY)}\r\n\r\n".encode() + BODY[have:]))
+            digest = hashlib.sha256(part.read_bytes())
+            transfer.fetch(rest.url, {"Range": f"bytes={have}-"}, f, digest, have, timeout=10)
+            rest.close()
+        assert part.read_bytes() == BODY and digest.hexdigest() == hashlib.sha256(BODY).hexdigest()
+    finally:
+        server.close()
+
+
+@pytest.mark.usefixtures("small_ranges")
+@pytest.mark.parametrize("ignore", ["whole", "longer"])
+def test_ranges_answered_otherwise_are_not_written_past_what_was_asked(ignore: str, tmp_path: Path) -> None:
+    """A whole body for a range (the artifact was built again; a server that ignores ranges) or a range longer
+    than asked (a hostile server filling the disk): NotRanged, the file back at the prefix it began with, for
+    the caller's ordinary pull."""
+    server = OneShot(_ranges(ignore=ignore))
+    try:
+        part = tmp_path / "blob.part"
+        with open(part, "ab") as f:
+            f.write(BODY[:5000])
+            with pytest.raises(transfer.NotRanged):
+                transfer.fetch_ranges(server.url, {}, part, f, 5000, len(BODY), 3, etag=ETAG, timeout=10)
+        assert part.read_bytes() == BODY[:5000] and not transfer.journal(part).exists()
+    finally:
+        server.close()
+
+
+def test_a_journal_left_by_a_killed_pull_cuts_the_file_back(tmp_path: Path) -> None:
+    """A process killed while it fetched ranges leaves holes past the prefix it began with: the next pull cuts
+    the file back to that prefix (the journal's), never resumes over the holes."""
+    part = tmp_path / "blob.part"
+    for note, want in (('{"whole": 1000}', 1000), ("not json", 0), (None, 5000)):
+        part.write_bytes(BODY[:1000] + b"\0" * 4000)  # a hole where a range had not landed
+        if note is not None:
+            transfer.journal(part).write_text(note)
+        with open(part, "ab") as f:
+            transfer.recover(part, f)
+        assert part.stat().st_size == want and not transfer.journal(part).exists()

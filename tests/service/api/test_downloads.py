@@ -146,13 +146,15 @@ def test_every_get_is_a_pull_in_the_eviction_order(service: Service, tmp_path: P
 
 
 _KILLED_PULL = """
-import http.client, os, signal, sys
+import http.client, os, signal, sys, threading
 sys.path[:0] = [sys.argv[1]]
 from client import Client, transfer
 limit, written = int(sys.argv[4]), [0]
 transfer.SPLICE = sys.argv[6] == "splice"
+dying = threading.Lock()  # a pull in ranges writes from several threads: the first to pass the limit kills
 
 def die(path):  # the first 1 MiB block is on disk by now: die like a killed process, mid-download
+    dying.acquire()
     with open(sys.argv[7], "w") as f:
         f.write(path)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -228,6 +230,80 @@ def test_a_pull_killed_midway_resumes_with_range_and_ends_verified(service: Serv
         assert statuses[-2] == 307 and "X-Amz-Signature" in sent[-1][0]
         assert sent[-2][0].startswith(service.url)
         assert keys_sent[-2:] == [True, False]  # the API key goes to the API, never to object storage
+
+
+def _spy_ranges(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str | None]]:
+    """What the pull's own connections asked for: (url, Range)."""
+    sent: list[tuple[str, str | None]] = []
+    request = http.client.HTTPConnection.request
+
+    def spy(conn: http.client.HTTPConnection, method: str, url: str, *a: Any, **kw: Any) -> None:
+        headers = kw.get("headers") or (a[1] if len(a) > 1 else {})
+        sent.append((f"http://{conn.host}:{conn.port}{url}", headers.get("Range")))
+        request(conn, method, url, *a, **kw)
+
+    monkeypatch.setattr(http.client.HTTPConnection, "request", spy)
+    return sent
+
+
+@pytest.mark.parametrize("path", ["splice", "buffered"])
+def test_a_large_pull_comes_in_ranges_at_once_and_is_verified_whole(service: Service, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   path: str) -> None:
+    """AOTC_PULL_STREAMS=4: four ranged GETs at once, each written at its offset, the whole file then hashed
+    (BLAKE3, every core); from the S3 store each follows its own redirect.
+    The bytes come whole, and a stored package swapped for other bytes is refused as ever."""
+    from client import Client, transfer
+
+    monkeypatch.setenv("AOTC_PULL_STREAMS", "4")
+    monkeypatch.setattr(transfer, "SPLICE", path == "splice")
+    key, data = service.publish(tmp_path, 36_000_000)
+    sent = _spy_ranges(monkeypatch)
+    with Client(service.url, cache_dir=tmp_path / "cache") as c:
+        got = c.pull(key)
+    assert got.read_bytes() == data
+    to_api = sorted((r for u, r in sent if r and u.startswith(service.url)), key=lambda r: int(r[6:].split("-")[0]))
+    elsewhere = sorted(r for u, r in sent if r and not u.startswith(service.url))
+    assert len(to_api) == 4 and to_api[0].startswith("bytes=0-") and to_api[-1].endswith(f"-{len(data) - 1}")
+    # From the S3 store each range follows its own redirect to object storage; the others come from the API.
+    assert elsewhere == (sorted(to_api) if service.backend == "s3" else [])
+    assert not transfer.journal(tmp_path / "cache" / "artifacts" / f"{key}.pt2.part").exists()
+
+    if service.backend == "file":  # the stored bytes swapped: refused, nothing kept
+        tampered = tmp_path / "swap"
+        tampered.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+        record = service.store.artifacts.get(key)
+        assert record is not None
+        with open(tampered, "rb") as f:
+            service.store.blobs.put("artifact", service.store.artifacts.blob_id(record), f)
+        with Client(service.url, cache_dir=tmp_path / "fresh") as c:
+            with pytest.raises(BadSignature, match="arrived corrupt or tampered with: blake3"):
+                c.pull(key)
+        assert not list((tmp_path / "fresh" / "artifacts").glob(f"{key}*"))
+
+
+@pytest.mark.parametrize("path", ["splice", "buffered"])
+def test_a_pull_in_ranges_killed_midway_starts_over_from_its_journal_and_ends_verified(
+        service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    """Killed with ranges half landed, the `.part` file has holes: its journal makes the next pull cut it back to
+    the prefix it began from (nothing), never resume over the holes, which would end in a false 'tampered'."""
+    from client import Client, transfer
+
+    key, data = service.publish(tmp_path, 36_000_000)
+    cache = tmp_path / "cache"
+    marker = tmp_path / "killed-in"
+    killed = subprocess.run([sys.executable, "-c", _KILLED_PULL, str(ROOT), service.url, str(cache),
+                             str(12_000_000), key, path, str(marker)],
+                            env={**os.environ, **S3, "AOTC_PULL_STREAMS": "4"}, timeout=120)
+    assert killed.returncode == -signal.SIGKILL and marker.read_text() == path
+    part = cache / "artifacts" / f"{key}.pt2.part"
+    # Its file may have holes (ranges land at their offsets, the later ones often first): the journal says so.
+    assert part.stat().st_size > 0 and transfer.journal(part).exists()
+
+    monkeypatch.setenv("AOTC_PULL_STREAMS", "4")
+    with Client(service.url, cache_dir=cache) as c:
+        assert c.pull(key).read_bytes() == data
+    assert not part.exists() and not transfer.journal(part).exists()
 
 
 def test_a_corrupt_part_file_is_started_over(service: Service, tmp_path: Path) -> None:
