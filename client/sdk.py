@@ -178,11 +178,19 @@ class Client:
         that what `compile` builds from it can be held to it."""
         if isinstance(model, (str, Path)):
             path = Path(model)
+            digest = hashlib.sha256()
+
+            def body(f: BinaryIO) -> Iterator[bytes]:  # hashed as it is sent: the file is read once
+                while piece := f.read(1 << 20):
+                    digest.update(piece)
+                    yield piece
+
             with open(path, "rb") as f:
-                sha256 = hashlib.file_digest(f, "sha256").hexdigest()
-                f.seek(0)
-                record = self._json("POST", "/v1/models", content=f, params={"name": name or path.stem},
-                                    headers={"content-type": "application/octet-stream"})
+                size = os.fstat(f.fileno()).st_size  # announced: the service refuses an upload too large up front
+                record = self._json("POST", "/v1/models", content=body(f), params={"name": name or path.stem},
+                                    headers={"content-type": "application/octet-stream",
+                                             "content-length": str(size)})
+            sha256 = digest.hexdigest()
             if record.get("id") != sha256:
                 raise BadSignature("mismatch", f"the service named the upload of {path.name} model "
                                                f"{str(record.get('id'))[:64]!r}, but its bytes' sha256 is {sha256}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import pickle
 import subprocess
@@ -172,3 +173,32 @@ def test_unknown_things_are_404(api_url):
 def test_service_is_still_up(api_url):
     assert api.get(f"{api_url}/healthz").json() == {"ok": True}
     assert api.get(f"{api_url}/readyz").status_code == 200
+
+
+def test_the_sdk_reads_an_upload_once_and_a_too_large_one_is_refused_up_front(api_url, tmp_path, monkeypatch):
+    """Client.upload of a path hashes the bytes as it sends them (it read the file twice: hash, then send) and still
+    announces their length, so the service refuses one over AOTC_MAX_UPLOAD_MB by it."""
+    from client import Client, ClientError, sdk
+
+    path = export(MLP(), (torch.randn(2, 32),), tmp_path / "mlp.pt2")
+    read: list[int] = []
+
+    class Counted(io.FileIO):  # every byte the SDK reads from the file, whichever way it reads
+        def readinto(self, b):  # type: ignore[no-untyped-def]
+            n = super().readinto(b)
+            read.append(n or 0)
+            return n
+
+    monkeypatch.setattr(sdk, "open", lambda p, mode="rb": io.BufferedReader(Counted(p, "rb")), raising=False)
+    with Client(api_url) as c:
+        record = c.upload(path)
+        assert record["id"] == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert sum(read) == path.stat().st_size  # once: hashed while it was sent
+
+        big = tmp_path / "big.pt2"
+        with open(big, "wb") as f:
+            f.truncate(MAX_UPLOAD_MB * 2**20 + 10)  # sparse: its length is what matters
+        with pytest.raises(ClientError) as got:
+            c.upload(big)
+        # Refused by the length announced in its headers (the message names it), not once the limit was crossed.
+        assert got.value.status == 413 and f"the upload is {MAX_UPLOAD_MB * 2**20 + 10} bytes" in got.value.message
