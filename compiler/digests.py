@@ -46,8 +46,8 @@ def new(algorithm: str, *, threads: bool = False) -> Any:
         return hashlib.sha256()
     if algorithm == BLAKE3 and _blake3 is not None:
         return _blake3.blake3(max_threads=_blake3.blake3.AUTO if threads else 1)
-    raise ValueError(f"no {algorithm} hasher here (the blake3 module is {'not ' if _blake3 is None else ''}"
-                     "installed)")
+    raise ValueError(f"no {algorithm} hasher here" + (" (the blake3 module is not installed)"
+                                                       if algorithm == BLAKE3 else ""))
 
 
 class Want(NamedTuple):
