@@ -579,23 +579,27 @@ class Client:
 
     def _fetch(self, url: str, headers: dict[str, str], f: BinaryIO, digest: Any, have: int, limit: int) -> None:
         """The fast path (client/transfer.py): http.client into a few reused buffers, hashed as they are written."""
-        sent = {**{k: v for k, v in self.http.headers.items() if k.lower() in ("authorization", "user-agent")},
-                **headers}
-        timeout = self.http.timeout.read
-        try:
-            transfer.fetch(self.url + url, sent, f, digest, have, timeout=timeout, limit=limit,
+        with self._direct_refusals():
+            transfer.fetch(self.url + url, {**self._direct_headers(), **headers}, f, digest, have,
+                           timeout=self.http.timeout.read, limit=limit,
                            redirect_headers={"Range": headers["Range"]} if have else {}, allowed=self.redirect_hosts)
-        except transfer.Refused as e:
-            _raise_for(httpx.Response(e.status, content=e.body, headers={"content-type": "application/json"}))
-            raise ClientError(e.status, e.body[:500].decode(errors="replace")) from None
 
     def _fetch_ranges(self, url: str, part: Path, f: BinaryIO, have: int, size: int, streams: int,
                       etag: str) -> None:
         """The rest of a large body in `streams` ranges at once (client/transfer.py `fetch_ranges`)."""
-        sent = {k: v for k, v in self.http.headers.items() if k.lower() in ("authorization", "user-agent")}
-        try:
-            transfer.fetch_ranges(self.url + url, sent, part, f, have, size, streams, etag=etag,
+        with self._direct_refusals():
+            transfer.fetch_ranges(self.url + url, self._direct_headers(), part, f, have, size, streams, etag=etag,
                                   timeout=self.http.timeout.read, redirect=True, allowed=self.redirect_hosts)
+
+    def _direct_headers(self) -> dict[str, str]:
+        """What the fast path sends of this client's headers: its key and its user agent."""
+        return {k: v for k, v in self.http.headers.items() if k.lower() in ("authorization", "user-agent")}
+
+    @contextmanager
+    def _direct_refusals(self) -> Iterator[None]:
+        """The fast path's refusals (transfer.Refused) as the service's errors, as httpx's path raises them."""
+        try:
+            yield
         except transfer.Refused as e:
             _raise_for(httpx.Response(e.status, content=e.body, headers={"content-type": "application/json"}))
             raise ClientError(e.status, e.body[:500].decode(errors="replace")) from None

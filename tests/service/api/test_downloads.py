@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import psutil
@@ -145,6 +145,28 @@ def test_every_get_is_a_pull_in_the_eviction_order(service: Service, tmp_path: P
     assert before is not None and after is not None and after > before
 
 
+class Sent(NamedTuple):
+    url: str  # with its host: the API's, or object storage's (a presigned URL)
+    path: str  # without the query
+    range: str | None
+    keyed: bool  # it carried the API key
+
+
+def _spy_requests(monkeypatch: pytest.MonkeyPatch) -> list[Sent]:
+    """Every request the SDK's downloads send from now on (client/transfer.py speaks http.client)."""
+    sent: list[Sent] = []
+    request = http.client.HTTPConnection.request
+
+    def spy(conn: http.client.HTTPConnection, method: str, url: str, *a: Any, **kw: Any) -> None:
+        headers = kw.get("headers") or (a[1] if len(a) > 1 else {})
+        sent.append(Sent(f"http://{conn.host}:{conn.port}{url}", url.split("?", 1)[0], headers.get("Range"),
+                         "authorization" in {k.lower() for k in headers}))
+        request(conn, method, url, *a, **kw)
+
+    monkeypatch.setattr(http.client.HTTPConnection, "request", spy)
+    return sent
+
+
 _KILLED_PULL = """
 import http.client, os, signal, sys, threading
 sys.path[:0] = [sys.argv[1]]
@@ -202,48 +224,26 @@ def test_a_pull_killed_midway_resumes_with_range_and_ends_verified(service: Serv
     assert 0 < have < len(data) and part.read_bytes() == data[:have]
     assert not (cache / "artifacts" / f"{key}.pt2").exists()
 
-    # The pull's own connections (client/transfer.py speaks http.client): what each asked for, and the answers.
-    sent: list[tuple[str, str | None]] = []
+    # The pull's own connections: what each asked for, and the answers.
+    sent = _spy_requests(monkeypatch)
     statuses: list[int] = []
-    keys_sent: list[bool] = []
-    request, getresponse = http.client.HTTPConnection.request, http.client.HTTPConnection.getresponse
-
-    def spy_request(conn: http.client.HTTPConnection, method: str, url: str, *a: Any, **kw: Any) -> None:
-        headers = kw.get("headers") or (a[1] if len(a) > 1 else {})
-        sent.append((f"http://{conn.host}:{conn.port}{url}", headers.get("Range")))
-        keys_sent.append("authorization" in {k.lower() for k in headers})
-        request(conn, method, url, *a, **kw)
+    getresponse = http.client.HTTPConnection.getresponse
 
     def spy_getresponse(conn: http.client.HTTPConnection) -> http.client.HTTPResponse:
         resp = getresponse(conn)
         statuses.append(resp.status)
         return resp
 
-    monkeypatch.setattr(http.client.HTTPConnection, "request", spy_request)
     monkeypatch.setattr(http.client.HTTPConnection, "getresponse", spy_getresponse)
     monkeypatch.setattr(transfer, "SPLICE", path == "splice")
     with Client(service.url, cache_dir=cache) as c:
         path = c.pull(key)
     assert path.read_bytes() == data and not part.exists()
-    assert (sent[-1][1], statuses[-1]) == (f"bytes={have}-", 206)  # only the rest came down
+    assert (sent[-1].range, statuses[-1]) == (f"bytes={have}-", 206)  # only the rest came down
     if service.backend == "s3":
-        assert statuses[-2] == 307 and "X-Amz-Signature" in sent[-1][0]
-        assert sent[-2][0].startswith(service.url)
-        assert keys_sent[-2:] == [True, False]  # the API key goes to the API, never to object storage
-
-
-def _spy_ranges(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str | None]]:
-    """What the pull's own connections asked for: (url, Range)."""
-    sent: list[tuple[str, str | None]] = []
-    request = http.client.HTTPConnection.request
-
-    def spy(conn: http.client.HTTPConnection, method: str, url: str, *a: Any, **kw: Any) -> None:
-        headers = kw.get("headers") or (a[1] if len(a) > 1 else {})
-        sent.append((f"http://{conn.host}:{conn.port}{url}", headers.get("Range")))
-        request(conn, method, url, *a, **kw)
-
-    monkeypatch.setattr(http.client.HTTPConnection, "request", spy)
-    return sent
+        assert statuses[-2] == 307 and "X-Amz-Signature" in sent[-1].url
+        assert sent[-2].url.startswith(service.url)
+        assert [s.keyed for s in sent[-2:]] == [True, False]  # the API key goes to the API, never to object storage
 
 
 @pytest.mark.parametrize("path", ["splice", "buffered"])
@@ -258,12 +258,13 @@ def test_a_large_pull_comes_in_ranges_at_once_and_is_verified_whole(service: Ser
     monkeypatch.setenv("AOTC_PULL_STREAMS", "4")
     monkeypatch.setattr(transfer, "SPLICE", path == "splice")
     key, data = service.publish(tmp_path, 36_000_000)
-    sent = _spy_ranges(monkeypatch)
+    sent = _spy_requests(monkeypatch)
     with Client(service.url, cache_dir=tmp_path / "cache") as c:
         got = c.pull(key)
     assert got.read_bytes() == data
-    to_api = sorted((r for u, r in sent if r and u.startswith(service.url)), key=lambda r: int(r[6:].split("-")[0]))
-    elsewhere = sorted(r for u, r in sent if r and not u.startswith(service.url))
+    to_api = sorted((x.range for x in sent if x.range and x.url.startswith(service.url)),
+                    key=lambda r: int(r[6:].split("-")[0]))
+    elsewhere = sorted(x.range for x in sent if x.range and not x.url.startswith(service.url))
     assert len(to_api) == 4 and to_api[0].startswith("bytes=0-") and to_api[-1].endswith(f"-{len(data) - 1}")
     # From the S3 store each range follows its own redirect to object storage; the others come from the API.
     assert elsewhere == (sorted(to_api) if service.backend == "s3" else [])
@@ -483,17 +484,6 @@ def test_a_client_that_stops_reading_a_sendfile_download_is_cut_off(service: Ser
     assert r.status_code == 200 and len(r.content) == size
 
 
-def _spy_paths(monkeypatch: pytest.MonkeyPatch, sent: list[str]) -> None:
-    """Record the path of every request the SDK's downloads send (client/transfer.py speaks http.client)."""
-    request = http.client.HTTPConnection.request
-
-    def spy(conn: http.client.HTTPConnection, method: str, url: str, *a: Any, **kw: Any) -> None:
-        sent.append(url.split("?", 1)[0])
-        request(conn, method, url, *a, **kw)
-
-    monkeypatch.setattr(http.client.HTTPConnection, "request", spy)
-
-
 def test_a_weights_blob_is_served_pulled_once_verified_and_refused_when_tampered(service: Service, tmp_path: Path,
                                                                                  monkeypatch: pytest.MonkeyPatch
                                                                                  ) -> None:
@@ -517,13 +507,12 @@ def test_a_weights_blob_is_served_pulled_once_verified_and_refused_when_tampered
     r = api.get(f"{service.url}/v1/artifacts/{plain}/weights", timeout=60)
     assert r.status_code == 409 and "carries its own weights" in r.json()["error"]["message"]
 
-    sent: list[str] = []
-    _spy_paths(monkeypatch, sent)
+    sent = _spy_requests(monkeypatch)
     with Client(service.url, cache_dir=tmp_path / "cache") as c:
         got = c.pull_weights(key)
         assert got is not None and got.read_bytes() == weights.read_bytes()
         assert c.pull_weights(other) == got  # the other bucket names the same blob: nothing more comes down
-        assert [p for p in sent if p.endswith("/weights")] == [f"/v1/artifacts/{key}/weights"]
+        assert [x.path for x in sent if x.path.endswith("/weights")] == [f"/v1/artifacts/{key}/weights"]
         assert c.pull_weights(plain) is None
 
     # A new process (the per-process memo empty) finds the blob by its verified record: its bytes are not read again.
