@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -31,9 +32,14 @@ print(json.dumps({"ms": ms, "loaded": [m for m in heavy if m in sys.modules]}))
 """
 
 
+def _path(tree: Path) -> str:
+    """The tree first, then the caller's path (wheels installed with --target, as on a GPU host)."""
+    return os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def once(tree: Path) -> dict:
     done = subprocess.run([sys.executable, "-c", PROBE], cwd=tree, capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+                          env={"PYTHONPATH": _path(tree), "PATH": "/usr/bin:/bin"})
     if done.returncode != 0:
         raise SystemExit(f"{tree}: {done.stderr[-800:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -7,6 +7,7 @@
 #   .ssl/libssl-dev_*.deb      OpenSSL's headers for examples/cpp (train.py --cpp), linked against the image's own
 #                              libcrypto.so.3 (what its Python's ssl module loads)
 #   a GPU                      LD_PRELOAD of the system libstdc++ (packages segfault on load without it: NOTES.md)
+#   bytecode                   the copy and /tmp/site compiled (.pyc), as an installed client has them
 # Each is skipped when absent (a CPU smoke test carries none). PY is the interpreter (PYTHON, else python3).
 run=$(mktemp -d "/tmp/aotc-${AOTC_RUN_NAME:-run}-XXXX")
 cp -a . "$run"
@@ -45,3 +46,7 @@ fi
 if command -v nvidia-smi >/dev/null; then
     export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
 fi
+# Bytecode, as `pip install` leaves it: the image sets PYTHONDONTWRITEBYTECODE=1 and the wheels go in with
+# --no-compile, so without this every fresh process compiled the client, httpx, pydantic and the rest from source,
+# and bench/ttfi.py's client start measured that (bench/README.md, "Weights onto the GPU in pinned chunks").
+$PY -m compileall -q -j 0 "$run" ${PYTHONPATH:+/tmp/site} >/dev/null 2>&1 || true

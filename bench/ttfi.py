@@ -53,6 +53,13 @@ def child(url: str, key: str, device: str, graphs: bool, cache: str) -> dict[str
     from client import Client
 
     out["client_import_s"] = time.perf_counter() - t1  # within client_s
+    # Whether the client came from bytecode, as an installed one does (bench/device_env.sh compiles it; before
+    # 2026-11-30's last session a GPU host's runs compiled it from source in every process).
+    import importlib.util
+
+    import client
+
+    out["client_bytecode"] = os.path.exists(importlib.util.cache_from_source(client.__file__))
     timings: dict[str, float] = {}
     with Client(url, cache_dir=cache, timeout=600) as c:
         t2 = time.perf_counter()
@@ -70,22 +77,26 @@ def child(url: str, key: str, device: str, graphs: bool, cache: str) -> dict[str
         fn(*inputs)
     out.update({p: timings.get(p, 0.0) for p in PARTS})  # weights_s: 0 for a package that carries its weights
     out["weights_pull_s"] = timings.get("weights_pull_s", 0.0)  # within weights_s: the blob's download and hash
+    out["weights_load_s"] = timings.get("weights_load_s", 0.0)  # within weights_s: the blob onto the device
     out["ttfi_s"] = sum(out[p] for p in PARTS)
     out["size_bytes"] = int(art.meta.get("size") or 0)
     return out
 
 
-# --pulls: how a process pulls (its environment): the default (BLAKE3 where signed, one stream), eight ranges at
-# once (BLAKE3 over the whole file after), sha256. (In the run of 2026-11-30 `default` was eight ranges, then
-# AOTC_PULL_STREAMS=auto on 16 cores, and `blake3-1` one stream: bench/README.md.)
-PULLS = {"default": {}, "ranges-8": {"AOTC_PULL_STREAMS": "8"}, "sha256": {"AOTC_PULL_DIGEST": "sha256"}}
+# --pulls: how a process pulls and binds (its environment): the default (BLAKE3 where signed, one stream, the
+# weights onto a GPU in pinned chunks), eight ranges at once (BLAKE3 over the whole file after), sha256, and
+# `copy-tensors` (the weights onto the GPU one pageable copy per tensor, as before 2026-11-30's last session). (In
+# the run of 2026-11-30 `default` was eight ranges, then AOTC_PULL_STREAMS=auto on 16 cores, and `blake3-1` one
+# stream: bench/README.md.)
+PULLS = {"default": {}, "ranges-8": {"AOTC_PULL_STREAMS": "8"}, "sha256": {"AOTC_PULL_DIGEST": "sha256"},
+         "copy-tensors": {"AOTC_WEIGHTS_COPY": "tensors"}}
 
 
 def _run_child(url: str, key: str, device: str, graphs: bool, cache: Path, pull: str = "default") -> dict[str, Any]:
     """One fresh process's TTFI; `pull`: how it pulls (PULLS)."""
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": _pythonpath(), "AOTC_PULL_DIGEST": "", "AOTC_PULL_STREAMS": "1",
-           **PULLS[pull]}
+           "AOTC_WEIGHTS_COPY": "", **PULLS[pull]}
     p = subprocess.run([sys.executable, __file__, "--child", url, key, device, "1" if graphs else "0", str(cache)],
                        capture_output=True, text=True, timeout=900, env=env)
     if p.returncode != 0:
@@ -228,17 +239,19 @@ def main() -> None:
         ok = [g for g in got if "error" not in g]
         row: dict[str, Any] = {"model": name, "how": how, "cache": mode, "pull": pull, "runs": len(got),
                                "errors": len(got) - len(ok),
-                               "size_mb": round(ok[0]["size_bytes"] / 1e6, 1) if ok else None}
-        for part in ("import_s", "client_import_s", "client_record_s", *PARTS, "weights_pull_s", "ttfi_s", "wall_s"):
+                               "size_mb": round(ok[0]["size_bytes"] / 1e6, 1) if ok else None,
+                               "client_bytecode": all(g.get("client_bytecode") for g in ok) if ok else None}
+        for part in ("import_s", "client_import_s", "client_record_s", *PARTS, "weights_pull_s", "weights_load_s",
+                     "ttfi_s", "wall_s"):
             row[part] = round(statistics.median(g.get(part, 0.0) for g in ok), 4) if ok else None
         if not ok:
             row["error"] = got[-1]["error"]
         rows.append(row)
     head = ("model", "how", "cache", "pull", "MB", "import s", "client s", "verify s", "pull s", "bind s",
-            "weights s", "(blob pull s)", "load s", "first call s", "TTFI s", "errors")
+            "weights s", "(blob pull s)", "(blob load s)", "load s", "first call s", "TTFI s", "errors")
     table = [head] + [(r["model"], r["how"], r["cache"], r["pull"], r["size_mb"], r["import_s"], r["client_s"],
-                       r["verify_s"], r["pull_s"], r["bind_s"], r["weights_s"], r["weights_pull_s"], r["load_s"],
-                       r["first_call_s"], r["ttfi_s"], r["errors"]) for r in rows]
+                       r["verify_s"], r["pull_s"], r["bind_s"], r["weights_s"], r["weights_pull_s"],
+                       r["weights_load_s"], r["load_s"], r["first_call_s"], r["ttfi_s"], r["errors"]) for r in rows]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     for line in table:
         print("  ".join(str(v).rjust(w) if i > 3 else str(v).ljust(w) for i, (v, w) in enumerate(zip(line, widths))))

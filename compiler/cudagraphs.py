@@ -14,7 +14,8 @@ Whatever fails in capture leaves that signature on the plain run, with the reaso
 `allow` refuses (a dynamic spec without buckets, say) and any signature past `max_graphs`. The memory each graph
 holds (its pool, and the static inputs) is measured with torch.cuda's allocator statistics around the capture.
 
-This module uses only public torch APIs; the loader it needs is compiler.compat.aoti's.
+This module uses torch's public APIs, and compiler.compat's for the rest: the loader (compiler.compat.aoti) and
+the copies of a replay (`copy_all`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from compiler.compat import copy_all
 
 log = logging.getLogger("aotc.cudagraphs")
 
@@ -77,13 +80,20 @@ class GraphRunner:
             entry.calls += 1
             self.last = "plain"
             return self.run_flat(list(flat))
-        for dst, src in zip(entry.inputs, flat, strict=True):
-            if dst is not src:
-                dst.copy_(src, non_blocking=True)
+        if len(flat) != len(entry.inputs):
+            raise ValueError(f"{len(flat)} inputs where the graph takes {len(entry.inputs)}")
+        pairs = [(dst, src) for dst, src in zip(entry.inputs, flat) if dst is not src]
+        copy_all([d for d, _ in pairs], [s for _, s in pairs])  # one launch for all of them, not one each
         entry.graph.replay()
         entry.replays += 1
         self.last = "graph"
-        return [o.clone() for o in entry.outputs] if self.clone_outputs else list(entry.outputs)
+        if not self.clone_outputs:
+            return list(entry.outputs)
+        if len(entry.outputs) == 1:
+            return [entry.outputs[0].clone()]
+        clones = [torch.empty_like(o) for o in entry.outputs]  # clone()'s layout: a dense one kept, else contiguous
+        copy_all(clones, entry.outputs)
+        return clones
 
     def _capture(self, sig: Signature, flat: Sequence[torch.Tensor]) -> Captured | Plain:
         why = self.allow(sig) if self.allow is not None else None

@@ -34,6 +34,18 @@ def test_importing_the_sdk_and_the_cli_imports_no_server_no_redis_and_no_torch()
     assert {"client", "compiler", "httpx", "typer", "rich"} <= loaded
 
 
+def test_the_sdk_starts_without_httpx_command_line_tool_which_stays_importable():
+    # A serving process imports the SDK before its first call: httpx's own CLI (click, rich, pygments) is no part
+    # of it. The check runs against a plain `import httpx` in the same interpreter, which does load them.
+    code = ("import sys, client; lean = {m.split('.')[0] for m in sys.modules}; "
+            "import httpx._main; print(sorted({'click', 'rich', 'pygments'} & lean), callable(httpx._main.main))")
+    got = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert got.stdout.split() == ["[]", "True"], got.stdout
+    plain = subprocess.run([sys.executable, "-c", "import sys, httpx; print('rich' in sys.modules)"], cwd=ROOT,
+                           capture_output=True, text=True, check=True)
+    assert plain.stdout.strip() == "True"  # what the client's start no longer pays for
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_each_command_has_help(command):
     shown = runner.invoke(cli.app, [command, "--help"])

@@ -72,6 +72,50 @@ def test_save_and_load_keep_values_dtypes_and_a_transposed_stride(tmp_path: Path
     assert copy.read_bytes() == path.read_bytes()  # the same tensors give the same bytes: the digest names them
 
 
+def _odd_blob(tmp_path: Path) -> Path:
+    """Tensors whose bytes start at odd offsets (a 3-element bf16 first), one of them empty, a 0-d one, a bool one,
+    a transposed one, and one much larger than the chunks the test copies by."""
+    torch.manual_seed(1)
+    w = {"a": torch.randn(3).bfloat16(), "e": torch.empty(0, 4), "n": torch.tensor(7, dtype=torch.int64),
+         "b": torch.rand(5) > 0.5, "t": torch.randn(6, 9).t(), "z": torch.randn(1000)}
+    path = tmp_path / "odd.safetensors"
+    weights_mod.save(w, path)
+    return path
+
+
+@pytest.mark.parametrize(("lanes", "chunk"), [(1, 1 << 20), (3, 7), (4, 64)])
+def test_copy_in_fills_each_tensor_with_the_files_bytes_across_chunks_and_lanes(tmp_path: Path, lanes, chunk):
+    path = _odd_blob(tmp_path)
+    header = weightsfile.read_header_file(path)
+    pieces = weights_mod.plan(header, chunk)
+    # Every byte of every tensor is in exactly one piece, in order.
+    seen: dict[str, int] = {}
+    for at, n, parts in pieces:
+        assert 0 < n <= chunk and at >= header.data_start
+        for name, dst, src, m in parts:
+            e = header.entries[name]
+            assert dst == seen.get(name, 0) and 0 <= src and src + m <= n
+            assert at + src - header.data_start == e.start + dst
+            seen[name] = dst + m
+    assert seen == {k: e.end - e.start for k, e in header.entries.items() if e.end > e.start}
+    mapped = weights_mod.load(path)
+    copied = weights_mod.copy_in(path, header, torch.device("cpu"), lanes=lanes, chunk=chunk)
+    assert copied.keys() == mapped.keys()
+    for k, v in mapped.items():
+        got = copied[k]
+        assert (got.dtype, got.shape, got.stride()) == (v.dtype, v.shape, v.stride()) and torch.equal(got, v), k
+        assert got.data_ptr() != v.data_ptr() or not v.numel()  # its own allocation, not a view of the mapping
+
+
+def test_copy_in_names_a_file_shorter_than_its_header(tmp_path: Path):
+    path = _odd_blob(tmp_path)
+    header = weightsfile.read_header_file(path)
+    with open(path, "r+b") as f:
+        f.truncate(header.size - 100)
+    with pytest.raises(OSError, match="the file ended at"):
+        weights_mod.copy_in(path, header, torch.device("cpu"), lanes=2, chunk=512)
+
+
 @pytest.fixture(scope="module")
 def convbn(tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = tmp_path_factory.mktemp("convbn")

@@ -173,3 +173,40 @@ def test_a_pulled_bundle_replays_graphs_for_its_buckets(gpu_worker, client, inpl
     assert main.reason is not None and "dynamic" in main.reason
     (row,) = graphed.stats()
     assert row["graph"] and row["shapes"] == [[32, 16]] and row["replays"] == 3
+
+
+class TwoInTwoOut(torch.nn.Module):
+    """Two inputs copied in per replay, two outputs (one of them transposed) cloned out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(32, 8))
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x @ self.w + ids.float().unsqueeze(-1)
+        return h.relu(), h.t()
+
+
+def test_replays_of_several_inputs_and_outputs_copy_in_and_clone_out_each(tmp_path: Path):
+    torch.manual_seed(3)
+    model = TwoInTwoOut().cuda()
+    args = (torch.randn(8, 32, device="cuda"), torch.arange(8, device="cuda"))
+    ep = torch.export.export(model, args)
+    package = aoti_compile_and_package(ep, str(tmp_path / "two.pt2"), {})
+    pkg = load_for_graphs(package, "cuda:0")
+    runner = GraphRunner(pkg.run_flat, torch.device("cuda:0"))
+    plain = aoti_load_package(package, "cuda:0")
+    kept = []
+    with torch.inference_mode():
+        for i in range(3):
+            x, ids = torch.randn(8, 32, device="cuda"), torch.randint(0, 9, (8,), device="cuda") + i
+            outs = runner([x, ids])
+            assert runner.last == "graph"
+            want = plain(x, ids)
+            for got, ref in zip(outs, want, strict=True):
+                assert got.stride() == ref.stride()
+                torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+            kept.append(([o.clone() for o in outs], outs))
+        for copies, outs in kept:  # later replays left every returned output alone
+            for c, o in zip(copies, outs, strict=True):
+                torch.testing.assert_close(o, c, rtol=0, atol=0)

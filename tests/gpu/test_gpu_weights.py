@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from compiler import weights as weights_mod
+from compiler import weightsfile
 from compiler.check import check_artifact
 from compiler.compat.aoti import aoti_compile_and_package, aoti_load_package, constant_fqns, weightless_configs
 from compiler.errors import CheckFailed
@@ -80,3 +81,21 @@ def test_a_self_contained_cuda_build_runs_under_torchs_own_loader(exported):
     x = torch.randn(3, 3, 8, 8, device="cuda")
     with torch.inference_mode():
         torch.testing.assert_close(torch_load(result["package"], device_index=0)(x), model(x), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize(("lanes", "chunk"), [(4, 7), (2, 4096), (4, 16 << 20)])
+def test_pinned_chunks_put_the_blob_on_the_device_bit_for_bit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               lanes, chunk):
+    torch.manual_seed(2)
+    w = {"a": torch.randn(3).bfloat16(), "t": torch.randn(64, 33).t(), "big": torch.randn(3 << 20),
+         "n": torch.tensor(5), "e": torch.empty(0, 2)}
+    path = tmp_path / "w.safetensors"
+    weights_mod.save(w, path)
+    header = weightsfile.read_header_file(path)
+    got = weights_mod.copy_in(path, header, torch.device("cuda:0"), lanes=lanes, chunk=chunk)
+    monkeypatch.setenv(weights_mod.COPY_SETTING, "tensors")
+    old = weights_mod.load(path, "cuda:0")
+    for k, v in w.items():
+        assert got[k].is_cuda and got[k].stride() == v.stride() and torch.equal(got[k].cpu(), v), k
+        assert torch.equal(old[k].cpu(), v), k
+        assert not v.numel() or got[k].data_ptr() % 256 == 0, k  # each its own allocation: aligned for the kernels
