@@ -684,7 +684,8 @@ class Client:
         `verify_s` (manifest, signature, the cached copy's check), `pull_s` (the download, hashed as it streams),
         `bind_s` (the device: the target check, which initialises CUDA on a GPU), `weights_s` (a weightless
         package's weights blob: pulled and verified, or found, and put on the device; of it, `weights_pull_s` the
-        pull and its check, `weights_load_s` the mapping and the copy to the device), `load_s` (the package opened
+        pull and its check, `weights_load_s` the mapping and the copy to the device: on a GPU, what of the copy was
+        left once the pull ended, the blob going onto the device as it arrives), `load_s` (the package opened
         and its weights bound) and, once the callable has run, `first_call_s` (the first call, synchronised on a
         GPU; with graphs, its capture)."""
         if isinstance(artifact, Bundle):
@@ -764,6 +765,12 @@ class Client:
         weights. A blob verified once in this process is not hashed again; another bucket of the model that names
         the same blob downloads nothing more."""
         art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
+        return self._pull_weights(art, dest, attempts, rehash)
+
+    def _pull_weights(self, art: Artifact, dest: str | Path | None = None, attempts: int = 3, rehash: bool = False,
+                      follow: Callable[[Path, Want, Mapping[str, Any]], Any] | None = None) -> Path | None:
+        """`pull_weights`; `follow(part, want, signed weights)`, where the blob is downloaded, may return a
+        compiler.weights.Follower to put it on a device as it arrives, told `pulled()` once the download ends."""
         if not art.meta.get("weights"):
             return None
         signed = self.verifier.manifest(art.key, art.meta)
@@ -781,7 +788,12 @@ class Client:
                 if _weights_verified(cached, want, w):
                     _drop_if_empty(part, f)
                 else:
-                    digest = self._download(art, part, f, attempts, want, what="weights")
+                    follower = follow(part, want, w) if follow is not None else None
+                    try:
+                        digest = self._download(art, part, f, attempts, want, what="weights")
+                    finally:
+                        if follower is not None:
+                            follower.pulled()
                     got = os.fstat(f.fileno()).st_size
                     if not want.matches(digest, got):
                         part.unlink(missing_ok=True)
@@ -818,7 +830,23 @@ class Client:
     def _device_weights(self, art: Artifact, device: str, rehash: bool = False,
                         timings: dict[str, float] | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
-        path = self.pull_weights(art, rehash=rehash)
+        followers: list[Any] = []
+
+        def follow(part: Path, want: Want, signed: Mapping[str, Any]) -> Any:
+            # On a GPU, a blob being downloaded goes onto the device as it arrives (compiler.weights.Follower),
+            # its copy checked by its own digest of what it copied; not for a pull in ranges (holes, then bytes).
+            if (not device.startswith("cuda") or os.environ.get("AOTC_WEIGHTS_COPY", "").strip().lower() == "tensors"
+                    or pull_streams(want.size) > 1 or (want.sha256, device) in _LOADED):
+                return None
+            import torch
+
+            from compiler.weights import Follower  # imports torch: only to load
+
+            followers.append(Follower(part, torch.device(device), size=want.size, algorithm=want.algorithm,
+                                      digest=want.hexdigest, constants=signed.get("constants")))
+            return followers[-1]
+
+        path = self._pull_weights(art, rehash=rehash, follow=follow)
         assert path is not None
         t1 = time.perf_counter()
         # The signed digest (the cached file's name), never the record's: a record cannot point this artifact at
@@ -826,10 +854,20 @@ class Client:
         sha = path.name.removesuffix(".safetensors")
         with _LOADED_LOCK:
             found = _LOADED.get((sha, device))
+            if found is None and followers:
+                found = followers[0].result()  # the verified blob's bytes, hashed as they were copied
+                if found is None:
+                    log.info("weights blob %s: put on %s from the verified file: %s", sha[:16], device,
+                             followers[0].reason)
+                else:
+                    log.debug("weights blob %s: put on %s as it arrived", sha[:16], device)
+                    _LOADED[(sha, device)] = found
             if found is None:
                 from compiler.weights import load  # imports torch: only to load
 
                 found = _LOADED[(sha, device)] = load(path, device)
+        for f in followers:  # one that another thread's load made needless still ends here
+            f.result()
         if timings is not None:
             timings["weights_pull_s"] = t1 - t0
             timings["weights_load_s"] = time.perf_counter() - t1

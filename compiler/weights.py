@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
 import json
 import os
 import threading
@@ -33,7 +34,8 @@ from compiler.errors import CheckFailed
 from compiler.specialize import is_literal
 from compiler.weightsfile import sidecar
 
-__all__ = ["sidecar", "program_weights", "save", "load", "describe", "verify_blob", "check_bound", "follows"]
+__all__ = ["sidecar", "program_weights", "save", "load", "copy_in", "Follower", "describe", "verify_blob",
+           "check_bound", "follows"]
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -163,14 +165,10 @@ def copy_in(path: str | Path, header: weightsfile.Header, device: torch.device, 
     """The blob's tensors on `device`, each its own allocation (AOTInductor binds them by pointer, aligned as the
     allocator leaves them), filled from the file in chunks: `lanes` threads each read (pread: no page faults on a
     mapping) a chunk into its own buffer, pinned on a GPU, and copy its pieces to the tensors on its own stream, so
-    reading, copying and the next read overlap. A pageable copy per tensor ran at about 2.3 GB/s on an H200 host
+    reading, copying and the next read overlap: 1.40x one pageable copy per tensor for 822 MB on an H200 host
     (bench/README.md, "Weights onto the GPU in pinned chunks"). Works on a CPU too (plain buffers), as the tests
     run it."""
-    cuda = device.type == "cuda"
-    strides = _strides(header)
-    out = {name: torch.empty(e.shape, dtype=getattr(torch, e.dtype), device=device)
-           for name, e in header.entries.items()}
-    flat = {name: t.reshape(-1).view(torch.uint8) for name, t in out.items() if t.numel()}
+    out, flat = _allocate(header, device)
     chunks = plan(header, chunk)
     lanes = max(1, min(lanes, len(chunks)))
     size = min(chunk, max((n for _, n, _ in chunks), default=0))
@@ -178,29 +176,14 @@ def copy_in(path: str | Path, header: weightsfile.Header, device: torch.device, 
 
     def lane(j: int, fd: int) -> None:
         try:
-            buf = torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
-            # The buffer's bytes as a writable memoryview for preadv, without numpy (a client may lack it).
-            view = memoryview((ctypes.c_char * size).from_address(buf.data_ptr())).cast("B")
-            stream = torch.cuda.Stream(device) if cuda else None
-            done = torch.cuda.Event() if cuda else None
+            stage = _Stage(size, device)
             for at, n, pieces in chunks[j::lanes]:
                 if failed:
                     return
-                if done is not None:
-                    done.synchronize()  # this buffer's last copies have left it
-                got = 0
-                while got < n:
-                    k = os.preadv(fd, [view[got:n]], at + got)
-                    if not k:
-                        raise OSError(f"{path}: the file ended at {at + got} bytes, its header says {header.size}")
-                    got += k
-                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                    for name, dst, src, m in pieces:
-                        flat[name][dst:dst + m].copy_(buf[src:src + m], non_blocking=cuda)
-                if done is not None:
-                    done.record(stream)
-            if stream is not None:
-                stream.synchronize()
+                stage.free()
+                stage.read(fd, at, n, path)
+                stage.send(pieces, flat)
+            stage.drain()
         except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
             failed.append(e)
 
@@ -213,11 +196,190 @@ def copy_in(path: str | Path, header: weightsfile.Header, device: torch.device, 
             t.join()
     if failed:
         raise failed[0]
+    return _restride(header, out, device)
+
+
+def _allocate(header: weightsfile.Header, device: torch.device
+              ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Each tensor of `header`, empty and contiguous on `device`, and the non-empty ones' bytes as flat uint8 views."""
+    out = {name: torch.empty(e.shape, dtype=getattr(torch, e.dtype), device=device)
+           for name, e in header.entries.items()}
+    return out, {name: t.reshape(-1).view(torch.uint8) for name, t in out.items() if t.numel()}
+
+
+def _restride(header: weightsfile.Header, out: dict[str, torch.Tensor], device: torch.device
+              ) -> dict[str, torch.Tensor]:
+    """The tensors the metadata gives another dense stride, laid out with it (what the package expects)."""
+    strides = _strides(header)
     for name, e in header.entries.items():
         stride = weightsfile.dense_stride(e, strides.get(name))
         if stride is not None and stride != out[name].stride():
             out[name] = torch.empty_strided(e.shape, stride, dtype=out[name].dtype, device=device).copy_(out[name])
     return out
+
+
+class _Stage:
+    """One lane: a buffer (pinned on a GPU) the file is read into, the stream its copies go on, and the event that
+    marks when they have left it."""
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.buf = torch.empty(size, dtype=torch.uint8, pin_memory=self.cuda)
+        # The buffer's bytes as a writable memoryview for preadv, without numpy (a client may lack it).
+        self.view = memoryview((ctypes.c_char * size).from_address(self.buf.data_ptr())).cast("B")
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.done = torch.cuda.Event() if self.cuda else None
+
+    def free(self) -> None:
+        """Wait until the last copies out of the buffer are done."""
+        if self.done is not None:
+            self.done.synchronize()
+
+    def read(self, fd: int, at: int, n: int, path: str | Path) -> memoryview:
+        got = 0
+        while got < n:
+            k = os.preadv(fd, [self.view[got:n]], at + got)
+            if not k:
+                raise OSError(f"{path}: the file ended at {at + got} bytes, short of its header's size")
+            got += k
+        return self.view[:n]
+
+    def send(self, pieces: list[tuple[str, int, int, int]], flat: dict[str, torch.Tensor]) -> None:
+        """Copy the buffer's pieces to their tensors (on this lane's stream, without waiting on a GPU)."""
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            for name, dst, src, m in pieces:
+                flat[name][dst:dst + m].copy_(self.buf[src:src + m], non_blocking=self.cuda)
+        if self.done is not None:
+            self.done.record(self.stream)
+
+    def drain(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+
+
+# -- onto a GPU while the blob is still arriving ---------------------------------------------------------------------
+
+
+class _GaveUp(Exception):
+    pass
+
+
+class Follower:
+    """Puts a weights blob on `device` while a pull is still writing it to `part`, so that the copy ends about when
+    the pull does, instead of starting after it (the blob's pull and its copy were 0.41 and 0.30 s of an 822 MB
+    model's cold TTFI on an H200 host: bench/README.md).
+
+    It reads the arriving file in order, hashes exactly the bytes it copies (by `algorithm`), and `result()`
+    returns the tensors only where that digest is the signed `digest` of the signed `size` bytes; otherwise None,
+    with `reason`, and the caller loads the verified file as `load` does (a pull that started the file over, one
+    that failed, bytes changed under it). Nothing is allocated before the header, read from the arriving bytes,
+    lists exactly the signed `constants` (compiler.weightsfile.describe): an unverified header cannot make it
+    allocate more than the signature allows. Call `pulled()` once the pull has ended, whatever its outcome: it then
+    reads what the file holds and waits no more."""
+
+    POLL_S = 0.002  # how often it looks for more bytes while the pull writes them
+
+    def __init__(self, part: str | Path, device: torch.device, *, size: int, algorithm: str, digest: str,
+                 constants: Any, lanes: int = COPY_LANES, chunk: int = COPY_CHUNK) -> None:
+        self.part, self.device, self.size = Path(part), device, size
+        self.algorithm, self.digest, self.constants = algorithm, digest, constants
+        self.lanes, self.chunk = lanes, chunk
+        self.reason: str | None = None
+        self.copied = 0  # bytes of the blob read, hashed and on their way to the device so far
+        self._pulled = threading.Event()
+        self._seen = 0
+        self._out: dict[str, torch.Tensor] | None = None
+        self._thread = threading.Thread(target=self._run, name="aotc-weights-follow", daemon=True)
+        self._thread.start()
+
+    def pulled(self) -> None:
+        self._pulled.set()
+
+    def result(self) -> dict[str, torch.Tensor] | None:
+        """The tensors (once the pull has ended: `pulled`), or None (`reason` says why)."""
+        self._pulled.set()
+        self._thread.join()
+        return self._out
+
+    def _run(self) -> None:
+        from compiler import digests
+
+        try:
+            fd = self._open()
+        except _GaveUp as e:
+            self.reason = str(e)
+            return
+        try:
+            self._out = self._follow(fd, digests.new(self.algorithm))
+        except _GaveUp as e:
+            self.reason = str(e)
+        except Exception as e:  # noqa: BLE001 - the verified file is loaded instead; the reason is kept
+            self.reason = f"{type(e).__name__}: {e}"
+        finally:
+            os.close(fd)
+
+    def _follow(self, fd: int, hasher: Any) -> dict[str, torch.Tensor]:
+        head = self._pread(fd, 0, 8)
+        n = int.from_bytes(head, "little")
+        if n > weightsfile.header_cap() or 8 + n > self.size:
+            raise _GaveUp(f"its header claims {n} bytes")
+        raw = head + self._pread(fd, 8, n)
+        header = weightsfile.read_header(io.BytesIO(raw), self.size)
+        if weightsfile.describe(header) != self.constants:
+            raise _GaveUp("its header does not list the signed constants")
+        hasher.update(raw)
+        self.copied = len(raw)
+        out, flat = _allocate(header, self.device)
+        chunks = plan(header, self.chunk)
+        size = min(self.chunk, max((m for _, m, _ in chunks), default=0))
+        stages = [_Stage(size, self.device) for _ in range(max(1, min(self.lanes, len(chunks))))]
+        for k, (at, m, pieces) in enumerate(chunks):
+            stage = stages[k % len(stages)]
+            stage.free()
+            self._wait(fd, at + m)
+            hasher.update(stage.read(fd, at, m, self.part))
+            stage.send(pieces, flat)
+            self.copied = at + m
+        for stage in stages:
+            stage.drain()
+        if hasher.hexdigest() != self.digest:
+            raise _GaveUp(f"the bytes it copied are not the signed blob ({self.algorithm})")
+        return _restride(header, out, self.device)
+
+    def _open(self) -> int:
+        while True:
+            try:
+                return os.open(self.part, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                if self._pulled.is_set():
+                    raise _GaveUp("no pull wrote the blob here") from None
+                self._pulled.wait(self.POLL_S)
+
+    def _wait(self, fd: int, end: int) -> None:
+        """Until the file holds `end` bytes. _GaveUp where it shrank (the pull started it over) or the pull ended
+        without writing them."""
+        while True:
+            have = os.fstat(fd).st_size
+            if have < self._seen:
+                raise _GaveUp("the pull started the file over")
+            self._seen = have
+            if have >= end:
+                return
+            if self._pulled.is_set():
+                if os.fstat(fd).st_size >= end:  # its last bytes, written just before it said so
+                    continue
+                raise _GaveUp(f"the pull ended with {have} of the blob's {self.size} bytes")
+            self._pulled.wait(self.POLL_S)
+
+    def _pread(self, fd: int, at: int, n: int) -> bytes:
+        self._wait(fd, at + n)
+        data = b""
+        while len(data) < n:
+            piece = os.pread(fd, n - len(data), at + len(data))
+            if not piece:
+                raise _GaveUp(f"the file ended at {at + len(data)} bytes")
+            data += piece
+        return data
 
 
 def describe(path: str | Path) -> list[dict[str, Any]]:

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import struct
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from compiler import digests, weightsfile
 from compiler import weights as weights_mod
-from compiler import weightsfile
 from compiler.check import check_artifact, compare
 from compiler.compat.aoti import aoti_compile_and_package, aoti_load_package, constant_fqns
 from compiler.errors import CheckFailed
@@ -114,6 +117,78 @@ def test_copy_in_names_a_file_shorter_than_its_header(tmp_path: Path):
         f.truncate(header.size - 100)
     with pytest.raises(OSError, match="the file ended at"):
         weights_mod.copy_in(path, header, torch.device("cpu"), lanes=2, chunk=512)
+
+
+def _signed(path: Path) -> dict:
+    """What a manifest signs of a blob, by BLAKE3 where this process has it: Follower's arguments."""
+    algorithm = digests.available()[0]
+    return {"size": path.stat().st_size, "algorithm": algorithm, "digest": digests.file_digest(path, algorithm),
+            "constants": weightsfile.describe(weightsfile.read_header_file(path))}
+
+
+def _write_slowly(src: bytes, part: Path, pieces: int) -> threading.Thread:
+    """A pull's writes: `src` appended to `part` in `pieces` steps, a little apart."""
+
+    def run() -> None:
+        step = max(1, len(src) // pieces)
+        with open(part, "ab") as f:
+            for at in range(0, len(src), step):
+                f.write(src[at:at + step])
+                f.flush()
+                time.sleep(0.003)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_a_follower_copies_a_blob_as_it_arrives_and_only_the_signed_bytes(tmp_path: Path):
+    path = _odd_blob(tmp_path)
+    src = path.read_bytes()
+    part = tmp_path / "arriving.part"
+    follower = weights_mod.Follower(part, torch.device("cpu"), **_signed(path), lanes=3, chunk=64)
+    time.sleep(0.01)  # it waits for the file to appear
+    _write_slowly(src, part, pieces=40).join()
+    follower.pulled()
+    got = follower.result()
+    assert got is not None, follower.reason
+    mapped = weights_mod.load(path)
+    for k, v in mapped.items():
+        assert (got[k].dtype, got[k].shape, got[k].stride()) == (v.dtype, v.shape, v.stride())
+        assert torch.equal(got[k], v)
+
+
+@pytest.mark.parametrize("case", ["started over", "tampered", "other constants", "ended short", "never written"])
+def test_a_follower_gives_up_and_says_why_unless_it_copied_the_signed_blob(tmp_path: Path, case):
+    path = _odd_blob(tmp_path)
+    src, signed = path.read_bytes(), _signed(path)
+    part = tmp_path / "arriving.part"
+    reasons = {"started over": "started the file over|not the signed blob", "tampered": "not the signed blob",
+               "other constants": "does not list the signed constants", "ended short": "the pull ended with",
+               "never written": "no pull wrote the blob"}
+    if case == "tampered":
+        src = src[:-1] + bytes([src[-1] ^ 1])  # the last byte of the last tensor flipped: the header still matches
+    if case == "other constants":
+        signed["constants"] = signed["constants"][1:]
+    if case == "ended short":
+        src = src[: len(src) // 2]
+    follower = weights_mod.Follower(part, torch.device("cpu"), **signed, lanes=2, chunk=32)
+    if case == "started over":
+        # Other bytes first, read by the follower, then the file started over with the signed ones: either it sees
+        # the file shrink, or the digest of what it copied is not the signed one. Never the tensors.
+        first = src[:-64] + bytes(64)
+        _write_slowly(first, part, pieces=30).join()
+        deadline = time.monotonic() + 30
+        while follower.copied < len(first) - 64 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert follower.copied > 0
+        part.write_bytes(b"")
+        _write_slowly(src, part, pieces=30).join()
+    elif case != "never written":
+        _write_slowly(src, part, pieces=30).join()
+    follower.pulled()
+    assert follower.result() is None
+    assert follower.reason is not None and re.search(reasons[case], follower.reason), follower.reason
 
 
 @pytest.fixture(scope="module")

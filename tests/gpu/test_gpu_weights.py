@@ -4,6 +4,7 @@ checked with its blob bound on the device (user-managed) and perturbed; two load
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,19 @@ def test_pinned_chunks_put_the_blob_on_the_device_bit_for_bit(tmp_path: Path, mo
         assert got[k].is_cuda and got[k].stride() == v.stride() and torch.equal(got[k].cpu(), v), k
         assert torch.equal(old[k].cpu(), v), k
         assert not v.numel() or got[k].data_ptr() % 256 == 0, k  # each its own allocation: aligned for the kernels
+
+
+def test_a_cold_load_puts_the_blob_on_the_gpu_as_it_arrives(gpu_compile, client, tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture):
+    """Client.load with an empty cache: the blob goes onto the device while it downloads (compiler.weights.Follower),
+    its copy checked by its own digest; the package then runs as eager does."""
+    model = seeded(ConvBnHead, 5).eval()
+    path = export(model, (torch.randn(2, 3, 8, 8),), tmp_path / "m.pt2")
+    art = gpu_compile(path, {"x": [2, 3, 8, 8]})
+    assert art.meta.get("weights"), "a weightless artifact binds a blob"
+    with caplog.at_level(logging.DEBUG, logger="aotc.client"):
+        fn = client.load(art, device="cuda:0")
+    assert "as it arrived" in caplog.text and "from the verified file" not in caplog.text, caplog.text
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x.cuda()).cpu(), model(x), rtol=1e-3, atol=1e-3)
