@@ -835,13 +835,14 @@ class Client:
         def follow(part: Path, want: Want, signed: Mapping[str, Any]) -> Any:
             # On a GPU, a blob being downloaded goes onto the device as it arrives (compiler.weights.Follower),
             # its copy checked by its own digest of what it copied; not for a pull in ranges (holes, then bytes).
-            if (not device.startswith("cuda") or os.environ.get("AOTC_WEIGHTS_COPY", "").strip().lower() == "tensors"
-                    or pull_streams(want.size) > 1 or (want.sha256, device) in _LOADED):
+            if not device.startswith("cuda") or pull_streams(want.size) > 1 or (want.sha256, device) in _LOADED:
                 return None
             import torch
 
-            from compiler.weights import Follower  # imports torch: only to load
+            from compiler.weights import Follower, chunked  # imports torch: only to load
 
+            if not chunked():
+                return None
             followers.append(Follower(part, torch.device(device), size=want.size, algorithm=want.algorithm,
                                       digest=want.hexdigest, constants=signed.get("constants")))
             return followers[-1]

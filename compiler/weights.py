@@ -103,10 +103,10 @@ def load(path: str | Path, device: str = "cpu") -> dict[str, torch.Tensor]:
     private mapping of the file (copy-on-write: writing to them never changes the file). On a GPU each is its own
     allocation, filled by `copy_in` (AOTC_WEIGHTS_COPY=tensors: each tensor copied from the mapping, as before)."""
     header = weightsfile.read_header_file(path)
-    strides = _strides(header)
     dev = torch.device(device)
-    if dev.type == "cuda" and os.environ.get(COPY_SETTING, "").strip().lower() != "tensors":
+    if dev.type == "cuda" and chunked():
         return copy_in(path, header, dev)
+    strides = _strides(header)
     buf = torch.from_file(str(path), shared=False, size=header.size, dtype=torch.uint8)
     out: dict[str, torch.Tensor] = {}
     for name, e in header.entries.items():
@@ -136,6 +136,12 @@ def _strides(header: weightsfile.Header) -> dict[str, Any]:
 COPY_SETTING = "AOTC_WEIGHTS_COPY"  # "tensors": each tensor from the mapping by its own pageable copy (the old way)
 COPY_CHUNK = 16 << 20  # bytes of the file one lane reads and copies at a time
 COPY_LANES = 4  # lanes at once: each a thread, a pinned buffer and a CUDA stream
+
+
+def chunked() -> bool:
+    """Whether a blob goes onto a GPU in pinned chunks (and, downloading, as it arrives): unless COPY_SETTING says
+    `tensors`."""
+    return os.environ.get(COPY_SETTING, "").strip().lower() != "tensors"
 
 
 def plan(header: weightsfile.Header, chunk: int) -> list[tuple[int, int, list[tuple[str, int, int, int]]]]:
