@@ -830,22 +830,20 @@ class Client:
     def _device_weights(self, art: Artifact, device: str, rehash: bool = False,
                         timings: dict[str, float] | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
-        followers: list[Any] = []
+        follower: Any = None
 
         def follow(part: Path, want: Want, signed: Mapping[str, Any]) -> Any:
             # On a GPU, a blob being downloaded goes onto the device as it arrives (compiler.weights.Follower),
             # its copy checked by its own digest of what it copied; not for a pull in ranges (holes, then bytes).
+            nonlocal follower
             if not device.startswith("cuda") or pull_streams(want.size) > 1 or (want.sha256, device) in _LOADED:
                 return None
-            import torch
-
             from compiler.weights import Follower, chunked  # imports torch: only to load
 
-            if not chunked():
-                return None
-            followers.append(Follower(part, torch.device(device), size=want.size, algorithm=want.algorithm,
-                                      digest=want.hexdigest, constants=signed.get("constants")))
-            return followers[-1]
+            if chunked():
+                follower = Follower(part, device, size=want.size, algorithm=want.algorithm, digest=want.hexdigest,
+                                    constants=signed.get("constants"))
+            return follower
 
         path = self._pull_weights(art, rehash=rehash, follow=follow)
         assert path is not None
@@ -855,11 +853,11 @@ class Client:
         sha = path.name.removesuffix(".safetensors")
         with _LOADED_LOCK:
             found = _LOADED.get((sha, device))
-            if found is None and followers:
-                found = followers[0].result()  # the verified blob's bytes, hashed as they were copied
+            if found is None and follower is not None:
+                found = follower.result()  # the verified blob's bytes, hashed as they were copied
                 if found is None:
                     log.info("weights blob %s: put on %s from the verified file: %s", sha[:16], device,
-                             followers[0].reason)
+                             follower.reason)
                 else:
                     log.debug("weights blob %s: put on %s as it arrived", sha[:16], device)
                     _LOADED[(sha, device)] = found
@@ -867,8 +865,8 @@ class Client:
                 from compiler.weights import load  # imports torch: only to load
 
                 found = _LOADED[(sha, device)] = load(path, device)
-        for f in followers:  # one that another thread's load made needless still ends here
-            f.result()
+        if follower is not None:  # one that another thread's load made needless still ends here
+            follower.result()
         if timings is not None:
             timings["weights_pull_s"] = t1 - t0
             timings["weights_load_s"] = time.perf_counter() - t1

@@ -80,9 +80,7 @@ class GraphRunner:
             entry.calls += 1
             self.last = "plain"
             return self.run_flat(list(flat))
-        if len(flat) != len(entry.inputs):
-            raise ValueError(f"{len(flat)} inputs where the graph takes {len(entry.inputs)}")
-        pairs = [(dst, src) for dst, src in zip(entry.inputs, flat) if dst is not src]
+        pairs = [(dst, src) for dst, src in zip(entry.inputs, flat, strict=True) if dst is not src]
         copy_all([d for d, _ in pairs], [s for _, s in pairs])  # one launch for all of them, not one each
         entry.graph.replay()
         entry.replays += 1

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from compiler import fp64, weightsfile
+from compiler import digests, fp64, weightsfile
 from compiler.errors import CheckFailed
 from compiler.specialize import is_literal
 from compiler.weightsfile import sidecar
@@ -285,9 +285,9 @@ class Follower:
 
     POLL_S = 0.002  # how often it looks for more bytes while the pull writes them
 
-    def __init__(self, part: str | Path, device: torch.device, *, size: int, algorithm: str, digest: str,
+    def __init__(self, part: str | Path, device: str | torch.device, *, size: int, algorithm: str, digest: str,
                  constants: Any, lanes: int = COPY_LANES, chunk: int = COPY_CHUNK) -> None:
-        self.part, self.device, self.size = Path(part), device, size
+        self.part, self.device, self.size = Path(part), torch.device(device), size
         self.algorithm, self.digest, self.constants = algorithm, digest, constants
         self.lanes, self.chunk = lanes, chunk
         self.reason: str | None = None
@@ -308,8 +308,6 @@ class Follower:
         return self._out
 
     def _run(self) -> None:
-        from compiler import digests
-
         try:
             fd = self._open()
         except _GaveUp as e:
