@@ -103,6 +103,7 @@ def child(peer: str, name: str, batches: list[int], keys: dict[str, str], url: s
                 rec["measure"] = measure(call, "cuda:0")
             if os.environ.get("BENCH_PROFILE"):
                 rec["profile"] = _profile(call)
+                rec["profile"]["flushed"] = _flushed(call)
         torch.cuda.synchronize()
         rec["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
         rec["device_mem_bytes"] = free0 - torch.cuda.mem_get_info()[0]
@@ -151,6 +152,63 @@ def _profile(call: Any) -> dict[str, Any]:
     return {"calls": PROFILE_CALLS, "kernels_per_call": len(kernels) / PROFILE_CALLS,
             "kernel_us_per_call": sum(by.values()), "span_us_per_call": (ends[-1] - starts[0]) / PROFILE_CALLS,
             "families": dict(sorted(((k, round(v, 2)) for k, v in by.items()), key=lambda kv: -kv[1])[:40])}
+
+
+def _flushed(call: Any, calls: int = 50) -> dict[str, Any]:
+    """Where do_bench's figure goes for a call: its loop zeroes a buffer larger than L2 before each timed call, so the
+    host prepares the call while the device flushes. Per call (medians, microseconds):
+    - `host_us`: the call's own host time, launched while the device is busy with a flush (what it takes to return);
+    - `idle_after_flush_us`: under the profiler (device activity only), from the flush's end to the call's first
+      kernel: the device waiting for the host;
+    - `span_after_flush_us`: from that first kernel to the call's last kernel's end;
+    - `isolated_us`: from the call on an idle device to the device being idle again (wall clock, synchronised), what
+      a request that finds the GPU idle waits;
+    - `back_to_back_us`: CUDA events around `calls` calls with no flush, per call."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int, device="cuda")  # do_bench's buffer
+    host, isolated = [], []
+    for _ in range(calls):
+        flush.zero_()
+        t0 = time.perf_counter()
+        call()
+        host.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        isolated.append((time.perf_counter() - t0) * 1e6)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        call()
+    end.record()
+    torch.cuda.synchronize()
+    back_to_back = start.elapsed_time(end) * 1e3 / calls
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILE_CALLS):
+            flush.zero_()
+            call()
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    fills = [e for e in kernels if "Fill" in e.name]
+    longest = max((e.time_range.end - e.time_range.start for e in fills), default=0)
+    flushes = [e for e in fills if e.time_range.end - e.time_range.start > longest / 2]
+    idle, span = [], []
+    for i, f in enumerate(flushes):
+        until = flushes[i + 1].time_range.start if i + 1 < len(flushes) else float("inf")
+        mine = [e for e in kernels if f.time_range.end <= e.time_range.start < until]
+        if mine:
+            idle.append(mine[0].time_range.start - f.time_range.end)
+            span.append(max(e.time_range.end for e in mine) - mine[0].time_range.start)
+    med = statistics.median
+    return {"calls": calls, "host_us": med(host), "isolated_us": med(isolated), "back_to_back_us": back_to_back,
+            "flushes_seen": len(flushes), "flush_us": med([f.time_range.end - f.time_range.start for f in flushes])
+            if flushes else None, "idle_after_flush_us": med(idle) if idle else None,
+            "span_after_flush_us": med(span) if span else None}
 
 
 def _build_peer(peer: str, name: str, batch: int, rec: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
@@ -562,6 +620,10 @@ def profile_table(results: dict[str, Any], pair: tuple[str, str]) -> str:
                          f"kernels/call {pb['kernels_per_call']:.0f} vs {pa['kernels_per_call']:.0f}, kernel us "
                          f"{pb['kernel_us_per_call']:.1f} vs {pa['kernel_us_per_call']:.1f}, span us "
                          f"{pb['span_us_per_call']:.1f} vs {pa['span_us_per_call']:.1f}")
+            fa, fb = pa.get("flushed") or {}, pb.get("flushed") or {}
+            for k in ("host_us", "idle_after_flush_us", "span_after_flush_us", "isolated_us", "back_to_back_us"):
+                if fa.get(k) is not None and fb.get(k) is not None:
+                    lines.append(f"    {k}: {fb[k]:.1f} vs {fa[k]:.1f}")
             fams = set(pa["families"]) | set(pb["families"])
             diff = sorted(((pb["families"].get(f, 0.0) - pa["families"].get(f, 0.0), f) for f in fams),
                           key=lambda d: -abs(d[0]))

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import ssl
 import sys
 import tempfile
 import threading
@@ -24,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 from httpx_sse import connect_sse
@@ -32,12 +33,13 @@ from httpx_sse import connect_sse
 from client import transfer
 from client.buckets import BucketedModel, Bundle
 from client.verify import ENV as TRUSTED_KEYS_ENV
-from client.verify import Asked, TrustSpec, Verifier, check_digest, check_file
+from client.verify import Asked, Fetched, TrustSpec, Verifier, check_digest, check_file
+from client.verify import pool as verify_pool
 from compiler import digests
 from compiler.digests import Want
 from compiler.errors import BadSignature, Unprocessable
 from compiler.shapes import format_shape, parse_shape
-from compiler.signing import ARTIFACT_KEY
+from compiler.signing import ARTIFACT_KEY, Manifest
 from compiler.targets import Target
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -133,7 +135,7 @@ class Client:
         AOTC_REDIRECT_HOSTS's syntax, default $AOTC_REDIRECT_HOSTS (client/transfer.py `refuse_redirect`)."""
         self.url = (url or os.environ.get("AOTC_URL") or DEFAULT_URL).rstrip("/")
         key = api_key or os.environ.get("AOTC_API_KEY")
-        self.http = httpx.Client(base_url=self.url, timeout=timeout,
+        self.http = httpx.Client(base_url=self.url, timeout=timeout, verify=_tls_for(self.url),
                                  headers={"Authorization": f"Bearer {key}"} if key else None)
         self._own_http = self.http  # pulls go through client/transfer.py only while `http` is this one
         self._timeout = timeout
@@ -482,12 +484,24 @@ class Client:
 
         `timings`, if given, gets `verify_s` (manifest and signature, and the cached copy's check) and `pull_s`
         (the download, hashed on the way; 0 when the cache had it)."""
+        return self._pull(artifact, dest, attempts=attempts, rehash=rehash, timings=timings,
+                          self_contained=self_contained)[0]
+
+    def _pull(self, artifact: Artifact | str, dest: str | Path | None = None, *, attempts: int = 3,
+              rehash: bool = False, timings: dict[str, float] | None = None, self_contained: bool = False,
+              fetched: Fetched | None = None) -> tuple[Path, Manifest]:
+        """`pull`, and the signed manifest it verified (`load` binds the weights it names without asking again).
+        `fetched`: the manifest already asked for, beside the record (`_artifact_fetched`)."""
         if self_contained:  # built from the same model for the same target and shapes: it answers the same question
             asked = artifact.asked if isinstance(artifact, Artifact) else None
             artifact = replace(self.self_contained(artifact), asked=asked)
+            fetched = None
         t0 = time.perf_counter()
-        art = artifact if isinstance(artifact, Artifact) else self.artifact(artifact)
-        signed = self.verifier.manifest(art.key, art.meta, art.asked)  # the record agrees: art.sha256 is signed
+        if isinstance(artifact, Artifact):
+            art = artifact
+        else:
+            art, fetched = self._artifact_fetched(artifact)
+        signed = self.verifier.manifest(art.key, art.meta, art.asked, fetched)  # the record agrees: the sha256 is
         cached = self.cache_dir / "artifacts" / f"{art.key}.pt2"
         want = signed.want
         hit = _verified(cached, want, rehash)
@@ -514,7 +528,7 @@ class Client:
             timings["verify_s"] = t1 - t0
             timings["pull_s"] = t2 - t1
         if dest is None:
-            return cached
+            return cached, signed
         dest = Path(dest)
         if dest.resolve() != cached.resolve():
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -530,7 +544,14 @@ class Client:
                     tmp.unlink(missing_ok=True)
                     raise
             os.replace(tmp, dest)
-        return dest
+        return dest, signed
+
+    def _artifact_fetched(self, key: str) -> tuple[Artifact, Fetched]:
+        """Artifact `key`'s record, and its manifest with the keys trusted now (`Verifier.fetch`), asked for at once:
+        the round trips before a pull's first byte, which a pull by key made one after the other."""
+        pending = verify_pool().submit(self.verifier.fetch, key)
+        art = self.artifact(key)  # its refusal (a 404) first, as before
+        return art, pending.result()
 
     def _download(self, art: Artifact, part: Path, f: BinaryIO, attempts: int, want: Want, *,
                   what: str = "") -> str:
@@ -695,13 +716,14 @@ class Client:
                     if artifact.main.meta.get("package", True) else None)
             return BucketedModel(main, [(b, self.load(b, device, cuda_graphs=cuda_graphs, rehash=rehash))
                                         for b in artifact.buckets], pad=pad)
+        fetched = None
         if isinstance(artifact, Artifact):
             art = artifact
         elif _KEY.fullmatch(artifact):
-            art = self.artifact(artifact)
+            art, fetched = self._artifact_fetched(artifact)
         else:
             art = self._picked(artifact, shapes, device, target, training=False)
-        path = self.pull(art, rehash=rehash, timings=timings)
+        path, signed = self._pull(art, rehash=rehash, timings=timings, fetched=fetched)
         from compiler.compat.aoti import aoti_load_package  # imports torch: only to load
 
         t0 = time.perf_counter()
@@ -711,7 +733,7 @@ class Client:
         t1 = time.perf_counter()
         # A weightless package binds the model's weights blob: pulled and verified once, one copy per device in
         # this process, shared by every bucket and version that names the same blob.
-        weights = self._device_weights(art, device, rehash, timings) if art.meta.get("weights") else None
+        weights = self._device_weights(art, signed, device, rehash, timings) if art.meta.get("weights") else None
         t2 = time.perf_counter()
         fn: Callable[..., Any]
         if cuda_graphs:
@@ -768,12 +790,16 @@ class Client:
         return self._pull_weights(art, dest, attempts, rehash)
 
     def _pull_weights(self, art: Artifact, dest: str | Path | None = None, attempts: int = 3, rehash: bool = False,
-                      follow: Callable[[Path, Want, Mapping[str, Any]], Any] | None = None) -> Path | None:
+                      follow: Callable[[Path, Want, Mapping[str, Any]], Any] | None = None,
+                      signed: Manifest | None = None) -> Path | None:
         """`pull_weights`; `follow(part, want, signed weights)`, where the blob is downloaded, may return a
-        compiler.weights.Follower to put it on a device as it arrives, told `pulled()` once the download ends."""
+        compiler.weights.Follower to put it on a device as it arrives, told `pulled()` once the download ends.
+        `signed`: the artifact's manifest, verified by this call's caller a moment ago (`load`), else verified
+        here."""
         if not art.meta.get("weights"):
             return None
-        signed = self.verifier.manifest(art.key, art.meta)
+        if signed is None:
+            signed = self.verifier.manifest(art.key, art.meta)
         w = signed.weights
         if w is None:
             raise BadSignature("mismatch", f"artifact {art.key}: the record names a weights blob, its signed manifest "
@@ -827,7 +853,7 @@ class Client:
         os.replace(tmp, dest)
         return dest
 
-    def _device_weights(self, art: Artifact, device: str, rehash: bool = False,
+    def _device_weights(self, art: Artifact, signed: Manifest, device: str, rehash: bool = False,
                         timings: dict[str, float] | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
         follower: Any = None
@@ -845,7 +871,7 @@ class Client:
                                     constants=signed.get("constants"))
             return follower
 
-        path = self._pull_weights(art, rehash=rehash, follow=follow)
+        path = self._pull_weights(art, rehash=rehash, follow=follow, signed=signed)
         assert path is not None
         t1 = time.perf_counter()
         # The signed digest (the cached file's name), never the record's: a record cannot point this artifact at
@@ -905,6 +931,16 @@ class Client:
                   max_stored_gb: float | None = None) -> dict[str, Any]:
         body = {k: v for k, v in (("max_jobs", max_jobs), ("max_stored_gb", max_stored_gb)) if v is not None}
         return dict(self._json("PUT", f"/v1/namespaces/{namespace}/quota", json=body))
+
+
+def _tls_for(url: str) -> ssl.SSLContext | bool:
+    """What `Client.http` verifies TLS with. For an https service, httpx's default: the CA bundle, which it loads when
+    the client is made (about 25 ms on 2 cores). For a plain-HTTP service, a context that trusts no certificate, so
+    a client starts without loading the bundle, and a TLS request through `http` (an absolute https URL) fails its
+    handshake instead of going unverified."""
+    if urlsplit(url).scheme.lower() != "http":
+        return True
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED, hostnames checked, no CA loaded
 
 
 def detect_target(device: str) -> Target:

@@ -28,8 +28,10 @@ the client does not trust (or a revoked one) vouches for nothing, as if it were 
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -83,6 +85,30 @@ class HasHttp(Protocol):
     http: httpx.Client
 
 
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def pool() -> ThreadPoolExecutor:
+    """The threads that ask the service for what a verification needs at once (an httpx.Client may be shared between
+    threads). Nothing run on it waits for another of its tasks, so a busy pool only queues."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="aotc-verify")
+        return _POOL
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """The service's answer for an artifact's manifest, and the keys trusted now being asked for beside it
+    (`Verifier.fetch`): what `Verifier.manifest` checks."""
+
+    key: str
+    response: httpx.Response
+    trusted: Future[dict[str, TrustedKey]]
+
+
 class Verifier:
     """Verifies artifacts for one Client (its `http`, whatever it is at the time). `pins`: AOTC_TRUSTED_KEYS's syntax,
     or None to trust the keys the service lists. `raise_for` turns an answer that is not a success into the SDK's
@@ -128,15 +154,27 @@ class Verifier:
         self.raise_for(resp)
         return dict(resp.json())
 
-    def manifest(self, key: str, meta: dict[str, Any], asked: Asked | None = None) -> Manifest:
-        """The verified manifest of artifact `key`, whose record (`meta`) must agree on the package's sha256 and
-        size; BadSignature otherwise. Once it verifies, the record's fields that decide how the package is run are
-        replaced by the signed ones (`adopt`). A key that is not one (32 lowercase hex digits) is refused before it
-        names a URL or a file: a signed manifest names exactly the key it was asked for, so a worker made to sign
-        `../../x` would otherwise have pulls write outside the cache."""
+    def fetch(self, key: str) -> Fetched:
+        """Ask for artifact `key`'s manifest and, at once on another connection, for the keys trusted now: two round
+        trips to the service that a pull made one after the other. A key that is not one (32 lowercase hex digits)
+        is refused before it names a URL: a signed manifest names exactly the key it was asked for, so a worker
+        made to sign `../../x` would otherwise have pulls write outside the cache."""
         if not isinstance(key, str) or not ARTIFACT_KEY.fullmatch(key):
             raise BadSignature("malformed", f"{str(key)[:80]!r} is not an artifact key (32 lowercase hex digits)")
-        resp = self.client.http.get(f"/v1/artifacts/{key}/manifest")
+        trusted = pool().submit(self.trusted)
+        return Fetched(key, self.client.http.get(f"/v1/artifacts/{key}/manifest"), trusted)
+
+    def manifest(self, key: str, meta: dict[str, Any], asked: Asked | None = None,
+                 fetched: Fetched | None = None) -> Manifest:
+        """The verified manifest of artifact `key`, whose record (`meta`) must agree on the package's sha256 and
+        size; BadSignature otherwise. Once it verifies, the record's fields that decide how the package is run are
+        replaced by the signed ones (`adopt`). `fetched`: what `fetch(key)` answered (asked for beside the record),
+        else it is asked for here."""
+        if fetched is None:
+            fetched = self.fetch(key)
+        elif fetched.key != key:
+            raise ValueError(f"the manifest fetched is artifact {fetched.key}'s, not {key}'s")
+        resp = fetched.response
         if resp.status_code == 404 and _error(resp).get("reason") == "unsigned":
             raise BadSignature("unsigned", str(_error(resp).get("message") or f"artifact {key} is unsigned"))
         self.raise_for(resp)
@@ -144,7 +182,7 @@ class Verifier:
             envelope = resp.json()
         except ValueError:
             raise BadSignature("malformed", f"the service's manifest of artifact {key} is not JSON") from None
-        trusted = self.trusted()
+        trusted = fetched.trusted.result()
         signed = verify(envelope, trusted)
         signed.expect(key=key)
         signed.expect(sha256=str(meta.get("sha256")), size=int(meta.get("size") or 0))

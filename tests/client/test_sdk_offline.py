@@ -236,3 +236,63 @@ def test_a_compile_answered_with_another_models_artifact_is_refused_before_a_byt
     assert f"does not answer what the compile asked: it is signed as built from model None, not {model_id[:12]}" \
         in got.value.message
     assert not (tmp_path / "cache" / "artifacts").exists() or not list((tmp_path / "cache" / "artifacts").iterdir())
+
+
+def _self_signed(tmp_path):
+    """A certificate for 127.0.0.1 signed by its own key (cryptography, the SDK's signing dependency): files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                         serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    return tmp_path / "cert.pem", tmp_path / "key.pem"
+
+
+def test_a_client_of_a_plain_http_service_starts_without_the_ca_bundle_and_verifies_no_tls_it_is_sent_to(tmp_path):
+    """httpx loads the CA bundle when a client is made (about 25 ms on 2 cores, in every serving process's start). A
+    Client of a plain-HTTP service needs no bundle: its `http` gets a context that trusts no certificate, so a TLS
+    request sent through it (an absolute https URL) fails its handshake instead of going unverified. An https
+    service keeps httpx's default."""
+    import http.server
+    import ssl
+    import threading
+
+    from client.sdk import _tls_for
+
+    ctx = _tls_for("http://127.0.0.1:8080")
+    assert isinstance(ctx, ssl.SSLContext)
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+    assert ctx.cert_store_stats()["x509_ca"] == 0
+    assert _tls_for("https://aotc.example") is True and _tls_for("HTTPS://aotc.example") is True
+
+    cert, key = _self_signed(tmp_path)
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{server.server_address[1]}/"
+    try:
+        with httpx.Client(verify=ssl.create_default_context(cafile=str(cert))) as trusting:
+            assert trusting.get(url).status_code in (200, 404)  # the server answers a client that trusts it
+        with Client("http://127.0.0.1:1", cache_dir=tmp_path / "cache") as c:
+            with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                c.http.get(url)
+    finally:
+        server.shutdown()

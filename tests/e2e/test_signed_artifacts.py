@@ -14,6 +14,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +139,37 @@ def test_the_worker_signs_what_it_publishes_and_the_sdk_verifies_it(signed: Sign
 
     unknown = api.get(f"{signed.cluster.url}/v1/artifacts/{'0' * 32}/manifest")
     assert unknown.status_code == 404
+
+
+def test_a_load_by_key_asks_for_the_manifest_once_beside_the_record(signed: Signed, tmp_path: Path) -> None:
+    """The round trips before a pull's first byte: the record, the manifest and the keys trusted now. A load by key
+    asks for the last two on the verifier's threads while it waits for the record, and binds the weights blob by the
+    manifest it verified for the package (it asked for it twice before, and for the keys twice)."""
+    assert signed.art.meta.get("weights"), "a weightless artifact, whose blob the load binds"
+    seen: list[tuple[str, str]] = []
+    with _client(signed, tmp_path) as c:
+        c.http.event_hooks["request"].append(
+            lambda request: seen.append((request.url.path, threading.current_thread().name)))
+        fn = c.load(signed.art.key)
+        main = threading.current_thread().name
+        asked = [path for path, _ in seen]
+        key = signed.art.key
+        assert asked.count(f"/v1/artifacts/{key}/meta") == 1
+        assert asked.count(f"/v1/artifacts/{key}/manifest") == 1
+        assert asked.count("/v1/signing-keys") == 1
+        by = dict(seen)
+        assert by[f"/v1/artifacts/{key}/meta"] == main
+        assert by[f"/v1/artifacts/{key}/manifest"].startswith("aotc-verify")
+        assert by["/v1/signing-keys"].startswith("aotc-verify")
+        x = torch.randn(4, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(fn(x), signed.model(x), rtol=1e-4, atol=1e-5)
+        # A pull by key asks for each once too, and a revocation still applies to the next one (the keys are asked
+        # for per verification, never remembered).
+        seen.clear()
+        c.pull(key, tmp_path / "again.pt2")
+        assert sorted(path for path, _ in seen) == sorted([f"/v1/artifacts/{key}/meta",
+                                                          f"/v1/artifacts/{key}/manifest", "/v1/signing-keys"])
 
 
 def test_an_unsigned_record_is_refused_with_a_clear_message(signed: Signed, tmp_path: Path) -> None:
@@ -402,4 +434,5 @@ def test_rotation_a_new_key_signs_and_revoking_the_old_one_refuses_what_it_signe
     done = subprocess.run([sys.executable, "-m", "worker"], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode != 0 and f"signing key {old.kid}" in done.stderr and "was revoked" in done.stderr
+
 
