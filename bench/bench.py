@@ -77,6 +77,8 @@ def child(peer: str, name: str, batches: list[int], keys: dict[str, str], url: s
 
     out: dict[str, Any] = {"import_s": time.perf_counter() - T_START, "batches": {}}
     torch.cuda.init()
+    if os.environ.get("BENCH_GRAPH_DOT"):
+        _dump_graphs(Path(os.environ["BENCH_GRAPH_DOT"]), f"{name}-{peer}")
     for n, batch in enumerate(batches):
         free0 = torch.cuda.mem_get_info()[0]
         torch.cuda.reset_peak_memory_stats()
@@ -104,6 +106,8 @@ def child(peer: str, name: str, batches: list[int], keys: dict[str, str], url: s
             if os.environ.get("BENCH_PROFILE"):
                 rec["profile"] = _profile(call)
                 rec["profile"]["flushed"] = _flushed(call)
+            if os.environ.get("BENCH_SAME_PROCESS") and peer == "aot_graphs":
+                rec["same_process"] = _same_process(call, name, batch)
         torch.cuda.synchronize()
         rec["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
         rec["device_mem_bytes"] = free0 - torch.cuda.mem_get_info()[0]
@@ -115,6 +119,29 @@ def child(peer: str, name: str, batches: list[int], keys: dict[str, str], url: s
         torch._dynamo.reset()
         torch.cuda.empty_cache()
     return out
+
+
+def _dump_graphs(where: Path, prefix: str) -> None:
+    """Every CUDA graph this process captures, written as Graphviz (cudaGraphDebugDotPrint: each node's type, kernel,
+    launch dimensions and attributes, and the edges) to `where`/`prefix`-N.dot once captured: BENCH_GRAPH_DOT=DIR
+    compares the graph aotc replays with reduce-overhead's, node by node."""
+    import torch
+
+    where.mkdir(parents=True, exist_ok=True)
+    graph_cls = torch.cuda.CUDAGraph
+    new, end = graph_cls.__new__, graph_cls.capture_end
+    count = [0]
+
+    def kept(cls: Any, keep_graph: bool = False) -> Any:  # the cudaGraph_t kept after capture, so it can be printed
+        return new(cls, True)
+
+    def capture_end(self: Any) -> Any:
+        got = end(self)
+        count[0] += 1
+        self.debug_dump(str(where / f"{prefix}-{count[0]}.dot"))
+        return got
+
+    graph_cls.__new__, graph_cls.capture_end = kept, capture_end  # type: ignore[method-assign,assignment]
 
 
 def _kernel_family(name: str) -> str:
@@ -187,6 +214,7 @@ def _flushed(call: Any, calls: int = 50) -> dict[str, Any]:
     end.record()
     torch.cuda.synchronize()
     back_to_back = start.elapsed_time(end) * 1e3 / calls
+    parts = _graph_parts(call, calls)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(PROFILE_CALLS):
             flush.zero_()
@@ -197,18 +225,88 @@ def _flushed(call: Any, calls: int = 50) -> dict[str, Any]:
     fills = [e for e in kernels if "Fill" in e.name]
     longest = max((e.time_range.end - e.time_range.start for e in fills), default=0)
     flushes = [e for e in fills if e.time_range.end - e.time_range.start > longest / 2]
-    idle, span = [], []
+    idle, span, trace = [], [], []
     for i, f in enumerate(flushes):
         until = flushes[i + 1].time_range.start if i + 1 < len(flushes) else float("inf")
         mine = [e for e in kernels if f.time_range.end <= e.time_range.start < until]
         if mine:
             idle.append(mine[0].time_range.start - f.time_range.end)
             span.append(max(e.time_range.end for e in mine) - mine[0].time_range.start)
+            if i == len(flushes) // 2:  # one call's device activity, kernels, copies and sets alike, in order
+                t0 = mine[0].time_range.start
+                trace = [(e.name[:100], round(e.time_range.start - t0, 2), round(e.time_range.end - e.time_range.start,
+                                                                                  2)) for e in mine]
     med = statistics.median
+    gaps = sorted(((round(b[1] - (a[1] + a[2]), 2), a[0][:60], b[0][:60]) for a, b in zip(trace, trace[1:])),
+                  reverse=True)
     return {"calls": calls, "host_us": med(host), "isolated_us": med(isolated), "back_to_back_us": back_to_back,
-            "flushes_seen": len(flushes), "flush_us": med([f.time_range.end - f.time_range.start for f in flushes])
-            if flushes else None, "idle_after_flush_us": med(idle) if idle else None,
-            "span_after_flush_us": med(span) if span else None}
+            **parts, "flushes_seen": len(flushes),
+            "flush_us": med([f.time_range.end - f.time_range.start for f in flushes]) if flushes else None,
+            "idle_after_flush_us": med(idle) if idle else None, "span_after_flush_us": med(span) if span else None,
+            "trace_gap_us": round(sum(g for g, _, _ in gaps), 2), "trace_top_gaps": gaps[:12], "trace": trace}
+
+
+def _same_process(call: Any, name: str, batch: int, calls: int = 50, rounds: int = 5) -> dict[str, Any]:
+    """aotc's graphed call and `torch.compile(mode="reduce-overhead")` of the same model in this one process (one CUDA
+    context, one environment), back to back in alternating rounds: microseconds per call, CUDA events around
+    `calls` calls. Whether a difference belongs to the graphs or to the processes they ran in."""
+    import torch
+
+    ro, inputs = _build_peer("tc_reduce_overhead", name, batch, {})
+    ro_call = functools.partial(ro, *inputs)
+    for _ in range(3):
+        ro_call()
+        call()
+    torch.cuda.synchronize()
+
+    def per_call(fn: Any) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return round(start.elapsed_time(end) * 1e3 / calls, 2)
+
+    got: dict[str, list[float]] = {"aot_graphs_us": [], "tc_reduce_overhead_us": []}
+    for _ in range(rounds):
+        got["aot_graphs_us"].append(per_call(call))
+        got["tc_reduce_overhead_us"].append(per_call(ro_call))
+    return got
+
+
+def _graph_parts(call: Any, calls: int) -> dict[str, Any]:
+    """For aotc's graphed artifact (`call` a partial of client.graphs.GraphedArtifact): back-to-back microseconds per
+    call of the captured graph's replay alone (no copy in, no clone out), and of the whole call without the clone."""
+    import torch
+
+    runner = getattr(getattr(call, "func", None), "_runner", None)
+    captured = [e for e in getattr(runner, "entries", {}).values() if hasattr(e, "graph")]
+    if runner is None or len(captured) != 1:
+        return {}
+
+    def per_call(fn: Any) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3 / calls
+
+    graph_only = per_call(captured[0].graph.replay)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # a stream of its own, not the legacy default one
+        graph_side = per_call(captured[0].graph.replay)
+    torch.cuda.current_stream().wait_stream(side)
+    runner.clone_outputs = False
+    try:
+        no_clone = per_call(call)
+    finally:
+        runner.clone_outputs = True
+    return {"graph_replay_only_us": graph_only, "graph_replay_side_stream_us": graph_side,
+            "back_to_back_no_clone_us": no_clone}
 
 
 def _build_peer(peer: str, name: str, batch: int, rec: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
@@ -621,9 +719,14 @@ def profile_table(results: dict[str, Any], pair: tuple[str, str]) -> str:
                          f"{pb['kernel_us_per_call']:.1f} vs {pa['kernel_us_per_call']:.1f}, span us "
                          f"{pb['span_us_per_call']:.1f} vs {pa['span_us_per_call']:.1f}")
             fa, fb = pa.get("flushed") or {}, pb.get("flushed") or {}
-            for k in ("host_us", "idle_after_flush_us", "span_after_flush_us", "isolated_us", "back_to_back_us"):
-                if fa.get(k) is not None and fb.get(k) is not None:
-                    lines.append(f"    {k}: {fb[k]:.1f} vs {fa[k]:.1f}")
+            for k in ("host_us", "idle_after_flush_us", "span_after_flush_us", "isolated_us", "back_to_back_us",
+                      "graph_replay_only_us", "graph_replay_side_stream_us", "back_to_back_no_clone_us",
+                      "trace_gap_us"):
+                if fa.get(k) is not None or fb.get(k) is not None:
+                    lines.append(f"    {k}: {fb.get(k) or float('nan'):.1f} vs {fa.get(k) or float('nan'):.1f}")
+            for peer, fl in ((pair[1], fb), (pair[0], fa)):
+                lines.append(f"    {peer} largest gaps in one call (us, before, after): "
+                             f"{fl.get('trace_top_gaps', [])[:5]}")
             fams = set(pa["families"]) | set(pb["families"])
             diff = sorted(((pb["families"].get(f, 0.0) - pa["families"].get(f, 0.0), f) for f in fams),
                           key=lambda d: -abs(d[0]))

@@ -83,8 +83,9 @@ def test_mlp_dynamic_batch_one_artifact_serves_the_range(api_url, worker, client
 
     # The package is weightless: Client.load bound the process's one copy of its signed blob, which any other
     # bucket or version naming the same digest gets too (tests/compiler/test_weights.py: buckets write one blob).
-    assert art.meta["weights"]["sha256"] == client.verifier.manifest(art.key, art.meta).weights["sha256"]
-    assert fn._aotc_weights is client._device_weights(art, "cpu")  # type: ignore[attr-defined]
+    signed = client.verifier.manifest(art.key, art.meta)
+    assert art.meta["weights"]["sha256"] == signed.weights["sha256"]
+    assert fn._aotc_weights is client._device_weights(art, signed, "cpu")  # type: ignore[attr-defined]
 
 
 def test_grad_mode_regions_and_dashed_module_names_compile(api_url, worker, client, tmp_path):
