@@ -29,6 +29,11 @@ a CUDA graph replays, too): the kernels per call, their summed device time, the 
 the last one's end, and the kernels by time, their names with Inductor's numbering dropped. `--batch 1` measures batch
 1 only and `--peers` a subset: e.g. `--batch 1 --peers tc_reduce_overhead,aot_graphs --profile` asks why a package
 replayed from a graph is behind `reduce-overhead` at batch 1 (issue 24), and prints the two side by side at the end.
+It also times where do_bench's figure goes (`_flushed`: the call's host time, the device idle after do_bench's L2
+flush, one call's device trace and its largest gaps, a call on an idle device, calls back to back, and for aotc's
+graph its replay alone and without the clone). Two switches for the aot_graphs peer's process:
+`BENCH_SAME_PROCESS=1` times aotc's graph and reduce-overhead's (compiled there) in that one process, alternating;
+`BENCH_BISECT=1` times reduce-overhead's graph after each step of loading the artifact (`_bisect`) instead.
 
 Resumable: a (model, batch, peer) already in --out is not measured again; --budget-s stops before a model that
 would start after it. The JSON is schema 2 (schema 1 was the 2026-11-22 run: one batch, three peers).
@@ -77,8 +82,9 @@ def child(peer: str, name: str, batches: list[int], keys: dict[str, str], url: s
 
     out: dict[str, Any] = {"import_s": time.perf_counter() - T_START, "batches": {}}
     torch.cuda.init()
-    if os.environ.get("BENCH_GRAPH_DOT"):
-        _dump_graphs(Path(os.environ["BENCH_GRAPH_DOT"]), f"{name}-{peer}")
+    if os.environ.get("BENCH_BISECT") and peer == "aot_graphs":
+        out["batches"][str(batches[0])] = _bisect(name, batches[0], keys[str(batches[0])], url)
+        return out
     for n, batch in enumerate(batches):
         free0 = torch.cuda.mem_get_info()[0]
         torch.cuda.reset_peak_memory_stats()
@@ -119,29 +125,6 @@ def child(peer: str, name: str, batches: list[int], keys: dict[str, str], url: s
         torch._dynamo.reset()
         torch.cuda.empty_cache()
     return out
-
-
-def _dump_graphs(where: Path, prefix: str) -> None:
-    """Every CUDA graph this process captures, written as Graphviz (cudaGraphDebugDotPrint: each node's type, kernel,
-    launch dimensions and attributes, and the edges) to `where`/`prefix`-N.dot once captured: BENCH_GRAPH_DOT=DIR
-    compares the graph aotc replays with reduce-overhead's, node by node."""
-    import torch
-
-    where.mkdir(parents=True, exist_ok=True)
-    graph_cls = torch.cuda.CUDAGraph
-    new, end = graph_cls.__new__, graph_cls.capture_end
-    count = [0]
-
-    def kept(cls: Any, keep_graph: bool = False) -> Any:  # the cudaGraph_t kept after capture, so it can be printed
-        return new(cls, True)
-
-    def capture_end(self: Any) -> Any:
-        got = end(self)
-        count[0] += 1
-        self.debug_dump(str(where / f"{prefix}-{count[0]}.dot"))
-        return got
-
-    graph_cls.__new__, graph_cls.capture_end = kept, capture_end  # type: ignore[method-assign,assignment]
 
 
 def _kernel_family(name: str) -> str:
@@ -246,6 +229,75 @@ def _flushed(call: Any, calls: int = 50) -> dict[str, Any]:
             "trace_gap_us": round(sum(g for g, _, _ in gaps), 2), "trace_top_gaps": gaps[:12], "trace": trace}
 
 
+def _per_call_us(fn: Any, calls: int = 50) -> float:
+    """Microseconds per call of `fn`, CUDA events around `calls` calls back to back."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return round(start.elapsed_time(end) * 1e3 / calls, 2)
+
+
+def _bisect(name: str, batch: int, key: str, url: str, rounds: int = 3) -> dict[str, Any]:
+    """BENCH_BISECT=1 (the aot_graphs peer): which step of loading an aotc artifact makes a process's CUDA graphs
+    slower. `torch.compile(mode="reduce-overhead")` of the model is built and timed first (back to back, per call),
+    then timed again after each step a serving process takes to load the artifact: the client imported, pinned
+    buffers and streams as the weights' copy uses, the package loaded plainly (its weights blob pulled onto the device
+    as it arrives), then loaded for CUDA graphs and captured. The step after which reduce-overhead's figure moves
+    is where the process, not the graph, costs time."""
+    import torch
+
+    ro, inputs = _build_peer("tc_reduce_overhead", name, batch, {})
+    ro_call = functools.partial(ro, *inputs)
+    with torch.inference_mode():
+        for _ in range(5):
+            ro_call()
+    torch.cuda.synchronize()
+    steps: list[dict[str, Any]] = []
+
+    def step(label: str, extra: Any = None) -> None:
+        with torch.inference_mode():
+            row: dict[str, Any] = {"step": label, "reduce_overhead_us": [_per_call_us(ro_call) for _ in range(rounds)]}
+            if extra is not None:
+                row["aot_graphs_us"] = [_per_call_us(extra) for _ in range(rounds)]
+        steps.append(row)
+        print(f"bisect {name}: {row}", file=sys.stderr, flush=True)
+
+    step("reduce-overhead alone")
+    import client  # noqa: F401 - the step is the import
+    from compiler import weights
+
+    step("client and compiler.weights imported")
+    pinned = [torch.empty(weights.COPY_CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(weights.COPY_LANES)]
+    lanes = [torch.cuda.Stream() for _ in range(weights.COPY_LANES)]
+    for buf, lane in zip(pinned, lanes, strict=True):
+        with torch.cuda.stream(lane):
+            torch.empty(buf.numel(), dtype=torch.uint8, device="cuda").copy_(buf, non_blocking=True)
+    torch.cuda.synchronize()
+    step("pinned buffers and streams, a copy on each")
+    from client import Client
+
+    cache = tempfile.mkdtemp(prefix="aotc-bench-bisect-")
+    with Client(url, cache_dir=cache, timeout=300) as c:
+        art = c.artifact(key)
+        plain = c.load(art, device="cuda:0")
+        with torch.inference_mode():
+            plain(*inputs)
+        torch.cuda.synchronize()
+        step("the package loaded plainly (its weights onto the device as they arrived)")
+        graphed = c.load(art, device="cuda:0", cuda_graphs=True)
+        with torch.inference_mode():
+            graphed(*inputs)
+        torch.cuda.synchronize()
+        step("loaded again for CUDA graphs and captured", functools.partial(graphed, *inputs))
+    del pinned, lanes
+    return {"bisect": steps, "latency_ms": statistics.median(steps[-1]["aot_graphs_us"]) / 1e3}
+
+
 def _same_process(call: Any, name: str, batch: int, calls: int = 50, rounds: int = 5) -> dict[str, Any]:
     """aotc's graphed call and `torch.compile(mode="reduce-overhead")` of the same model in this one process (one CUDA
     context, one environment), back to back in alternating rounds: microseconds per call, CUDA events around
@@ -259,19 +311,10 @@ def _same_process(call: Any, name: str, batch: int, calls: int = 50, rounds: int
         call()
     torch.cuda.synchronize()
 
-    def per_call(fn: Any) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return round(start.elapsed_time(end) * 1e3 / calls, 2)
-
     got: dict[str, list[float]] = {"aot_graphs_us": [], "tc_reduce_overhead_us": []}
     for _ in range(rounds):
-        got["aot_graphs_us"].append(per_call(call))
-        got["tc_reduce_overhead_us"].append(per_call(ro_call))
+        got["aot_graphs_us"].append(_per_call_us(call, calls))
+        got["tc_reduce_overhead_us"].append(_per_call_us(ro_call, calls))
     return got
 
 
