@@ -28,6 +28,7 @@ the client does not trust (or a revoked one) vouches for nothing, as if it were 
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -85,18 +86,20 @@ class HasHttp(Protocol):
     http: httpx.Client
 
 
-_POOL: ThreadPoolExecutor | None = None
+_POOL: tuple[int, ThreadPoolExecutor] | None = None  # the process that made it, and the pool
 _POOL_LOCK = threading.Lock()
 
 
 def pool() -> ThreadPoolExecutor:
     """The threads that ask the service for what a verification needs at once (an httpx.Client may be shared between
-    threads). Nothing run on it waits for another of its tasks, so a busy pool only queues."""
+    threads). Nothing run on it waits for another of its tasks, so a busy pool only queues. A process forked after
+    the pool was made (a server's preloaded workers) gets a pool of its own: the parent's threads are not in it, and
+    work handed to their pool would never run."""
     global _POOL
     with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="aotc-verify")
-        return _POOL
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=4, thread_name_prefix="aotc-verify"))
+        return _POOL[1]
 
 
 @dataclass(frozen=True)

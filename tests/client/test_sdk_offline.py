@@ -296,3 +296,24 @@ def test_a_client_of_a_plain_http_service_starts_without_the_ca_bundle_and_verif
                 c.http.get(url)
     finally:
         server.shutdown()
+
+
+def test_the_verify_pool_works_in_a_process_forked_after_it_ran():
+    """A server that preloads the client and forks workers (gunicorn --preload, multiprocessing's fork) copies the
+    pool's bookkeeping but none of its threads: work handed to that pool in the child would wait forever. The child
+    gets a pool of its own."""
+    import os
+
+    from client.verify import pool
+
+    assert pool().submit(lambda: 1 + 1).result(timeout=10) == 2  # the parent's threads exist now
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if its work ran
+        code = 1
+        try:
+            code = 0 if pool().submit(os.getpid).result(timeout=10) == os.getpid() else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert pool().submit(os.getpid).result(timeout=10) == os.getpid()
