@@ -217,6 +217,8 @@ def main() -> int:
                              # where its check's time went, and the early check's waits (AOTC_CHECK_EARLY)
                              "check_phases": (job.get("check") or {}).get("phases"),
                              "check_early": (job.get("check") or {}).get("early"),
+                             # its `follows` phase: trials, and seconds perturbing, running, and in float64
+                             "check_follows": ((job.get("check") or {}).get("weights") or {}).get("perturbed"),
                              "error": job_error(job, 1000)})
             ok = [r for r in rows if r["state"] == "succeeded"]
             compiles = [r["compile_s"] for r in ok if r["compile_s"] is not None]

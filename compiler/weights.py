@@ -23,6 +23,7 @@ import io
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -471,36 +472,50 @@ def follows(eager: torch.nn.Module, blob: Mapping[str, torch.Tensor], precision:
              and (e := module_tensor(eager, n)) is not None and e.is_floating_point()]
     saved_eager = {n: module_tensor(eager, n).detach().clone() for n in names}  # type: ignore[union-attr]
     saved_blob = {n: blob[n].detach().clone() for n in names}
+    # Where the phase's time goes (the check records it): perturbing and restoring, the two runs, float64's
+    # second opinion where the first judgment failed.
+    spent = {"perturb_s": 0.0, "run_s": 0.0, "float64_s": 0.0}
 
     def judge(expected: Any, actual: Any) -> dict[str, Any]:
         verdict = compare(expected, actual)
         if verdict["ok"] or reference is None:
             return verdict
+        t0 = time.perf_counter()
         try:
             ref = reference(eager)
         except Exception:  # noqa: BLE001 - no float64 run (an op without a float64 kernel): the first judgment stands
             return verdict
+        finally:
+            spent["float64_s"] += time.perf_counter() - t0
         return fp64.second_opinion(verdict, expected, actual, ref, tolerance)
 
     def trial(subset: list[str]) -> dict[str, Any]:
+        t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(1234)
         for n in subset:
             e = module_tensor(eager, n)
             assert e is not None
             _perturb(e, gen)
             blob[n].detach().copy_(e.detach().to(blob[n].dtype))  # the same values, cast as the blob was
+        t1 = time.perf_counter()
+        spent["perturb_s"] += t1 - t0
         try:
-            return judge(*run())
+            both = run()
+            spent["run_s"] += time.perf_counter() - t1
+            return judge(*both)
         finally:
+            t2 = time.perf_counter()
             for n in subset:
                 module_tensor(eager, n).detach().copy_(saved_eager[n])  # type: ignore[union-attr]
                 blob[n].detach().copy_(saved_blob[n])
+            spent["perturb_s"] += time.perf_counter() - t2
 
     with torch.inference_mode():
         first = trial(names)
         if first["ok"]:
             return {"perturbed": len(names), "ok": True, "max_rel_err": first.get("max_rel_err"),
-                    **({"fp64": first["fp64"]} if "fp64" in first else {})}
+                    **({"fp64": first["fp64"]} if "fp64" in first else {}),
+                    "seconds": {k: round(v, 3) for k, v in spent.items()}}
         culprits, runs = names, 1
         while len(culprits) > 1 and runs < 64:
             half = culprits[: len(culprits) // 2]

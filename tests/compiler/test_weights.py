@@ -259,6 +259,10 @@ def test_a_weightless_bf16_compile_passes_the_check_and_follows_its_weights(conv
     w = check["weights"]
     assert w["bound"] == "user_managed" and set(w["package_fqns"]) == set(described)
     assert w["perturbed"]["ok"] and w["perturbed"]["perturbed"] == len(described)
+    # Where the phase's time went, as the farm reads it: the runs took some, and float64 none unless it judged.
+    spent = w["perturbed"]["seconds"]
+    assert set(spent) == {"perturb_s", "run_s", "float64_s"} and spent["run_s"] > 0 and spent["perturb_s"] > 0
+    assert (spent["float64_s"] > 0) == ("fp64" in w["perturbed"])
     # One blob, bound into two loads of the package (two buckets' worth), each following it.
     blob = weights_mod.load(blob_path)
     a, b = (aoti_load_package(result["package"], "cpu", weights=blob) for _ in range(2))
