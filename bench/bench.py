@@ -190,13 +190,7 @@ def _flushed(call: Any, calls: int = 50) -> dict[str, Any]:
         call()
         torch.cuda.synchronize()
         isolated.append((time.perf_counter() - t0) * 1e6)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        call()
-    end.record()
-    torch.cuda.synchronize()
-    back_to_back = start.elapsed_time(end) * 1e3 / calls
+    back_to_back = _per_call_us(call, calls)
     parts = _graph_parts(call, calls)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(PROFILE_CALLS):
@@ -328,24 +322,15 @@ def _graph_parts(call: Any, calls: int) -> dict[str, Any]:
     if runner is None or len(captured) != 1:
         return {}
 
-    def per_call(fn: Any) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) * 1e3 / calls
-
-    graph_only = per_call(captured[0].graph.replay)
+    graph_only = _per_call_us(captured[0].graph.replay, calls)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # a stream of its own, not the legacy default one
-        graph_side = per_call(captured[0].graph.replay)
+        graph_side = _per_call_us(captured[0].graph.replay, calls)
     torch.cuda.current_stream().wait_stream(side)
     runner.clone_outputs = False
     try:
-        no_clone = per_call(call)
+        no_clone = _per_call_us(call, calls)
     finally:
         runner.clone_outputs = True
     return {"graph_replay_only_us": graph_only, "graph_replay_side_stream_us": graph_side,

@@ -501,7 +501,8 @@ class Client:
             art = artifact
         else:
             art, fetched = self._artifact_fetched(artifact)
-        signed = self.verifier.manifest(art.key, art.meta, art.asked, fetched)  # the record agrees: the sha256 is
+        # The record agrees with the signed manifest: its sha256 is signed.
+        signed = self.verifier.manifest(art.key, art.meta, art.asked, fetched)
         cached = self.cache_dir / "artifacts" / f"{art.key}.pt2"
         want = signed.want
         hit = _verified(cached, want, rehash)
