@@ -236,6 +236,20 @@ def _per_call_us(fn: Any, calls: int = 50) -> float:
     return round(start.elapsed_time(end) * 1e3 / calls, 2)
 
 
+def _reduce_overhead_here(name: str, batch: int) -> tuple[Any, tuple[Any, ...]]:
+    """`torch.compile(mode="reduce-overhead")` of the model, built in this process and warmed (its graphs captured):
+    the call, and the inputs it takes."""
+    import torch
+
+    ro, inputs = _build_peer("tc_reduce_overhead", name, batch, {})
+    ro_call = functools.partial(ro, *inputs)
+    with torch.inference_mode():
+        for _ in range(5):
+            ro_call()
+    torch.cuda.synchronize()
+    return ro_call, inputs
+
+
 def _bisect(name: str, batch: int, key: str, url: str, rounds: int = 3) -> dict[str, Any]:
     """BENCH_BISECT=1 (the aot_graphs peer): which step of loading an aotc artifact makes a process's CUDA graphs
     slower. `torch.compile(mode="reduce-overhead")` of the model is built and timed first (back to back, per call),
@@ -245,12 +259,7 @@ def _bisect(name: str, batch: int, key: str, url: str, rounds: int = 3) -> dict[
     is where the process, not the graph, costs time."""
     import torch
 
-    ro, inputs = _build_peer("tc_reduce_overhead", name, batch, {})
-    ro_call = functools.partial(ro, *inputs)
-    with torch.inference_mode():
-        for _ in range(5):
-            ro_call()
-    torch.cuda.synchronize()
+    ro_call, inputs = _reduce_overhead_here(name, batch)
     steps: list[dict[str, Any]] = []
 
     def step(label: str, extra: Any = None) -> None:
@@ -298,10 +307,8 @@ def _same_process(call: Any, name: str, batch: int, calls: int = 50, rounds: int
     `calls` calls. Whether a difference belongs to the graphs or to the processes they ran in."""
     import torch
 
-    ro, inputs = _build_peer("tc_reduce_overhead", name, batch, {})
-    ro_call = functools.partial(ro, *inputs)
+    ro_call, _ = _reduce_overhead_here(name, batch)
     for _ in range(3):
-        ro_call()
         call()
     torch.cuda.synchronize()
 

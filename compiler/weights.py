@@ -177,8 +177,7 @@ def copy_in(path: str | Path, header: weightsfile.Header, device: torch.device, 
     run it."""
     out, flat = _allocate(header, device)
     chunks = plan(header, chunk)
-    lanes = max(1, min(lanes, len(chunks)))
-    size = min(chunk, max((n for _, n, _ in chunks), default=0))
+    lanes, size = _lanes(chunks, lanes, chunk)
     failed: list[BaseException] = []
 
     def lane(j: int, fd: int) -> None:
@@ -204,6 +203,12 @@ def copy_in(path: str | Path, header: weightsfile.Header, device: torch.device, 
     if failed:
         raise failed[0]
     return _restride(header, out, device)
+
+
+def _lanes(chunks: list[tuple[int, int, list[tuple[str, int, int, int]]]], lanes: int, chunk: int) -> tuple[int, int]:
+    """How many lanes `chunks` (`plan`'s) can use, at least one, and the buffer each needs: a chunk, or less where
+    the whole blob is smaller."""
+    return max(1, min(lanes, len(chunks))), min(chunk, max((n for _, n, _ in chunks), default=0))
 
 
 def _allocate(header: weightsfile.Header, device: torch.device
@@ -336,8 +341,8 @@ class Follower:
         self.copied = len(raw)
         out, flat = _allocate(header, self.device)
         chunks = plan(header, self.chunk)
-        size = min(self.chunk, max((m for _, m, _ in chunks), default=0))
-        stages = [_Stage(size, self.device) for _ in range(max(1, min(self.lanes, len(chunks))))]
+        lanes, size = _lanes(chunks, self.lanes, self.chunk)
+        stages = [_Stage(size, self.device) for _ in range(lanes)]
         for k, (at, m, pieces) in enumerate(chunks):
             stage = stages[k % len(stages)]
             stage.free()
