@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PARTS = ("client_s", "verify_s", "pull_s", "bind_s", "weights_s", "load_s", "first_call_s")
+# Within weights_pull_s, where the blob went onto a GPU as it arrived: compiler.weights.Follower.seconds (0 otherwise).
+FOLLOW = ("follow_setup_s", "follow_waiting_s", "follow_reading_s", "follow_buffers_s")
 
 
 def child(url: str, key: str, device: str, graphs: bool, cache: str) -> dict[str, Any]:
@@ -78,6 +80,8 @@ def child(url: str, key: str, device: str, graphs: bool, cache: str) -> dict[str
     out.update({p: timings.get(p, 0.0) for p in PARTS})  # weights_s: 0 for a package that carries its weights
     out["weights_pull_s"] = timings.get("weights_pull_s", 0.0)  # within weights_s: the blob's download and hash
     out["weights_load_s"] = timings.get("weights_load_s", 0.0)  # within weights_s: the blob onto the device
+    # Within the blob's pull, where it went onto the GPU as it arrived (compiler.weights.Follower.seconds).
+    out.update({k: v for k, v in timings.items() if k.startswith("follow_")})
     out["ttfi_s"] = sum(out[p] for p in PARTS)
     out["size_bytes"] = int(art.meta.get("size") or 0)
     return out
@@ -242,7 +246,7 @@ def main() -> None:
                                "size_mb": round(ok[0]["size_bytes"] / 1e6, 1) if ok else None,
                                "client_bytecode": all(g.get("client_bytecode") for g in ok) if ok else None}
         for part in ("import_s", "client_import_s", "client_record_s", *PARTS, "weights_pull_s", "weights_load_s",
-                     "ttfi_s", "wall_s"):
+                     *FOLLOW, "ttfi_s", "wall_s"):
             row[part] = round(statistics.median(g.get(part, 0.0) for g in ok), 4) if ok else None
         if not ok:
             row["error"] = got[-1]["error"]

@@ -897,6 +897,8 @@ class Client:
         if timings is not None:
             timings["weights_pull_s"] = t1 - t0
             timings["weights_load_s"] = time.perf_counter() - t1
+            if follower is not None:  # within the pull: where the copy as it arrived spent its time
+                timings.update({f"follow_{k}": v for k, v in follower.seconds.items()})
         return found
 
     def workers(self) -> list[dict[str, Any]]:

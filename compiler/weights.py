@@ -17,6 +17,7 @@ they change eager's.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import io
@@ -297,7 +298,11 @@ class Follower:
         self.algorithm, self.digest, self.constants = algorithm, digest, constants
         self.lanes, self.chunk = lanes, chunk
         self.reason: str | None = None
-        self.copied = 0  # bytes of the blob read, hashed and on their way to the device so far
+        self.copied = 0  # bytes read and on their way to the device so far (hashed: up to `lanes` chunks fewer)
+        # Where its time went: until its buffers were ready (the header, the tensors and pinned buffers allocated: a
+        # process's first CUDA call among them), waiting for bytes, reading them (and queuing their copies), and
+        # waiting for a buffer to be free again (its hash done, its copies gone).
+        self.seconds = {"setup_s": 0.0, "waiting_s": 0.0, "reading_s": 0.0, "buffers_s": 0.0}
         self._pulled = threading.Event()
         self._seen = 0
         self._out: dict[str, torch.Tensor] | None = None
@@ -320,7 +325,7 @@ class Follower:
             self.reason = str(e)
             return
         try:
-            self._out = self._follow(fd, digests.new(self.algorithm))
+            self._out = self._follow(fd, digests.new(self.algorithm, threads=True))
         except _GaveUp as e:
             self.reason = str(e)
         except Exception as e:  # noqa: BLE001 - the verified file is loaded instead; the reason is kept
@@ -329,6 +334,7 @@ class Follower:
             os.close(fd)
 
     def _follow(self, fd: int, hasher: Any) -> dict[str, torch.Tensor]:
+        t0 = time.perf_counter()
         head = self._pread(fd, 0, 8)
         n = int.from_bytes(head, "little")
         if n > weightsfile.header_cap() or 8 + n > self.size:
@@ -343,13 +349,29 @@ class Follower:
         chunks = plan(header, self.chunk)
         lanes, size = _lanes(chunks, self.lanes, self.chunk)
         stages = [_Stage(size, self.device) for _ in range(lanes)]
-        for k, (at, m, pieces) in enumerate(chunks):
-            stage = stages[k % len(stages)]
-            stage.free()
-            self._wait(fd, at + m)
-            hasher.update(stage.read(fd, at, m, self.part))
-            stage.send(pieces, flat)
-            self.copied = at + m
+        # The hash trails the reads by up to `lanes` chunks on a thread of its own (in order: one worker), so that
+        # reading the next chunk overlaps hashing this one; a buffer is read into again only once it is hashed and
+        # its copies have left it.
+        hashed: list[concurrent.futures.Future[Any] | None] = [None] * lanes
+        seconds = self.seconds
+        seconds["setup_s"] = (t1 := time.perf_counter()) - t0
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aotc-weights-hash") as hashing:
+            for k, (at, m, pieces) in enumerate(chunks):
+                stage, pending = stages[k % lanes], hashed[k % lanes]
+                if pending is not None:
+                    pending.result()
+                stage.free()
+                seconds["buffers_s"] += (t2 := time.perf_counter()) - t1
+                self._wait(fd, at + m)
+                seconds["waiting_s"] += (t3 := time.perf_counter()) - t2
+                hashed[k % lanes] = hashing.submit(hasher.update, stage.read(fd, at, m, self.part))
+                stage.send(pieces, flat)
+                self.copied = at + m
+                seconds["reading_s"] += (t1 := time.perf_counter()) - t3
+            for pending in hashed:
+                if pending is not None:
+                    pending.result()
+            seconds["buffers_s"] += time.perf_counter() - t1
         for stage in stages:
             stage.drain()
         if hasher.hexdigest() != self.digest:
@@ -450,19 +472,22 @@ def _perturb(t: torch.Tensor, gen: torch.Generator) -> None:
     mean; a tensor of one sign (a variance, a norm's scale) moves away from zero and keeps its sign. A move of one
     sign for every element of a matrix would add a large rank-one part to its outputs, which the next norm subtracts
     again: in bf16 that cancellation alone put eager 10 % from float64 on GPT-2 (6 % on a ViT), past the 5 % the
-    comparison allows."""
-    x = t.detach().float().cpu()
+    comparison allows.
+
+    On the tensor's own device, by `gen` (a generator of that device): on a GPU the check's perturbation was 7-34 s
+    of CPU random numbers a model (110 M weights) in a farm of six, against milliseconds there."""
+    x = t.detach().float()
     scale = float(x.abs().mean()) or 1.0
-    u = torch.rand(x.shape, generator=gen) * 0.5 + 0.75
-    v = torch.rand(x.shape, generator=gen) * 0.25 * scale
-    sign = torch.where(torch.rand(x.shape, generator=gen) < 0.5, -1.0, 1.0)
+    u = torch.rand(x.shape, generator=gen, device=x.device) * 0.5 + 0.75
+    # Uniform on (-1, 1): its sign is the move's direction and its magnitude, uniform on (0, 1), the move's size.
+    v = torch.rand(x.shape, generator=gen, device=x.device) * 2 - 1
     if not x.any():
         pass  # all zeros (a bias as initialised): no sign to keep
     elif bool((x >= 0).all()):
-        sign = torch.ones_like(x)
+        v = v.abs()
     elif bool((x <= 0).all()):
-        sign = -torch.ones_like(x)
-    t.detach().copy_((x * u + sign * v).to(t.device).to(t.dtype))
+        v = -v.abs()
+    t.detach().copy_((x * u + v * (0.25 * scale)).to(t.dtype))
 
 
 def follows(eager: torch.nn.Module, blob: Mapping[str, torch.Tensor], precision: str,
@@ -496,11 +521,13 @@ def follows(eager: torch.nn.Module, blob: Mapping[str, torch.Tensor], precision:
 
     def trial(subset: list[str]) -> dict[str, Any]:
         t0 = time.perf_counter()
-        gen = torch.Generator().manual_seed(1234)
+        gens: dict[torch.device, torch.Generator] = {}  # one per device, seeded alike in every trial
         for n in subset:
             e = module_tensor(eager, n)
             assert e is not None
-            _perturb(e, gen)
+            if e.device not in gens:
+                gens[e.device] = torch.Generator(e.device).manual_seed(1234)
+            _perturb(e, gens[e.device])
             blob[n].detach().copy_(e.detach().to(blob[n].dtype))  # the same values, cast as the blob was
         t1 = time.perf_counter()
         spent["perturb_s"] += t1 - t0

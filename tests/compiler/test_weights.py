@@ -146,12 +146,19 @@ def test_a_follower_copies_a_blob_as_it_arrives_and_only_the_signed_bytes(tmp_pa
     path = _odd_blob(tmp_path)
     src = path.read_bytes()
     part = tmp_path / "arriving.part"
+    t0 = time.perf_counter()
     follower = weights_mod.Follower(part, torch.device("cpu"), **_signed(path), lanes=3, chunk=64)
     time.sleep(0.01)  # it waits for the file to appear
     _write_slowly(src, part, pieces=40).join()
     follower.pulled()
     got = follower.result()
+    wall = time.perf_counter() - t0
     assert got is not None, follower.reason
+    # Where its time went: most of it waiting for the slow writes (40 of them, 3 ms apart), all of it within the wall.
+    seconds = follower.seconds
+    assert set(seconds) == {"setup_s", "waiting_s", "reading_s", "buffers_s"}
+    assert seconds["setup_s"] > 0 and seconds["reading_s"] > 0 and seconds["waiting_s"] > 0.05
+    assert sum(seconds.values()) <= wall
     mapped = weights_mod.load(path)
     for k, v in mapped.items():
         assert (got[k].dtype, got[k].shape, got[k].stride()) == (v.dtype, v.shape, v.stride())
