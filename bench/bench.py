@@ -293,6 +293,18 @@ def _bisect(name: str, batch: int, key: str, url: str, rounds: int = 3) -> dict[
             plain(*inputs)
         torch.cuda.synchronize()
         step("the package loaded plainly (its weights onto the device as they arrived)")
+        # c53 (2026-12-01) put the slowdown at the single-threaded package's run on a side stream: a second run of a
+        # package, or any kernel on a second stream?
+        with torch.inference_mode():
+            for _ in range(2):
+                plain(*inputs)
+        torch.cuda.synchronize()
+        step("the plain package run twice more (on the current stream)")
+        other = torch.cuda.Stream()
+        with torch.cuda.stream(other):
+            torch.ones(1024, device="cuda:0").add_(1)
+        torch.cuda.synchronize()
+        step("one small kernel on a stream of its own")
         # The graphed load, step by step (client/graphs.py, compiler/cudagraphs.py `_capture_now`): the second
         # package in single-threaded mode, its plain run on a side stream, the allocator's cache emptied, the capture.
         graphed = c.load(art, device="cuda:0", cuda_graphs=True)

@@ -5,7 +5,9 @@ and allocates through torch's caching allocator, so `torch.cuda.graph` can captu
 input's shape and dtype):
 
 - static input buffers are allocated on the device; every call copies its inputs into them;
-- the package runs twice on a side stream first (lazy kernel loads, cuBLAS handles and workspaces);
+- the package runs twice first (lazy kernel loads, cuBLAS handles and workspaces), on the current stream: a
+  process whose kernels ran on a second stream replayed every CUDA graph slower on an H200, its own and
+  `torch.compile`'s alike (BERT-base at batch 1: 584 against 540 us a call; bench/README.md);
 - one run is captured into a private memory pool; the tensors it returns are the static outputs;
 - a call copies in, replays, and returns clones of the static outputs (or the static outputs themselves with
   `clone_outputs=False`: views that the next replay of the same signature overwrites).
@@ -116,13 +118,9 @@ class GraphRunner:
         inputs = [torch.empty_like(t, device=dev) for t in flat]
         for dst, src in zip(inputs, flat, strict=True):
             dst.copy_(src)
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            for _ in range(self.warmup_runs):
-                out = self.run_flat(list(inputs))
-            del out
-        torch.cuda.current_stream(dev).wait_stream(side)
+        for _ in range(self.warmup_runs):
+            out = self.run_flat(list(inputs))
+        del out
         torch.cuda.synchronize(dev)
         # torch.cuda.graph empties the allocator's cache as it starts; empty it first, so that the difference in
         # reserved memory across the capture is the graph's own pool, not the cache it released.
