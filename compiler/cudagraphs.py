@@ -5,9 +5,10 @@ and allocates through torch's caching allocator, so `torch.cuda.graph` can captu
 input's shape and dtype):
 
 - static input buffers are allocated on the device; every call copies its inputs into them;
-- the package runs twice first (lazy kernel loads, cuBLAS handles and workspaces), on the current stream: a
-  process whose kernels ran on a second stream replayed every CUDA graph slower on an H200, its own and
-  `torch.compile`'s alike (BERT-base at batch 1: 584 against 540 us a call; bench/README.md);
+- the package runs twice first (lazy kernel loads, cuBLAS handles and workspaces), on the current stream: once a
+  process has run one kernel on a second stream, every CUDA graph it replays is slower on an H200, its own and
+  `torch.compile`'s alike (BERT-base at batch 1: 589 against 547 us a call after a single small kernel on a
+  stream of its own; the warm-up on a side stream was aotc's 9 % behind `reduce-overhead`; bench/README.md);
 - one run is captured into a private memory pool; the tensors it returns are the static outputs;
 - a call copies in, replays, and returns clones of the static outputs (or the static outputs themselves with
   `clone_outputs=False`: views that the next replay of the same signature overwrites).

@@ -91,6 +91,26 @@ def test_the_loader_captures_static_artifacts_and_runs_dynamic_ones_plainly_sayi
     assert any(not r["graph"] and "not the artifact's static shapes" in r["reason"] for r in static.stats())
 
 
+def test_the_warm_up_before_a_capture_runs_its_kernels_on_the_callers_stream():
+    """No kernel of a capture's warm-up runs on a stream of its own: once a process had run one kernel on a second
+    stream, every CUDA graph it replayed was slower on an H200, aotc's and torch.compile's alike (BERT-base at batch
+    1, 589 against 547 us a call; bench/README.md). The warm-up's runs see the caller's stream; the captured one
+    sees the capture's."""
+    seen: list[tuple[int, bool]] = []
+
+    def run_flat(flat: list[torch.Tensor]) -> list[torch.Tensor]:
+        seen.append((torch.cuda.current_stream().stream_id, torch.cuda.is_current_stream_capturing()))
+        return [flat[0] * 2]
+
+    runner = GraphRunner(run_flat, torch.device("cuda:0"))
+    caller = torch.cuda.current_stream().stream_id
+    (out,) = runner([torch.ones(4, device="cuda")])
+    assert runner.last == "graph" and torch.equal(out, torch.full((4,), 2.0, device="cuda"))
+    warm_up = [stream for stream, capturing in seen if not capturing]
+    assert len(warm_up) == runner.warmup_runs and set(warm_up) == {caller}, (seen, caller)
+    assert [capturing for _, capturing in seen].count(True) == 1
+
+
 def test_a_failed_capture_falls_back_to_the_plain_run_with_the_reason(dynamic_mlp):
     model, package, _ = dynamic_mlp
     pkg = load_for_graphs(package, "cuda:0")
