@@ -112,9 +112,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ours = [route for router in routers for route in router.routes]
     app.router.routes.insert(0, MethodGate(ours, literal=True))
     app.router.routes.append(MethodGate(ours, literal=False))
-    # The deploy-time lookup, first: it skips FastAPI's per-request solving and hands the rest of its requests
-    # on to the FastAPI route (service/api/lookup.py).
-    app.router.routes.insert(0, FastLookup())
+    # The deploy-time lookup and pick, first: they skip FastAPI's per-request solving and hand the rest of their
+    # requests on to the FastAPI routes (service/api/lookup.py PlainGet).
+    app.router.routes[:0] = [FastLookup(), names.FastPick()]
     app.include_router(ui.router)  # the web console at /ui (service/ui): after the API's routes, so they match first
     openapi.install(app, settings)
     app.add_middleware(CountRequests)  # cache hits and misses, bytes served: /metrics

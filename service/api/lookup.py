@@ -165,27 +165,37 @@ _MODEL_ID = re.compile(schemas.MODEL_ID)
 _TARGET = re.compile(schemas.TARGET)
 _SHAPE_ARG = re.compile(schemas.SHAPE_ARG)
 _MODES = frozenset(get_args(Mode))
-_BOOLS = {"true": True, "false": False, "1": True, "0": False}  # a subset of what the route reads as a bool
-_SCALARS = ("model_id", "target", "mode", "graphs", "allow_unverified")
+BOOLS = {"true": True, "false": False, "1": True, "0": False}  # a subset of what a route reads as a bool
+_SCALARS = frozenset({"model_id", "target", "mode", "graphs", "allow_unverified"})
 _JSON = [(b"content-type", b"application/json")]
 
 
-class FastLookup(BaseRoute):
-    """GET /v1/artifacts/lookup without FastAPI's per-request dependency and parameter solving, which was about
-    43 % of a lookup's time (bench/README.md): a plain route placed before every other (app.py).
+class PlainGet(BaseRoute):
+    """A GET route served without FastAPI's per-request dependency and parameter solving, which was about 43 % of a
+    lookup's time (bench/README.md): a plain Starlette route placed before every other (app.py), in front of the
+    FastAPI route of the same path, which stays the one OpenAPI documents.
 
-    It answers only a request that the FastAPI route would answer the same way: a GET whose parameters are all
-    within the route's declared grammar (checked here with the same patterns and limits, on ASCII only, with
-    `fullmatch`, which is never looser than the route's validator), with at most one of each scalar, and a key
-    that `Keyring` knows with scope pull or more (or the open server's loopback caller). Everything else (a value
-    outside the grammar, a second `model_id`, no key, a revoked one, scope short) is routed again past this route,
-    to the FastAPI route itself, so every 401, 403 and 422 is the route's, word for word, and the OpenAPI (made
-    from that route) stays true. What follows the checks is the route's own code: `own_model_id` (tenancy: another
-    namespace's model answers 404) and `lookup_answer`; their errors reach the app's handlers as the route's do."""
+    It answers only a request that the FastAPI route would answer the same way: one whose parameters are all within
+    the route's declared grammar (`parse`: the same patterns and limits, on ASCII only, with `fullmatch`, which is
+    never looser than the route's validator; at most one of each scalar), from a key that `Keyring` knows with scope
+    pull or more (or the open server's loopback caller). Everything else (a value outside the grammar, a second
+    scalar, no key, a revoked one, scope short) is routed again past this route, to the FastAPI route itself, so
+    every 401, 403 and 422 is the route's, word for word. `answer` runs the route's own code; its errors reach the
+    app's handlers as the route's do."""
+
+    def path_matches(self, path: str) -> bool:
+        raise NotImplementedError
+
+    def parse(self, scope: Scope) -> Any:
+        """The request's parameters if every one is within the route's grammar, else None (the route answers)."""
+        raise NotImplementedError
+
+    async def answer(self, scope: Scope, who: Principal, parsed: Any) -> bytes:
+        raise NotImplementedError
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        if (scope["type"] == "http" and scope["path"] == PATH and scope["method"] == "GET"
-                and _PASSED not in scope):
+        if (scope["type"] == "http" and scope["method"] == "GET" and _PASSED not in scope
+                and self.path_matches(scope["path"])):
             return Match.FULL, {}
         return Match.NONE, {}
 
@@ -193,32 +203,48 @@ class FastLookup(BaseRoute):
         raise NoMatchFound(name, path_params)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        query = _query(scope["query_string"])
-        who = await _caller(scope) if query is not None else None
-        if query is None or who is None:
-            scope[_PASSED] = True  # this route no longer matches: the router finds the FastAPI route
+        parsed = self.parse(scope)
+        who = await _caller(scope) if parsed is not None else None
+        if parsed is None or who is None:
+            scope[_PASSED] = True  # no plain route matches it now: the router finds the FastAPI route
             await scope["router"](scope, receive, send)
             return
-        model_id, target, shape, mode, graphs, unverified = query
-        model_id = await own_model_id(Request(scope), who, model_id)
-        body = await lookup_answer(scope["app"].state.reads, model_id, target, shape, mode, graphs, unverified)
+        body = await self.answer(scope, who, parsed)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-length", str(len(body)).encode()), *_JSON]})
         await send({"type": "http.response.body", "body": body})
 
 
+class FastLookup(PlainGet):
+    """GET /v1/artifacts/lookup as a PlainGet: `own_model_id` (tenancy: another namespace's model answers 404), then
+    `lookup_answer`."""
+
+    def path_matches(self, path: str) -> bool:
+        return path == PATH
+
+    def parse(self, scope: Scope) -> Query | None:
+        return _query(scope["query_string"])
+
+    async def answer(self, scope: Scope, who: Principal, parsed: Query) -> bytes:
+        model_id, target, shape, mode, graphs, unverified = parsed
+        model_id = await own_model_id(Request(scope), who, model_id)
+        return await lookup_answer(scope["app"].state.reads, model_id, target, shape, mode, graphs, unverified)
+
+
 PATH = "/v1/artifacts/lookup"
-_PASSED = "aotc.fast_lookup_passed"
+_PASSED = "aotc.plain_get_passed"
 
 
 Query = tuple[str, str, list[str], str | None, bool, bool]
 
 
-def _query(raw: bytes) -> Query | None:
-    """The lookup's parameters if every one is within the route's grammar, else None (the route answers)."""
+def query_params(raw: bytes, scalars: frozenset[str]) -> tuple[dict[str, str], list[str]] | None:
+    """A query string's `scalars` (at most one of each) and its `shape` arguments (each within SHAPE_ARG, at most
+    MAX_SHAPE_ARGS), read as Starlette reads them (its QueryParams: names the route does not declare are ignored,
+    as there); None where a value is not ASCII, a shape argument is outside its grammar, or a scalar comes twice
+    (which of two the route takes is its business)."""
     values: dict[str, str] = {}
     shape: list[str] = []
-    # As Starlette reads a query string (its QueryParams); names it does not declare are ignored, as there.
     for name, value in parse_qsl(raw.decode("latin-1"), keep_blank_values=True):
         if not value.isascii():
             return None
@@ -226,16 +252,24 @@ def _query(raw: bytes) -> Query | None:
             if len(value) > schemas.MAX_SHAPE_ARG or not _SHAPE_ARG.fullmatch(value):
                 return None
             shape.append(value)
-        elif name in _SCALARS:
-            if name in values:  # which of two the route takes is its business
+        elif name in scalars:
+            if name in values:
                 return None
             values[name] = value
+    return (values, shape) if len(shape) <= schemas.MAX_SHAPE_ARGS else None
+
+
+def _query(raw: bytes) -> Query | None:
+    """The lookup's parameters if every one is within the route's grammar, else None (the route answers)."""
+    if (got := query_params(raw, _SCALARS)) is None:
+        return None
+    values, shape = got
     model_id, target = values.get("model_id"), values.get("target", "cpu")
-    mode, graphs = values.get("mode"), _BOOLS.get(values.get("graphs", "false"))
-    unverified = _BOOLS.get(values.get("allow_unverified", "false"))
+    mode, graphs = values.get("mode"), BOOLS.get(values.get("graphs", "false"))
+    unverified = BOOLS.get(values.get("allow_unverified", "false"))
     if (model_id is None or not _MODEL_ID.fullmatch(model_id) or len(target) > schemas.MAX_TARGET
-            or not _TARGET.fullmatch(target) or len(shape) > schemas.MAX_SHAPE_ARGS
-            or (mode is not None and mode not in _MODES) or graphs is None or unverified is None):
+            or not _TARGET.fullmatch(target) or (mode is not None and mode not in _MODES) or graphs is None
+            or unverified is None):
         return None
     return model_id, target, shape, mode, graphs, unverified
 

@@ -9,10 +9,12 @@ own namespace too), so another namespace's name answers exactly as a missing one
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import StringConstraints
+from starlette.types import Scope
 
 from compiler import refs
 from compiler import shapes as specs
@@ -22,6 +24,7 @@ from compiler.targets import Target
 from service.api.auth import Compile, Principal, Pull, needs
 from service.api.cache import Found, Reads, digest, render
 from service.api.deps import SettingsDep, StoreDep, find_model, resolve_model
+from service.api.lookup import BOOLS, PlainGet, query_params
 from service.api.pick import pick
 from service.api.schemas import (
     CONCRETE_TARGET,
@@ -60,6 +63,7 @@ VersionPath = Annotated[str, Path(pattern=r"^[1-9][0-9]{0,8}$", max_length=9, de
 RefPath = Annotated[str, Path(max_length=2 * REG_WORD_MAX + 1, pattern=REF, description="NAME, NAME:TAG or "
                               "NAME@VERSION (NAME is NAME:latest).")]
 _SETTING = "AOTC_MAX_REGISTRY_NAME_CHARS"
+TORCH_VERSION = r"^[0-9A-Za-z.+_-]+$"  # a host's torch version, as the pick reads it
 MAX_REF_HINTS = 100_000  # (namespace, reference) -> model id hints kept per API process; then they start over
 
 
@@ -255,7 +259,7 @@ async def pick_artifact(
     shape: Annotated[list[Annotated[str, StringConstraints(max_length=MAX_SHAPE_ARG, pattern=SHAPE_ARG)]], Query(
         default_factory=list, max_length=MAX_SHAPE_ARGS, description="NAME=SHAPE per input, as in lookup; none: any "
         "shapes")],
-    torch: Annotated[str | None, Query(max_length=64, pattern=r"^[0-9A-Za-z.+_-]+$",
+    torch: Annotated[str | None, Query(max_length=64, pattern=TORCH_VERSION,
                                        description="The host's torch version: others are rejected")] = None,
     allow_unverified: Annotated[bool, Query(description="A package built for its target but not yet run on it "
                                             "(on_target.state unverified) may be picked, after any that ran on "
@@ -266,6 +270,14 @@ async def pick_artifact(
     """The artifact of a reference's model for this host: the exact target first, then a compatible one (a lower
     ISA level), with the reason, and why every other candidate lost (target, toolchain, shapes). 404 when none
     fits, listing each candidate and why."""
+    # The fleet's hot path: FastPick below answers most of these requests without FastAPI's solving.
+    body = await _pick_answer(request, settings, who, ref, host, shape, torch, allow_unverified, training)
+    return Response(body, media_type="application/json")
+
+
+async def _pick_answer(request: Request, settings: Settings, who: Principal, ref: str, host: str, shape: list[str],
+                       torch: str | None, allow_unverified: bool, training: bool) -> bytes:
+    """GET /v1/refs/{ref}/pick's JSON body (the route's and FastPick's); NotFound when nothing fits."""
     wanted = _ref(settings, ref)
     target = Target.parse(host)
     reads: Reads = request.app.state.reads
@@ -276,7 +288,7 @@ async def pick_artifact(
     query = ("pick", str(wanted), found.model_id, str(target), tuple(shape), torch, allow_unverified, training)
     fingerprint = digest(*raw_version, found.fingerprint.hex())
     if (body := reads.answers.get(query, fingerprint)) is not None:
-        return Response(body, media_type="application/json")
+        return body
     version = Version.from_raw(wanted.name, raw_version[0], raw_version[1],
                                raw_version[2:] + ([refs.LATEST] if wanted.tag == refs.LATEST else []))
     spec = specs.canonical_spec(found.model["inputs"], specs.parse_shape_args(shape)) if shape else None
@@ -300,4 +312,49 @@ async def pick_artifact(
     answer = {"ref": str(wanted), "version": version.to_json(), "host": str(target), "key": a["key"],
               "target": str(Target.parse(a["factors"]["target"])), "match": picked.match, "reason": picked.reason,
               "rejected": picked.rejected}
-    return Response(reads.answers.put(query, fingerprint, render(Pick, answer)), media_type="application/json")
+    return reads.answers.put(query, fingerprint, render(Pick, answer))
+
+
+_PICK = re.compile(r"/v1/refs/([^/]+)/pick")
+_REF = re.compile(REF)
+_CONCRETE_TARGET = re.compile(CONCRETE_TARGET)
+_TORCH = re.compile(TORCH_VERSION)
+_PICK_SCALARS = frozenset({"host", "torch", "allow_unverified", "training"})
+PickQuery = tuple[str, str, list[str], str | None, bool, bool]
+
+
+class FastPick(PlainGet):
+    """GET /v1/refs/{ref}/pick (a fleet's start-up and every deploy) as a PlainGet (service/api/lookup.py): the
+    route's own `_pick_answer` for a request within its grammar from a key that may pull, and the FastAPI route
+    for every other. A name or tag longer than this server's AOTC_MAX_REGISTRY_NAME_CHARS gets the route's 422 from
+    `_ref`, as there."""
+
+    def path_matches(self, path: str) -> bool:
+        return _PICK.fullmatch(path) is not None
+
+    def parse(self, scope: Scope) -> PickQuery | None:
+        return _pick_query(scope["path"], scope["query_string"])
+
+    async def answer(self, scope: Scope, who: Principal, parsed: PickQuery) -> bytes:
+        request = Request(scope)
+        return await _pick_answer(request, request.app.state.settings, who, *parsed)
+
+
+def _pick_query(path: str, raw: bytes) -> PickQuery | None:
+    """The pick's reference and parameters if every one is within the route's grammar, else None (the route
+    answers)."""
+    found = _PICK.fullmatch(path)
+    ref = found.group(1) if found else ""
+    if not ref.isascii() or len(ref) > 2 * REG_WORD_MAX + 1 or not _REF.fullmatch(ref):
+        return None
+    if (got := query_params(raw, _PICK_SCALARS)) is None:
+        return None
+    values, shape = got
+    host, torch = values.get("host"), values.get("torch")
+    unverified = BOOLS.get(values.get("allow_unverified", "false"))
+    training = BOOLS.get(values.get("training", "false"))
+    if (host is None or len(host) > MAX_TARGET or not _CONCRETE_TARGET.fullmatch(host)
+            or (torch is not None and (len(torch) > 64 or not _TORCH.fullmatch(torch)))
+            or unverified is None or training is None):
+        return None
+    return ref, host, shape, torch, unverified, training
