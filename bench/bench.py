@@ -257,15 +257,25 @@ def _bisect(name: str, batch: int, key: str, url: str, rounds: int = 3) -> dict[
     then timed again after each step a serving process takes to load the artifact: the client imported, pinned
     buffers and streams as the weights' copy uses, the package loaded plainly (its weights blob pulled onto the device
     as it arrives), then loaded for CUDA graphs and captured. The step after which reduce-overhead's figure moves
-    is where the process, not the graph, costs time."""
+    is where the process, not the graph, costs time. The model in eager is timed beside it at every step, and the
+    plain package from its load on: whether what slows graphs (a kernel on a second stream, 2026-12-01) slows
+    kernels launched one by one too."""
     import torch
 
     ro_call, inputs = _reduce_overhead_here(name, batch)
+    eager, eager_inputs = _build_peer("eager", name, batch, {})
+    eager_call = functools.partial(eager, *eager_inputs)
+    with torch.inference_mode():
+        eager_call()
     steps: list[dict[str, Any]] = []
+    plain_call: Any = None
 
     def step(label: str, extra: Any = None) -> None:
         with torch.inference_mode():
-            row: dict[str, Any] = {"step": label, "reduce_overhead_us": [_per_call_us(ro_call) for _ in range(rounds)]}
+            row: dict[str, Any] = {"step": label, "reduce_overhead_us": [_per_call_us(ro_call) for _ in range(rounds)],
+                                   "eager_us": [_per_call_us(eager_call, 20) for _ in range(rounds)]}
+            if plain_call is not None:
+                row["aot_plain_us"] = [_per_call_us(plain_call) for _ in range(rounds)]
             if extra is not None:
                 row["aot_graphs_us"] = [_per_call_us(extra) for _ in range(rounds)]
         steps.append(row)
@@ -292,6 +302,7 @@ def _bisect(name: str, batch: int, key: str, url: str, rounds: int = 3) -> dict[
         with torch.inference_mode():
             plain(*inputs)
         torch.cuda.synchronize()
+        plain_call = functools.partial(plain, *inputs)
         step("the package loaded plainly (its weights onto the device as they arrived)")
         # c53 (2026-12-01) put the slowdown at the single-threaded package's run on a side stream: a second run of a
         # package, or any kernel on a second stream?
