@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from compiler import cachekey
 from service.store import Store
 from service.store.embedded import EmbeddedRedis, free_port
 from service.store.redis_url import with_password_file
@@ -32,6 +33,27 @@ ADMIN_KEY = "aotc-test-admin-key-3f9c2a7d51e04b68"
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 # httpx's module-level calls, with the admin key: `api.get(url)` where a test would write `httpx.get(url)`.
 api = httpx.Client(headers=AUTH, timeout=5.0)
+
+
+def new_key(url: str, scope: str, ns: str, name: str) -> str:
+    """A new API key of `scope` in namespace `ns`, made with the admin key."""
+    r = api.post(f"{url}/v1/keys", json={"scope": scope, "namespace": ns, "name": name})
+    assert r.status_code == 201, r.text
+    return str(r.json()["key"])
+
+
+def publish(store: Store, tmp: Path, model_id: str, spec: list[dict[str, Any]], target: str, *, torch: str,
+            options: dict[str, Any] | None = None, **record: Any) -> str:
+    """An artifact of `model_id` stored as a worker stores one (its package a few bytes: nothing runs it), with
+    `record`'s fields besides; its key."""
+    options = options if options is not None else {}
+    factors = cachekey.factors(model_id, spec, target, {"torch": torch}, options)
+    key = cachekey.cache_key(factors)
+    package = tmp / f"{key}.pt2"
+    package.write_bytes(b"package " + key.encode())
+    store.artifacts.put({"key": key, "factors": factors, "model_id": model_id, "target": target, "spec": spec,
+                         "options": options, **record}, package)
+    return key
 
 
 def _worker_env(env: dict[str, str], **extra: str) -> dict[str, str]:

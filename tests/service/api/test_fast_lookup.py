@@ -15,8 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from compiler import cachekey
-from procs import api
+from procs import api, new_key, publish
 from service.api.lookup import _query
 from service.store import Store
 
@@ -26,21 +25,13 @@ DYNAMIC = [{"name": "x", "dtype": "float32", "shape": [{"min": 1, "max": 32}, 4]
 
 
 def _publish(store: Store, tmp: Path, model_id: str, spec: list, mode: str) -> str:
-    options = {"mode": mode}
-    factors = cachekey.factors(model_id, spec, TARGET, {"torch": "test"}, options)
-    key = cachekey.cache_key(factors)
-    package = tmp / f"{key}.pt2"
-    package.write_bytes(b"package " + key.encode())
-    store.artifacts.put({"key": key, "factors": factors, "model_id": model_id, "target": TARGET, "spec": spec,
-                         "options": options, "worker": {"device_name": "Test CPU"},
-                         "check": {"passed": True, "compiled_ms": 1.0}}, package)
-    return key
+    return publish(store, tmp, model_id, spec, TARGET, torch="test", options={"mode": mode},
+                   worker={"device_name": "Test CPU"}, check={"passed": True, "compiled_ms": 1.0})
 
 
 def _key(url: str, scope: str, ns: str) -> httpx.Client:
-    r = api.post(f"{url}/v1/keys", json={"scope": scope, "namespace": ns, "name": "fast lookup"})
-    assert r.status_code == 201, r.text
-    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {r.json()['key']}"}, timeout=10)
+    key = new_key(url, scope, ns, "fast lookup")
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=10)
 
 
 @pytest.fixture(scope="module")

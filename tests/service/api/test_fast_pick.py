@@ -16,8 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from compiler import cachekey
-from procs import api
+from procs import api, new_key, publish
 from service.api.routes.names import _pick_query
 from service.store import Store
 
@@ -25,20 +24,12 @@ INPUTS = [{"name": "x", "dtype": "float32", "shape": [{"symbol": "s0", "min": 1,
 
 
 def _publish(store: Store, tmp: Path, model_id: str, target: str, shape: list[Any], torch: str = "2.13.0") -> str:
-    spec = [{"name": "x", "dtype": "float32", "shape": shape}]
-    factors = cachekey.factors(model_id, spec, target, {"torch": torch}, {})
-    key = cachekey.cache_key(factors)
-    package = tmp / f"{key}.pt2"
-    package.write_bytes(b"package " + key.encode())
-    store.artifacts.put({"key": key, "factors": factors, "model_id": model_id, "target": target, "spec": spec,
-                         "options": {}}, package)
-    return key
+    return publish(store, tmp, model_id, [{"name": "x", "dtype": "float32", "shape": shape}], target, torch=torch)
 
 
 def _key(url: str, scope: str, ns: str) -> httpx.Client:
-    r = api.post(f"{url}/v1/keys", json={"scope": scope, "namespace": ns, "name": "fast pick"})
-    assert r.status_code == 201, r.text
-    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {r.json()['key']}"}, timeout=10)
+    key = new_key(url, scope, ns, "fast pick")
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=10)
 
 
 @pytest.fixture(scope="module")

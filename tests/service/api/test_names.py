@@ -16,8 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from compiler import cachekey
-from procs import api
+from procs import api, new_key, publish
 from service.store import Store
 
 RUN = uuid.uuid4().hex[:6]
@@ -30,9 +29,7 @@ def _bearer(key: str) -> dict[str, str]:
 
 
 def _key(url: str, scope: str, ns: str) -> str:
-    r = api.post(f"{url}/v1/keys", json={"scope": scope, "namespace": ns, "name": f"names {scope}"})
-    assert r.status_code == 201, r.text
-    return str(r.json()["key"])
+    return new_key(url, scope, ns, f"names {scope}")
 
 
 def _model(store: Store, *namespaces: str) -> str:
@@ -315,14 +312,7 @@ def test_all_expands_to_every_served_target_within_the_limit(fake_workers):
 
 
 def _publish(store: Store, tmp_path, model_id: str, target: str, shape: list[Any], torch: str = "2.13.0") -> str:
-    spec = [{"name": "x", "dtype": "float32", "shape": shape}]
-    factors = cachekey.factors(model_id, spec, target, {"torch": torch}, {})
-    key = cachekey.cache_key(factors)
-    package = tmp_path / f"{key}.pt2"
-    package.write_bytes(b"package " + key.encode())
-    store.artifacts.put({"key": key, "factors": factors, "model_id": model_id, "target": target, "spec": spec,
-                         "options": {}}, package)
-    return key
+    return publish(store, tmp_path, model_id, [{"name": "x", "dtype": "float32", "shape": shape}], target, torch=torch)
 
 
 def _pick(url: str, ref: str, host: str, **params: Any) -> httpx.Response:
