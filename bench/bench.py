@@ -367,26 +367,20 @@ def _same_process(call: Any, name: str, batch: int, calls: int = 50, rounds: int
 def _graph_parts(call: Any, calls: int) -> dict[str, Any]:
     """For aotc's graphed artifact (`call` a partial of client.graphs.GraphedArtifact): back-to-back microseconds per
     call of the captured graph's replay alone (no copy in, no clone out), and of the whole call without the clone."""
-    import torch
-
     runner = getattr(getattr(call, "func", None), "_runner", None)
     captured = [e for e in getattr(runner, "entries", {}).values() if hasattr(e, "graph")]
     if runner is None or len(captured) != 1:
         return {}
 
+    # No replay on a stream of its own here any more: once a kernel has run on a second stream, every graph the
+    # process replays is slower (2026-12-01), which tainted what this process timed after it.
     graph_only = _per_call_us(captured[0].graph.replay, calls)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # a stream of its own, not the legacy default one
-        graph_side = _per_call_us(captured[0].graph.replay, calls)
-    torch.cuda.current_stream().wait_stream(side)
     runner.clone_outputs = False
     try:
         no_clone = _per_call_us(call, calls)
     finally:
         runner.clone_outputs = True
-    return {"graph_replay_only_us": graph_only, "graph_replay_side_stream_us": graph_side,
-            "back_to_back_no_clone_us": no_clone}
+    return {"graph_replay_only_us": graph_only, "back_to_back_no_clone_us": no_clone}
 
 
 def _build_peer(peer: str, name: str, batch: int, rec: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
@@ -800,7 +794,7 @@ def profile_table(results: dict[str, Any], pair: tuple[str, str]) -> str:
                          f"{pb['span_us_per_call']:.1f} vs {pa['span_us_per_call']:.1f}")
             fa, fb = pa.get("flushed") or {}, pb.get("flushed") or {}
             for k in ("host_us", "idle_after_flush_us", "span_after_flush_us", "isolated_us", "back_to_back_us",
-                      "graph_replay_only_us", "graph_replay_side_stream_us", "back_to_back_no_clone_us",
+                      "graph_replay_only_us", "back_to_back_no_clone_us",
                       "trace_gap_us"):
                 if fa.get(k) is not None or fb.get(k) is not None:
                     lines.append(f"    {k}: {fb.get(k) or float('nan'):.1f} vs {fa.get(k) or float('nan'):.1f}")
