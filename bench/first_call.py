@@ -12,6 +12,8 @@ Variants, each in a fresh process after `import torch`:
   aoti-nocudnn  what options.convolutions="generated" builds: the depthwise convolutions lowered to pointwise
                kernels (compiler.convs, no cuDNN plan to build for them at first call), 1x1 ones as matmuls
                (Inductor's conv_1x1_as_mm); only the variants asked for are built
+  aoti-dw      the depthwise convolutions lowered as in aoti-nocudnn, the 1x1 ones left to cuDNN (no
+               conv_1x1_as_mm): which of the two rewrites the steady time pays for
   aoti-cudnn-v7  the package with TORCH_CUDNN_V8_API_DISABLED=1 (cuDNN's older heuristics API, where torch has it)
   aoti-warm    the same after a 1x1 convolution and a matmul on the device (cuDNN's and cuBLAS's handles made),
                so that `first_call_s` is what is left: per-shape choices and kernel loading
@@ -47,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 VARIANTS = ("aoti", "aoti-warm", "aoti-prewarm", "aoti-prewarm1", "aoti-prewarm-here", "aoti-nolayout", "aoti-nocudnn",
-            "aoti-cudnn-v7", "eager", "profile")
+            "aoti-dw", "aoti-cudnn-v7", "eager", "profile")
 
 
 def _sync(device: str) -> None:
@@ -162,8 +164,8 @@ def child(variant: str, model: str, package: str, device: str, batch: int | None
 
         if variant == "aoti-nolayout":
             package = package.replace(".pt2", "-nolayout.pt2")
-        elif variant == "aoti-nocudnn":
-            package = package.replace(".pt2", "-nocudnn.pt2")
+        elif variant in ("aoti-nocudnn", "aoti-dw"):
+            package = package.replace(".pt2", f"-{variant.removeprefix('aoti-')}.pt2")
         t = time.perf_counter()
         fn = aoti_load_package(package, device)
         _sync(device)
@@ -228,17 +230,19 @@ def compile_one(model: str, device: str, batch: int | None, out_dir: Path, varia
         torch._inductor.aoti_compile_and_package(ep, package_path=path.replace(".pt2", "-nolayout.pt2"),
                                                  inductor_configs={"layout_optimization": False})
         out["compile_nolayout_s"] = round(time.perf_counter() - t, 1)
-    if "aoti-nocudnn" not in variants:
+    if "aoti-nocudnn" not in variants and "aoti-dw" not in variants:
         return out
     # depthwise convolutions as pointwise kernels and 1x1 ones as matmuls: no cuDNN plans for them at first call
     from compiler.convs import lower_depthwise
 
-    t = time.perf_counter()
     lowering = lower_depthwise(ep)
     lowered, out["depthwise_lowered"] = lowering.program, lowering.lowered
-    torch._inductor.aoti_compile_and_package(lowered, package_path=path.replace(".pt2", "-nocudnn.pt2"),
-                                             inductor_configs={"conv_1x1_as_mm": True})
-    out["compile_nocudnn_s"] = round(time.perf_counter() - t, 1)
+    for variant, configs in (("nocudnn", {"conv_1x1_as_mm": True}), ("dw", {})):
+        if f"aoti-{variant}" in variants:
+            t = time.perf_counter()
+            torch._inductor.aoti_compile_and_package(lowered, package_path=path.replace(".pt2", f"-{variant}.pt2"),
+                                                     inductor_configs=configs)
+            out[f"compile_{variant}_s"] = round(time.perf_counter() - t, 1)
     return out
 
 

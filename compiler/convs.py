@@ -8,6 +8,13 @@ channel) is a sum of kh*kw shifted, strided slices of the padded input, each sca
 fuses that into one pointwise kernel (Triton on a GPU, C++ on a CPU), which needs no plan at first call. The 1x1
 convolutions become matmuls (Inductor's `conv_1x1_as_mm`, compiler.options), whose cuBLAS handle is made once.
 
+On a CUDA program each of them becomes one call of compiler.dwconv's Triton kernel instead (a
+`torch.library.triton_op` that AOTInductor compiles into the package): Inductor realised the padded, widened input
+of the pointwise form once per convolution and read it back per tap, which left steady calls 1.48x and 2.23x slower
+than cuDNN's on EfficientNet-B0 and ConvNeXt-T (1.18x and 1.33x with the kernel; MobileNetV3-L 1.26x against about
+1.06x: bench/README.md, 2026-12-01). The kernel takes its input channels-last, the layout Inductor's layout
+optimisation gives convolutions on a GPU.
+
 `lower_depthwise(ep)` returns a new exported program with every 2-D depthwise convolution of static channels and
 spatial size (the batch may be dynamic) rewritten that way, other convolutions untouched, and how many it rewrote.
 bf16/fp16 inputs accumulate in float32 and are cast back at the end, so the numerics are at least as good as
@@ -41,6 +48,12 @@ def _depthwise(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stri
     sh, sw = (stride[0], stride[-1])
     ph, pw = (padding[0], padding[-1])
     dh, dw = (dilation[0], dilation[-1])
+    if x.device.type == "cuda" and max(c * h * wd, c * _out_pixels(h, wd, kh, kw, stride, padding, dilation)) < 2**31:
+        # (the kernel's offsets within one image are 32-bit; the batch's are 64-bit)
+        from compiler import dwconv  # imports triton: only where a CUDA program is lowered
+
+        return dwconv.depthwise_conv2d(x.contiguous(memory_format=torch.channels_last), w.contiguous(), bias,
+                                       (sh, sw), (ph, pw), (dh, dw))
     oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     low = x.dtype in (torch.bfloat16, torch.float16)
@@ -58,6 +71,14 @@ def _depthwise(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stri
     if bias is not None:
         out = out + bias.to(acc_dtype).view(1, c, 1, 1)
     return out.to(x.dtype)
+
+
+def _out_pixels(h: int, w: int, kh: int, kw: int, stride: Sequence[int], padding: Sequence[int],
+          dilation: Sequence[int]) -> int:
+    """The output's pixels per channel."""
+    oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (w + 2 * padding[-1] - dilation[-1] * (kw - 1) - 1) // stride[-1] + 1
+    return oh * ow
 
 
 def _depthwise2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,

@@ -156,10 +156,11 @@ class CompileOptions(BaseModel):
 
     convolutions: Convolutions = Field(default="library", description=(
         "library: convolutions call cuDNN (oneDNN on a CPU). generated: depthwise convolutions become generated "
-        "pointwise kernels and 1x1 convolutions matmuls, so the package builds no cuDNN plan for them on its first "
-        "call: on an H200 the first call of EfficientNet-B0, ConvNeXt-T and MobileNetV3-L went from 1.3-2.7 s to "
-        "0.21-0.30 s, their steady calls 1.48x, 2.23x and not measurably slower (bench/first_call.py). For "
-        "processes that serve few calls. Inference only; other convolutions stay cuDNN's."))
+        "kernels (on a GPU one Triton kernel each, compiled into the package; on a CPU fused pointwise ops) and 1x1 "
+        "convolutions matmuls, so the package builds no cuDNN plan for them on its first call: on an H200 the "
+        "first call of EfficientNet-B0, MobileNetV3-L and ConvNeXt-T went from 0.75-2.6 s to 0.22-0.30 s, their "
+        "steady calls 1.18x, 1.26x and 1.33x slower (bench/first_call.py, 2026-12-01). For processes that serve "
+        "few calls. Inference only; other convolutions stay cuDNN's."))
     autotune: StrictBool = Field(default=False, description=(
         "mode=training: tune the train step's kernels as mode=max-autotune tunes an inference package's: the "
         "forward's and the backward's matmuls benchmarked on the worker's device at build time (a slower compile, "

@@ -189,6 +189,30 @@ class InvertedResidual(torch.nn.Module):
         return y + h if self.stride == 1 else y
 
 
+class MixedConvs(torch.nn.Module):
+    """Depthwise convolutions of every kind the rewrite takes, beside ones it must leave: grouped (not depthwise),
+    a channel multiplier of 2, a kernel above MAX_TAPS, a plain one and a 1x1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken = torch.nn.ModuleList([
+            torch.nn.Conv2d(8, 8, 3, padding=1, groups=8),
+            torch.nn.Conv2d(8, 8, 5, stride=2, padding=2, groups=8, bias=False),
+            torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=8),
+            torch.nn.Conv2d(8, 8, (1, 7), padding=(0, 3), groups=8),
+        ])
+        self.left = torch.nn.ModuleList([
+            torch.nn.Conv2d(8, 8, 3, padding=1, groups=2),
+            torch.nn.Conv2d(8, 16, 3, padding=1, groups=8),
+            torch.nn.Conv2d(8, 8, 9, padding=4, groups=8),
+            torch.nn.Conv2d(8, 8, 3, padding=1),
+            torch.nn.Conv2d(8, 8, 1),
+        ])
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [m(x) for m in self.taken] + [m(x) for m in self.left]
+
+
 class FloatInputIndex(torch.nn.Module):
     """An index that a float input becomes (`.long()`): the check varied only integer inputs until 2026-11-30, so
     this program compiled as main did (reading wherever the float points) passed it."""

@@ -14,36 +14,12 @@ from compiler import convs
 from compiler.check import check_artifact
 from compiler.options import CompileOptions
 from compiler.pipeline import compile_model
-from modelzoo import InvertedResidual, export, seeded
-
-
-class _Mixed(torch.nn.Module):
-    """Depthwise convolutions of every kind the rewrite takes, beside ones it must leave: grouped (not depthwise),
-    a channel multiplier of 2, a kernel above MAX_TAPS, a plain one and a 1x1."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.taken = torch.nn.ModuleList([
-            torch.nn.Conv2d(8, 8, 3, padding=1, groups=8),
-            torch.nn.Conv2d(8, 8, 5, stride=2, padding=2, groups=8, bias=False),
-            torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=8),
-            torch.nn.Conv2d(8, 8, (1, 7), padding=(0, 3), groups=8),
-        ])
-        self.left = torch.nn.ModuleList([
-            torch.nn.Conv2d(8, 8, 3, padding=1, groups=2),
-            torch.nn.Conv2d(8, 16, 3, padding=1, groups=8),
-            torch.nn.Conv2d(8, 8, 9, padding=4, groups=8),
-            torch.nn.Conv2d(8, 8, 3, padding=1),
-            torch.nn.Conv2d(8, 8, 1),
-        ])
-
-    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return [m(x) for m in self.taken] + [m(x) for m in self.left]
+from modelzoo import InvertedResidual, MixedConvs, export, seeded
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_depthwise_convolutions_become_pointwise_and_give_what_eager_gives(dtype, atol):
-    model = seeded(_Mixed, 0).to(dtype)
+    model = seeded(MixedConvs, 0).to(dtype)
     x = torch.randn(2, 8, 13, 11, dtype=dtype)
     ep = torch.export.export(model, (x,))
     lowered, n, taps, note = convs.lower_depthwise(ep)
