@@ -9,9 +9,10 @@ is and with the libraries' one-off set-up split out, plus the same first call in
 Variants, each in a fresh process after `import torch`:
   aoti         load, first call, second call (all synchronised)
   aoti-nolayout  the same program built with Inductor's layout optimisation off (convolutions stay NCHW)
-  aoti-nocudnn  what options.convolutions="generated" builds: the depthwise convolutions lowered to pointwise
-               kernels (compiler.convs, no cuDNN plan to build for them at first call), 1x1 ones as matmuls
-               (Inductor's conv_1x1_as_mm); only the variants asked for are built
+  aoti-nocudnn  what options.convolutions="generated" builds: the depthwise convolutions lowered by compiler.convs
+               (on a GPU compiler.dwconv's Triton kernel, until 2026-12-01 pointwise kernels; no cuDNN plan to
+               build for them at first call), 1x1 ones as matmuls (Inductor's conv_1x1_as_mm); only the variants
+               asked for are built
   aoti-dw      the depthwise convolutions lowered as in aoti-nocudnn, the 1x1 ones left to cuDNN (no
                conv_1x1_as_mm): which of the two rewrites the steady time pays for
   aoti-cudnn-v7  the package with TORCH_CUDNN_V8_API_DISABLED=1 (cuDNN's older heuristics API, where torch has it)

@@ -48,14 +48,13 @@ def _depthwise(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stri
     sh, sw = (stride[0], stride[-1])
     ph, pw = (padding[0], padding[-1])
     dh, dw = (dilation[0], dilation[-1])
-    if x.device.type == "cuda" and max(c * h * wd, c * _out_pixels(h, wd, kh, kw, stride, padding, dilation)) < 2**31:
+    oh, ow = out_size(h, wd, kh, kw, (sh, sw), (ph, pw), (dh, dw))
+    if x.device.type == "cuda" and c * max(h * wd, oh * ow) < 2**31:
         # (the kernel's offsets within one image are 32-bit; the batch's are 64-bit)
         from compiler import dwconv  # imports triton: only where a CUDA program is lowered
 
         return dwconv.depthwise_conv2d(x.contiguous(memory_format=torch.channels_last), w.contiguous(), bias,
                                        (sh, sw), (ph, pw), (dh, dw))
-    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     low = x.dtype in (torch.bfloat16, torch.float16)
     acc_dtype = torch.float32 if low else x.dtype
     xp = torch.ops.aten.constant_pad_nd.default(x, [pw, pw, ph, ph], 0.0) if ph or pw else x
@@ -73,12 +72,11 @@ def _depthwise(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stri
     return out.to(x.dtype)
 
 
-def _out_pixels(h: int, w: int, kh: int, kw: int, stride: Sequence[int], padding: Sequence[int],
-          dilation: Sequence[int]) -> int:
-    """The output's pixels per channel."""
-    oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    ow = (w + 2 * padding[-1] - dilation[-1] * (kw - 1) - 1) // stride[-1] + 1
-    return oh * ow
+def out_size(h: int, w: int, kh: int, kw: int, stride: Sequence[int], padding: Sequence[int],
+             dilation: Sequence[int]) -> tuple[int, int]:
+    """A 2-D convolution's output height and width (compiler.dwconv's kernel uses it too)."""
+    return ((h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1,
+            (w + 2 * padding[-1] - dilation[-1] * (kw - 1) - 1) // stride[-1] + 1)
 
 
 def _depthwise2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,

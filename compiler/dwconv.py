@@ -35,6 +35,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from compiler.convs import out_size
+
 
 @triton.jit
 def _depthwise_kernel(x_ptr, w_ptr, b_ptr, y_ptr,  # type: ignore[no-untyped-def]  # Triton reads annotations
@@ -98,8 +100,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
     n, c, h, w = x.shape
     kh, kw = weight.shape[2], weight.shape[3]
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    oh, ow = out_size(h, w, kh, kw, stride, padding, dilation)
     channels_last = c > 1 and x.is_contiguous(memory_format=torch.channels_last)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = x.contiguous(memory_format=fmt)  # dense in its layout (a no-op for what compiler.convs passes)
