@@ -11,7 +11,9 @@ Per convolution (channels-last, as Inductor's layout optimisation calls them, an
   cudnn_ms        the median of cuDNN's later calls, replayed from a CUDA graph (do_bench_cudagraph: device
                   time, no launch overhead; a Python launch of a Triton kernel costs more than a small one runs)
   triton_ms       compiler.dwconv's kernel at the blocks it picks (its Triton compile off the clock)
-  tried           with --sweep, the kernel at other (BLOCK_P, BLOCK_C, num_warps): ms each, the best marked
+  tried           with --sweep, the kernel at other (BLOCK_P, BLOCK_C, num_warps), and at its own blocks with the
+                  weight copied taps-major first ("taps-major": each tap's channels one contiguous load), ms each;
+                  taps_major_err is that variant's error as below
   native_ms       aten._conv_depthwise2d, ATen's own CUDA kernel (NCHW; a channels-last input is copied first)
   err             the largest |triton - cudnn| over the largest |cudnn| (float32 accumulation both)
 Also: cuDNN's version, and whether libnvrtc was loaded by the first calls (cuDNN compiling at run time).
@@ -101,6 +103,11 @@ def measure(c: dict[str, Any], device: str, channels_last: bool, sweep: bool) ->
             if blocks[1] > max(16, 1 << (c["input"][1] - 1).bit_length()):
                 continue
             tried[",".join(map(str, blocks))] = do_bench(lambda: launch(x, wn, b, *args, blocks=blocks))
+        tm = launch(x, wn, b, *args, taps_major=True)
+        torch.cuda.synchronize(device)
+        tried["taps-major"] = do_bench(lambda: launch(x, wn, b, *args, taps_major=True))
+        tried["taps_major_err"] = float((tm.float() - want.float()).abs().max()
+                                        / want.float().abs().max().clamp_min(1e-6))
     return {"tried": tried, "cudnn_first_ms": first["s"] * 1e3,
             "cudnn_ms": do_bench(cudnn, warmup=25, rep=100, return_mode="median"),
             "triton_ms": do_bench(lambda: depthwise_conv2d(x, wn, b, *args), warmup=25, rep=100,
@@ -135,7 +142,8 @@ def main() -> None:
                 print(f"{model:20} {str(c['input']):22} k{c['weight'][2]}x{c['weight'][3]} s{c['stride'][0]} "
                       f"{layout:13} first {r['cudnn_first_ms']:7.1f} ms  cudnn {r['cudnn_ms']*1e3:8.1f} us  "
                       f"triton {r['triton_ms']*1e3:8.1f} us  native {r['native_ms']*1e3:8.1f} us  "
-                      f"err {r['err']:.1e}" + "".join(f"  {k}: {v*1e3:.1f}" for k, v in r["tried"].items()),
+                      f"err {r['err']:.1e}" + "".join(f"  {k}: {v*1e3:.1f}" for k, v in r["tried"].items()
+                                                      if not k.endswith("_err")),
                       flush=True)
         summary = {}
         for layout in ("channels_last", "nchw"):
@@ -147,7 +155,9 @@ def main() -> None:
                     "cudnn_us_sum": round(sum(r["cudnn_ms"] for r in rs) * 1e3, 1),
                     "triton_us_sum": round(sum(r["triton_ms"] for r in rs) * 1e3, 1),
                     "native_us_sum": round(sum(r["native_ms"] for r in rs) * 1e3, 1),
-                    "best_tried_us_sum": round(sum(min([r["triton_ms"], *r["tried"].values()]) for r in rs) * 1e3, 1),
+                    "best_tried_us_sum": round(sum(min([r["triton_ms"], *(v for k, v in r["tried"].items()
+                                                                               if not k.endswith("_err"))])
+                                                   for r in rs) * 1e3, 1),
                     "max_err": max(r["err"] for r in rs)}
         doc["models"][model] = {"convs": rows, "summary": summary}
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -43,11 +43,11 @@ def _depthwise_kernel(x_ptr, w_ptr, b_ptr, y_ptr,  # type: ignore[no-untyped-def
                       C: tl.constexpr, H: tl.constexpr, W: tl.constexpr, OH: tl.constexpr, OW: tl.constexpr,
                       KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
                       PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-                      CHANNELS_LAST: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      CHANNELS_LAST: tl.constexpr, HAS_BIAS: tl.constexpr, W_TAPS_MAJOR: tl.constexpr,
                       BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     # Every extent but the batch's is a constant of the kernel (a program's are static), so the index arithmetic
     # folds and the loads along the contiguous axis vectorise. Input and output are dense in their layout;
-    # the weight is [C, 1, KH, KW], contiguous.
+    # the weight is [C, 1, KH, KW], contiguous, or with W_TAPS_MAJOR [KH, KW, C] (a tap's channels contiguous).
     tiles = (OH * OW + BLOCK_P - 1) // BLOCK_P
     pid = tl.program_id(0)
     n = (pid // tiles).to(tl.int64)  # the batch folds into axis 0 (2**31 - 1 programs, against axis 2's 65535)
@@ -71,7 +71,10 @@ def _depthwise_kernel(x_ptr, w_ptr, b_ptr, y_ptr,  # type: ignore[no-untyped-def
             else:
                 offs = (ih * W + iw)[:, None] + (c * (H * W))[None, :]
             xv = tl.load(x_img + offs, mask=ok[:, None] & c_ok[None, :], other=0.0)
-            wv = tl.load(w_ptr + c * (KH * KW) + (i * KW + j), mask=c_ok, other=0.0)
+            if W_TAPS_MAJOR:
+                wv = tl.load(w_ptr + (i * KW + j) * C + c, mask=c_ok, other=0.0)
+            else:
+                wv = tl.load(w_ptr + c * (KH * KW) + (i * KW + j), mask=c_ok, other=0.0)
             acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
@@ -94,9 +97,11 @@ def _blocks(channels_last: bool, c: int) -> tuple[int, int, int]:
 
 def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
            padding: Sequence[int], dilation: Sequence[int],
-           blocks: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """The kernel's launch, `blocks` (BLOCK_P, BLOCK_C, num_warps) chosen by `_blocks` unless given
-    (bench/depthwise.py tries others)."""
+           blocks: tuple[int, int, int] | None = None, taps_major: bool = False) -> torch.Tensor:
+    """The kernel's launch, `blocks` (BLOCK_P, BLOCK_C, num_warps) chosen by `_blocks` unless given.
+    `taps_major` copies the weight to [KH, KW, C] first, so that each tap's load of a channel block is contiguous
+    (one kernel more a call, in a package without constant folding). Both are for bench/depthwise.py to try; the
+    operator below uses neither."""
     n, c, h, w = x.shape
     kh, kw = weight.shape[2], weight.shape[3]
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
@@ -107,10 +112,12 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
     y = torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=fmt)  # no copy of it
     bp, bc, warps = blocks or _blocks(channels_last, c)
     grid = (triton.cdiv(oh * ow, bp) * n, triton.cdiv(c, bc))
+    wt = weight.permute(2, 3, 0, 1).contiguous() if taps_major else weight.contiguous()
     wrap_triton(_depthwise_kernel)[grid](
-        x, weight.contiguous(), bias if bias is not None else weight, y,
+        x, wt, bias if bias is not None else wt, y,
         C=c, H=h, W=w, OH=oh, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw,
-        CHANNELS_LAST=channels_last, HAS_BIAS=bias is not None, BLOCK_P=bp, BLOCK_C=bc, num_warps=warps)
+        CHANNELS_LAST=channels_last, HAS_BIAS=bias is not None, W_TAPS_MAJOR=taps_major, BLOCK_P=bp, BLOCK_C=bc,
+        num_warps=warps)
     return y
 
 
