@@ -49,8 +49,7 @@ def _depthwise(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stri
     ph, pw = (padding[0], padding[-1])
     dh, dw = (dilation[0], dilation[-1])
     oh, ow = out_size(h, wd, kh, kw, (sh, sw), (ph, pw), (dh, dw))
-    if x.device.type == "cuda" and c * max(h * wd, oh * ow) < 2**31:
-        # (the kernel's offsets within one image are 32-bit; the batch's are 64-bit)
+    if uses_kernel(x.device, c, h * wd, oh * ow):
         from compiler import dwconv  # imports triton: only where a CUDA program is lowered
 
         return dwconv.depthwise_conv2d(x.contiguous(memory_format=torch.channels_last), w.contiguous(), bias,
@@ -70,6 +69,13 @@ def _depthwise(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stri
     if bias is not None:
         out = out + bias.to(acc_dtype).view(1, c, 1, 1)
     return out.to(x.dtype)
+
+
+def uses_kernel(device: torch.device, channels: int, pixels_in: int, pixels_out: int) -> bool:
+    """Whether a depthwise convolution becomes compiler.dwconv's kernel rather than the pointwise form: on a CUDA
+    device, where one image of its input and of its output each has fewer than 2**31 elements (the kernel's offsets
+    within an image are 32-bit; the batch's are 64-bit)."""
+    return device.type == "cuda" and channels * max(pixels_in, pixels_out) < 2**31
 
 
 def out_size(h: int, w: int, kh: int, kw: int, stride: Sequence[int], padding: Sequence[int],

@@ -92,3 +92,14 @@ def test_the_taps_one_program_may_lower_are_bounded():
                         "program may lower"
     assert convs.lower_depthwise(ep, max_taps=147).lowered == 3
     assert convs.MAX_PROGRAM_TAPS >= 882  # ConvNeXt-T's, the most of the zoo's models
+
+
+def test_only_a_cuda_image_under_2_31_elements_takes_the_kernel():
+    """compiler.dwconv's offsets within one image are 32-bit: a larger image, in or out, keeps the pointwise form
+    (whose ops index in 64 bits), and a CPU program never imports the kernel's module (it needs triton)."""
+    cuda, cpu = torch.device("cuda:0"), torch.device("cpu")
+    assert convs.uses_kernel(cuda, 96, 56 * 56, 56 * 56)  # ConvNeXt-T's first
+    assert not convs.uses_kernel(cpu, 96, 56 * 56, 56 * 56)
+    assert convs.uses_kernel(cuda, 4, 2**29 - 1, 2**29 - 1)
+    assert not convs.uses_kernel(cuda, 4, 2**29, 1)  # 2**31 elements in
+    assert not convs.uses_kernel(cuda, 4, 1, 2**29)  # ... or out (a padded, dilated one grows)
