@@ -11,9 +11,9 @@ Per convolution (channels-last, as Inductor's layout optimisation calls them, an
   cudnn_ms        the median of cuDNN's later calls, replayed from a CUDA graph (do_bench_cudagraph: device
                   time, no launch overhead; a Python launch of a Triton kernel costs more than a small one runs)
   triton_ms       compiler.dwconv's kernel at the blocks it picks (its Triton compile off the clock)
-  tried           with --sweep, the kernel at other (BLOCK_P, BLOCK_C, num_warps), and at its own blocks with the
-                  weight copied taps-major first ("taps-major": each tap's channels one contiguous load), ms each;
-                  taps_major_err is that variant's error as below
+  tried           with --sweep, the kernel at other tilings, "rows,block,block_c,num_warps,taps_major" (a
+                  compiler.dwconv.Config; rows 0 is the flat kernel, taps_major 1 copies the weight to [KH, KW, C]
+                  first, inside the timed call), ms each; NAME_err is that tiling's error as below
   native_ms       aten._conv_depthwise2d, ATen's own CUDA kernel (NCHW; a channels-last input is copied first)
   err             the largest |triton - cudnn| over the largest |cudnn| (float32 accumulation both)
 Also: cuDNN's version, and whether libnvrtc was loaded by the first calls (cuDNN compiling at run time).
@@ -50,7 +50,46 @@ def depthwise_calls(model: str, batch: int | None, device: str) -> list[dict[str
     return [c for c in conv_calls(ep) if c["groups"] == c["input"][1] == c["weight"][0] and c["weight"][1] == 1]
 
 
-SWEEP = ((32, 64, 4), (64, 64, 4), (16, 128, 4), (64, 32, 4), (128, 32, 8), (64, 128, 8))
+# (rows, block, block_c or 0 for the pick's, num_warps, taps_major): rows 0 is the flat kernel (BLOCK_P pixels)
+SWEEP = ((0, 0, 0, 4, False), (2, 16, 0, 4, False), (2, 8, 0, 4, False), (4, 8, 0, 4, False),
+         (4, 16, 0, 4, False), (2, 8, 0, 4, True), (2, 16, 0, 4, True), (4, 8, 0, 4, True), (4, 16, 0, 4, True),
+         (2, 32, 0, 4, True))
+
+
+def sweep_configs(c: dict[str, Any]) -> list[tuple[str, Any]]:
+    """SWEEP as (label, compiler.dwconv.Config) for one convolution: the config has the pick's channel block where
+    SWEEP says 0, and the label keeps the 0, so that the summary can add one entry's times over a model."""
+    from compiler.dwconv import Config, pick
+
+    ch = c["input"][1]
+    base = pick(True, ch, c["weight"][2] * c["weight"][3])
+    out = []
+    for rows, block, bc, warps, tm in SWEEP:
+        bc = bc or base.block_c
+        block = block or 2048 // bc  # the flat kernel's old choice
+        if bc <= max(16, 1 << (ch - 1).bit_length()) and Config(rows, block, bc, warps, tm) not in (
+                cfg for _, cfg in out):
+            label = ",".join(str(int(v)) for v in (rows, block if rows else 0, bc if bc != base.block_c else 0,
+                                                    warps, tm))
+            out.append((label, Config(rows, block, bc, warps, tm)))
+    return out
+
+
+def prewarm(x: Any, w: Any, b: Any, args: tuple[Any, Any, Any], configs: list[Any]) -> None:
+    """Compile the configs' kernels on a few threads (ptxas runs in a process of its own), so that the sweep's
+    wall time is mostly measuring. A failure here is left for the measured launch to raise."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from compiler.dwconv import launch
+
+    def one(cfg: Any) -> None:
+        try:
+            launch(x, w, b, *args, config=cfg)
+        except Exception:  # noqa: BLE001  # raised again, and recorded, where it is measured
+            pass
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, configs))
 
 
 def measure(c: dict[str, Any], device: str, channels_last: bool, sweep: bool) -> dict[str, Any]:
@@ -97,17 +136,19 @@ def measure(c: dict[str, Any], device: str, channels_last: bool, sweep: bool) ->
         return torch.ops.aten._conv_depthwise2d(x, wn, list(c["weight"][2:]), b, c["stride"], c["padding"],
                                                c["dilation"])
 
-    tried = {}
+    tried: dict[str, float] = {}
     if sweep and channels_last:
-        for blocks in SWEEP:
-            if blocks[1] > max(16, 1 << (c["input"][1] - 1).bit_length()):
-                continue
-            tried[",".join(map(str, blocks))] = do_bench(lambda: launch(x, wn, b, *args, blocks=blocks))
-        tm = launch(x, wn, b, *args, taps_major=True)
-        torch.cuda.synchronize(device)
-        tried["taps-major"] = do_bench(lambda: launch(x, wn, b, *args, taps_major=True))
-        tried["taps_major_err"] = float((tm.float() - want.float()).abs().max()
-                                        / want.float().abs().max().clamp_min(1e-6))
+        configs = sweep_configs(c)
+        prewarm(x, wn, b, args, [cfg for _, cfg in configs])
+        for name, cfg in configs:
+            try:
+                got = launch(x, wn, b, *args, config=cfg)
+                torch.cuda.synchronize(device)
+                tried[name + "_err"] = float((got.float() - want.float()).abs().max()
+                                             / want.float().abs().max().clamp_min(1e-6))
+                tried[name] = do_bench(lambda cfg=cfg: launch(x, wn, b, *args, config=cfg))
+            except Exception as e:  # noqa: BLE001  # a config that fails to compile (registers) is a finding
+                print(f"  {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
     return {"tried": tried, "cudnn_first_ms": first["s"] * 1e3,
             "cudnn_ms": do_bench(cudnn, warmup=25, rep=100, return_mode="median"),
             "triton_ms": do_bench(lambda: depthwise_conv2d(x, wn, b, *args), warmup=25, rep=100,
@@ -159,6 +200,10 @@ def main() -> None:
                                                                                if not k.endswith("_err"))])
                                                    for r in rs) * 1e3, 1),
                     "max_err": max(r["err"] for r in rs)}
+                labels = {k for r in rs for k in r["tried"] if not k.endswith("_err")}
+                summary[layout]["tried_us_sum"] = {  # an entry some convolution lacks is left out
+                    k: round(sum(r["tried"][k] for r in rs) * 1e3, 1) for k in sorted(labels)
+                    if all(k in r["tried"] for r in rs)}
         doc["models"][model] = {"convs": rows, "summary": summary}
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(doc, indent=1))
@@ -173,6 +218,8 @@ def main() -> None:
             print(f"{model:20} {layout:13} {s['convs']:5d} {s['cudnn_first_ms_sum']:21.1f} {s['cudnn_us_sum']:9.1f} "
                   f"{s['triton_us_sum']:9.1f} {s['native_us_sum']:9.1f} {s['best_tried_us_sum']:9.1f} "
                   f"{s['max_err']:8.1e}")
+            for k, v in sorted(s.get("tried_us_sum", {}).items(), key=lambda kv: kv[1]):
+                print(f"{'':20} {'':13} tiling {k:16} {v:9.1f} us ({v / s['cudnn_us_sum']:.2f}x cuDNN)")
     print(f"wrote {a.out}")
 
 

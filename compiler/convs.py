@@ -52,8 +52,9 @@ def _depthwise(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stri
     if uses_kernel(x.device, c, h * wd, oh * ow):
         from compiler import dwconv  # imports triton: only where a CUDA program is lowered
 
-        return dwconv.depthwise_conv2d(x.contiguous(memory_format=torch.channels_last), w.contiguous(), bias,
-                                       (sh, sw), (ph, pw), (dh, dw))
+        # Channels-last picks the kernel's layout; launch makes the weight dense itself.
+        return dwconv.depthwise_conv2d(x.contiguous(memory_format=torch.channels_last), w, bias, (sh, sw), (ph, pw),
+                                       (dh, dw))
     low = x.dtype in (torch.bfloat16, torch.float16)
     acc_dtype = torch.float32 if low else x.dtype
     xp = torch.ops.aten.constant_pad_nd.default(x, [pw, pw, ph, ph], 0.0) if ph or pw else x

@@ -37,6 +37,34 @@ def test_the_kernel_gives_what_cudnn_gives(dtype, tol, channels_last):
         torch.testing.assert_close(g.float(), w.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+def test_every_tiling_gives_what_cudnn_gives_at_awkward_shapes(dtype, tol):
+    """Each tiling bench/depthwise.py tries (rows of 1-4 output rows, the flat kernel, the weight taps-major or
+    not) at shapes whose edges fall inside a tile: odd sizes, strides 1-3, dilations, padding wider than the
+    filter's reach, channels beyond a channel block, with a bias and without."""
+    from compiler.dwconv import Config, launch
+
+    # a few of each kind: every tiling is a Triton compile for each shape and dtype
+    configs = [Config(1, 8, 16, 4), Config(2, 16, 16, 4, True), Config(3, 8, 16, 4), Config(4, 8, 16, 4, True),
+               Config(4, 16, 32, 4), Config(0, 64, 16, 4), None]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shapes = [  # (N, C, H, W), (KH, KW), stride, padding, dilation
+        ((2, 17, 13, 11), (3, 3), (1, 1), (1, 1), (1, 1)), ((1, 40, 9, 15), (5, 5), (2, 2), (2, 2), (1, 1)),
+        ((3, 24, 10, 7), (7, 7), (1, 1), (3, 3), (1, 1)), ((2, 33, 12, 12), (3, 5), (3, 2), (4, 0), (2, 1)),
+        ((1, 16, 5, 6), (3, 3), (1, 2), (0, 3), (1, 3)), ((2, 8, 1, 1), (1, 1), (1, 1), (0, 0), (1, 1))]
+    for (n, c, h, w), (kh, kw), stride, padding, dilation in shapes:
+        x = torch.randn(n, c, h, w, device="cuda", dtype=dtype, generator=g)
+        x = x.contiguous(memory_format=torch.channels_last)
+        weight = torch.randn(c, 1, kh, kw, device="cuda", dtype=dtype, generator=g)
+        bias = torch.randn(c, device="cuda", dtype=dtype, generator=g) if n % 2 else None  # odd batches have one
+        want = torch.nn.functional.conv2d(x.float(), weight.float(), None if bias is None else bias.float(), stride,
+                                          padding, dilation, c)
+        for cfg in configs:
+            got = launch(x, weight, bias, stride, padding, dilation, cfg)
+            assert got.shape == want.shape and got.is_contiguous(memory_format=torch.channels_last), cfg
+            torch.testing.assert_close(got.float(), want, atol=tol * 4, rtol=tol, msg=lambda m, cfg=cfg: f"{cfg}: {m}")
+
+
 def test_a_large_batch_folds_into_the_grid():
     """The batch is folded into the grid's first axis (2**31 - 1 programs), not its third (65535)."""
     from compiler.dwconv import depthwise_conv2d
@@ -64,7 +92,7 @@ def test_a_generated_package_holds_the_kernel_and_runs_without_aotc(tmp_path):
     externs = report["stages"]["fusion"]["externs"]
     assert len([e for e in externs if "conv" in str(e["kernel"]).lower()]) == 1, externs  # the stem alone
     with zipfile.ZipFile(result["package"]) as z:
-        assert any(b"_depthwise_kernel" in z.read(n) for n in z.namelist() if n.endswith((".cpp", ".py", ".json")))
+        assert any(b"_depthwise_rows_kernel" in z.read(n) for n in z.namelist() if n.endswith((".cpp", ".py", ".json")))
     check = check_artifact(str(path), result["package"], spec, "cuda:0")
     assert check["passed"], check
     assert {p["shapes"]["x"][0] for p in check["points"]} >= {1, 8}
