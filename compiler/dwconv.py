@@ -7,19 +7,23 @@ bench/first_call.py). compiler.convs first lowered them to sums of shifted slice
 pointwise kernels: no plan, a 0.2-0.3 s first call, but steady calls up to 2.2x slower, because Inductor realises
 the padded, widened input once per convolution and reads it back per tap.
 
-This kernel is still slower than cuDNN's compiled ones: 707 against 234 us over EfficientNet-B0's twelve at batch
-32 (device time, CUDA graphs); other block shapes gained 5 % at most. A whole package with its first form
-(extents and strides as arguments) ran 1.18-1.33x slower than with cuDNN; this form (extents as constants, no
-copy of its output) was not yet measured in a package. So `generated` stays a choice, not the default.
+The first kernel here (`_depthwise_kernel`, the "flat" one: a run of pixels in row-major order per program) was
+1.4-2.1x slower than cuDNN's compiled kernels: each thread loaded each tap's weights as 8 strided scalars against 2
+vector loads of input, and loaded every input row once per filter row. The channels-last kernel now is
+`_depthwise_rows_kernel`: four output rows a program, each input row loaded once for all the outputs it feeds,
+the weight taps-major past 3x3. Over the depthwise convolutions of EfficientNet-B0, MobileNetV3-L and ConvNeXt-T at
+batch 32 it ran 0.91x, 0.91x and 0.72x cuDNN's time on an H200 (device time, CUDA graphs; bench/depthwise.py
+--sweep, 2026-12-01), and whole packages built with it ran their steady calls at 0.97x (EfficientNet-B0) and 0.93x
+(MobileNetV3-L) the library's, first calls 0.21-0.32 s against 2.5-5.1 s (bench/first_call.py, two rounds). The flat
+kernel stays for NCHW inputs, which no package passes.
 
 `depthwise_conv2d` is a `torch.library.triton_op`: Inductor and AOTInductor see through it, so the package holds
 the kernel itself, compiled for the target with the rest of its Triton kernels, and no reference to this module or
 to an `aotc` operator. A package built with it runs in a process that never imported aotc.
 
-The kernel reads each input element of a tile once per tap it falls under, straight from the unpadded input
-(masked loads stand for the padding, so no padded copy is made), accumulates in float32 and writes the output in
-the input's memory format. A program covers BLOCK_P output pixels of one image by BLOCK_C channels; its loads are
-contiguous along the channels for a channels-last input and along the pixels for a contiguous one. Offsets that
+Both kernels read straight from the unpadded input (masked loads stand for the padding, so no padded copy is
+made), accumulate in float32 and write the output in the input's memory format, with loads contiguous along the
+channels for a channels-last input and along the pixels for a contiguous one. Offsets that
 can pass 2**31 (the batch's, for a large dynamic batch) are 64-bit. Every load and store is masked to the tensors'
 extents: the kernel reads and writes nothing outside them whatever the shapes.
 

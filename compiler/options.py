@@ -158,9 +158,9 @@ class CompileOptions(BaseModel):
         "library: convolutions call cuDNN (oneDNN on a CPU). generated: depthwise convolutions become generated "
         "kernels (on a GPU one Triton kernel each, compiled into the package; on a CPU fused pointwise ops) and 1x1 "
         "convolutions matmuls, so the package builds no cuDNN plan for them on its first call: on an H200 the "
-        "first call of EfficientNet-B0, MobileNetV3-L and ConvNeXt-T went from 0.75-2.6 s to 0.22-0.30 s, their "
-        "steady calls 1.18x, 1.26x and 1.33x slower (bench/first_call.py, 2026-12-01). For processes that serve "
-        "few calls. Inference only; other convolutions stay cuDNN's."))
+        "first call of EfficientNet-B0 and MobileNetV3-L went from 2.5-5.1 s to 0.21-0.32 s, and their steady "
+        "calls were 0.97x and 0.93x the library's (bench/first_call.py, 2026-12-01, medians of 2 rounds). "
+        "Inference only; other convolutions stay the library's."))
     autotune: StrictBool = Field(default=False, description=(
         "mode=training: tune the train step's kernels as mode=max-autotune tunes an inference package's: the "
         "forward's and the backward's matmuls benchmarked on the worker's device at build time (a slower compile, "
