@@ -12,7 +12,7 @@ Per convolution (channels-last, as Inductor's layout optimisation calls them, an
                   time, no launch overhead; a Python launch of a Triton kernel costs more than a small one runs)
   triton_ms       compiler.dwconv's kernel at the blocks it picks (its Triton compile off the clock)
   tried           with --sweep, the kernel at other tilings, "rows,block,block_c,num_warps,taps_major" (a
-                  compiler.dwconv.Config; rows 0 is the flat kernel, taps_major 1 copies the weight to [KH, KW, C]
+                  compiler.convs.Config; rows 0 is the flat kernel, taps_major 1 copies the weight to [KH, KW, C]
                   first, inside the timed call), ms each; NAME_err is that tiling's error as below
   native_ms       aten._conv_depthwise2d, ATen's own CUDA kernel (NCHW; a channels-last input is copied first)
   err             the largest |triton - cudnn| over the largest |cudnn| (float32 accumulation both)
@@ -57,12 +57,12 @@ SWEEP = ((0, 0, 0, 4, False), (2, 16, 0, 4, False), (2, 8, 0, 4, False), (4, 8, 
 
 
 def sweep_configs(c: dict[str, Any]) -> list[tuple[str, Any]]:
-    """SWEEP as (label, compiler.dwconv.Config) for one convolution: the config has the pick's channel block where
+    """SWEEP as (label, compiler.convs.Config) for one convolution: the config has the pick's channel block where
     SWEEP says 0, and the label keeps the 0, so that the summary can add one entry's times over a model."""
-    from compiler.dwconv import Config, pick
+    from compiler.convs import Config, pick
 
     ch = c["input"][1]
-    base = pick(True, ch, c["weight"][2] * c["weight"][3])
+    base = pick(True, ch, c["weight"][2], c["weight"][3], 1, 1)
     out = []
     for rows, block, bc, warps, tm in SWEEP:
         bc = bc or base.block_c

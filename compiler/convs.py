@@ -79,6 +79,51 @@ def uses_kernel(device: torch.device, channels: int, pixels_in: int, pixels_out:
     return device.type == "cuda" and channels * max(pixels_in, pixels_out) < 2**31
 
 
+class Config(NamedTuple):
+    """How compiler.dwconv's launch tiles its work (here, where no triton is imported, so that the choice is tested
+    on any machine). rows: TH output rows of BLOCK_W pixels by BLOCK_C channels (the channels-last kernel); flat
+    (rows == 0): BLOCK_P pixels in row-major order by BLOCK_C channels (the first kernel, which also takes NCHW).
+    taps_major copies the weight to [KH, KW, C] first, so that each tap's channel block is one contiguous load (one
+    small kernel more a call, in a package without constant folding)."""
+
+    rows: int
+    block_p: int  # BLOCK_W for rows, BLOCK_P for flat
+    block_c: int
+    num_warps: int
+    taps_major: bool = False
+
+
+# The most loads a kernel's unrolled loops may emit. Every extent is a constant of the kernel and its loops unroll
+# at compile time, so an unbounded trip count is a compile an upload could make as long as it likes. The flat
+# kernel emits KH*KW loads (at most MAX_TAPS); the rows kernel walks the input rows that its TH output rows span,
+# (TH - 1) * stride + (KH - 1) * dilation + 1 of them, each with KW loads: a stride or dilation of 10**6 (a valid
+# convolution, with padding to match) would unroll millions. So the rows kernel is only picked at a stride of at most 2
+# and no dilation along the height, where (3 * 2 + KH) * KW <= 7 * MAX_TAPS, and a launch refuses any tiling above.
+MAX_UNROLLED_LOADS = 7 * MAX_TAPS
+
+
+def unrolled_loads(cfg: Config, kh: int, kw: int, stride_h: int, dilation_h: int) -> int:
+    """How many input loads compiler.dwconv's kernel unrolls at this tiling and filter (its compile's size)."""
+    if cfg.rows == 0:
+        return kh * kw
+    return ((cfg.rows - 1) * stride_h + (kh - 1) * dilation_h + 1) * kw
+
+
+def pick(channels_last: bool, c: int, kh: int, kw: int, stride_h: int, dilation_h: int) -> Config:
+    """The tiling compiler.dwconv's launch uses unless given one: fixed, no autotuning in the compile.
+    Channels-last: four output rows of 8 pixels by up to 64 channels, the weight taps-major past 3x3 (its copy
+    costs less than the strided loads it saves only there). bench/depthwise.py's sweep on an H200 (2026-12-01)
+    chose it: over the depthwise convolutions of EfficientNet-B0, MobileNetV3-L and ConvNeXt-T at batch 32 it ran
+    0.91x, 0.91x and 0.72x cuDNN's time, against 1.56x, 1.41x and 2.10x for the flat kernel. A stride above 2 or a
+    dilation above 1 along the height takes the flat kernel, whose loads do not grow with them."""
+    bc = 64 if c >= 64 else max(16, 1 << (c - 1).bit_length())
+    flat = Config(0, 256, 8, 4) if not channels_last else Config(0, 2048 // bc, bc, 4)
+    if not channels_last or stride_h > 2 or dilation_h > 1:
+        return flat
+    rows = Config(4, 8, bc, 4, taps_major=kh * kw > 9)
+    return rows if unrolled_loads(rows, kh, kw, stride_h, dilation_h) <= MAX_UNROLLED_LOADS else flat
+
+
 def out_size(h: int, w: int, kh: int, kw: int, stride: Sequence[int], padding: Sequence[int],
              dilation: Sequence[int]) -> tuple[int, int]:
     """A 2-D convolution's output height and width (compiler.dwconv's kernel uses it too)."""

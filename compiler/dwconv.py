@@ -11,11 +11,13 @@ The first kernel here (`_depthwise_kernel`, the "flat" one: a run of pixels in r
 1.4-2.1x slower than cuDNN's compiled kernels: each thread loaded each tap's weights as 8 strided scalars against 2
 vector loads of input, and loaded every input row once per filter row. The channels-last kernel now is
 `_depthwise_rows_kernel`: four output rows a program, each input row loaded once for all the outputs it feeds,
-the weight taps-major past 3x3. Over the depthwise convolutions of EfficientNet-B0, MobileNetV3-L and ConvNeXt-T at
+the weight taps-major past 3x3, at a stride of at most 2 and no dilation along the height (compiler.convs.pick:
+its walk over input rows unrolls at compile time, so a larger stride or dilation, which an upload chooses, takes the
+flat kernel). Over the depthwise convolutions of EfficientNet-B0, MobileNetV3-L and ConvNeXt-T at
 batch 32 it ran 0.91x, 0.91x and 0.72x cuDNN's time on an H200 (device time, CUDA graphs; bench/depthwise.py
 --sweep, 2026-12-01), and whole packages built with it ran their steady calls at 0.97x (EfficientNet-B0) and 0.93x
 (MobileNetV3-L) the library's, first calls 0.21-0.32 s against 2.5-5.1 s (bench/first_call.py, two rounds). The flat
-kernel stays for NCHW inputs, which no package passes.
+kernel stays for NCHW inputs (which no package passes) and for those strides and dilations.
 
 `depthwise_conv2d` is a `torch.library.triton_op`: Inductor and AOTInductor see through it, so the package holds
 the kernel itself, compiled for the target with the rest of its Triton kernels, and no reference to this module or
@@ -33,14 +35,13 @@ Imported only where a CUDA program is lowered (it imports triton, which a CPU in
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from compiler.convs import out_size
+from compiler.convs import MAX_UNROLLED_LOADS, Config, out_size, pick, unrolled_loads
 
 
 @triton.jit
@@ -167,31 +168,6 @@ def _depthwise_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr,  # type: ignore[no-untype
         tl.store(y_img + y_offs + 3 * OW * C, acc3.to(ty), mask=y_ok & (oh0 + 3 < OH))
 
 
-class Config(NamedTuple):
-    """How a launch tiles its work. rows: TH output rows of BLOCK_W pixels by BLOCK_C channels (the channels-last
-    kernel); flat (rows == 0): BLOCK_P pixels in row-major order by BLOCK_C channels (the first kernel, which also
-    takes NCHW). taps_major copies the weight to [KH, KW, C] first, so that each tap's channel block is one
-    contiguous load (one small kernel more a call, in a package without constant folding)."""
-
-    rows: int
-    block_p: int  # BLOCK_W for rows, BLOCK_P for flat
-    block_c: int
-    num_warps: int
-    taps_major: bool = False
-
-
-def pick(channels_last: bool, c: int, taps: int) -> Config:
-    """The tiling a launch uses unless given one: fixed, no autotuning in the compile. Channels-last: four output
-    rows of 8 pixels by up to 64 channels, the weight taps-major past 3x3 (its copy costs less than the strided
-    loads it saves only there). bench/depthwise.py's sweep on an H200 (2026-12-01) chose it: over the depthwise
-    convolutions of EfficientNet-B0, MobileNetV3-L and ConvNeXt-T at batch 32 it ran 0.91x, 0.91x and 0.72x
-    cuDNN's time, against 1.56x, 1.41x and 2.10x for the flat kernel (rows replaced it)."""
-    bc = 64 if c >= 64 else max(16, triton.next_power_of_2(c))
-    if not channels_last:
-        return Config(0, 256, 8, 4)
-    return Config(4, 8, bc, 4, taps_major=taps > 9)
-
-
 def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
            padding: Sequence[int], dilation: Sequence[int], config: Config | None = None) -> torch.Tensor:
     """The kernel's launch, tiled as `config` says or as `pick` chooses (bench/depthwise.py tries others)."""
@@ -203,11 +179,14 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = x.contiguous(memory_format=fmt)  # dense in its layout (a no-op for what compiler.convs passes)
     y = torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=fmt)  # no copy of it
-    cfg = config or pick(channels_last, c, kh * kw)
+    cfg = config or pick(channels_last, c, kh, kw, sh, dh)
     if cfg.rows and not channels_last:
         raise ValueError("the rows kernel takes a channels-last input")
     if not 0 <= cfg.rows <= 4:
         raise ValueError(f"rows must be 0 (flat) to 4, not {cfg.rows}")
+    if unrolled_loads(cfg, kh, kw, sh, dh) > MAX_UNROLLED_LOADS:  # what `pick` never gives: a Config from outside
+        raise ValueError(f"{cfg} unrolls past {MAX_UNROLLED_LOADS} loads at a {kh}x{kw} filter, stride {sh}, "
+                         f"dilation {dh}")
     wt = weight.permute(2, 3, 0, 1).contiguous() if cfg.taps_major else weight.contiguous()
     b = bias if bias is not None else wt
     extents = dict(C=c, H=h, W=w, OH=oh, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw,

@@ -103,3 +103,28 @@ def test_only_a_cuda_image_under_2_31_elements_takes_the_kernel():
     assert convs.uses_kernel(cuda, 4, 2**29 - 1, 2**29 - 1)
     assert not convs.uses_kernel(cuda, 4, 2**29, 1)  # 2**31 elements in
     assert not convs.uses_kernel(cuda, 4, 1, 2**29)  # ... or out (a padded, dilated one grows)
+
+
+def test_the_kernels_unrolled_loads_stay_bounded_whatever_the_stride_and_dilation():
+    """compiler.dwconv's loops unroll at compile time. The rows kernel walks (TH - 1) * stride + (KH - 1) * dilation + 1
+    input rows: a depthwise convolution with a stride or dilation of 10**6 is valid (with padding to match), and
+    would unroll millions of loads, a compile as long as the upload likes. `pick` keeps the rows kernel to strides
+    of at most 2 and no dilation along the height; anywhere else it takes the flat kernel (KH*KW loads)."""
+    zoo = [(3, 3, 1, 1), (3, 3, 2, 1), (5, 5, 1, 1), (5, 5, 2, 1), (7, 7, 1, 1)]  # EfficientNet's, ConvNeXt's
+    for kh, kw, s, d in zoo:
+        cfg = convs.pick(True, 96, kh, kw, s, d)
+        assert cfg.rows == 4 and cfg.taps_major == (kh * kw > 9), (kh, kw, s, d)
+    filters = [(kh, kw) for kh in range(1, convs.MAX_TAPS + 1) for kw in range(1, convs.MAX_TAPS + 1)
+               if kh * kw <= convs.MAX_TAPS]
+    for kh, kw in filters:
+        for s in (1, 2, 3, 64, 10**6, 2**40):
+            for d in (1, 2, 10**6, 2**40):
+                for channels_last in (True, False):
+                    cfg = convs.pick(channels_last, 96, kh, kw, s, d)
+                    loads = convs.unrolled_loads(cfg, kh, kw, s, d)
+                    assert loads <= convs.MAX_UNROLLED_LOADS, (kh, kw, s, d, cfg, loads)
+                    assert cfg.rows == 0 or (channels_last and s <= 2 and d == 1)
+    assert not convs.pick(False, 96, 3, 3, 1, 1).rows  # NCHW is the flat kernel's
+    hostile = convs.Config(4, 8, 64, 4)  # a tiling given from outside is checked by the launch against the bound
+    assert convs.unrolled_loads(hostile, 3, 3, 10**6, 1) > convs.MAX_UNROLLED_LOADS
+    assert convs.unrolled_loads(hostile, 3, 3, 1, 10**6) > convs.MAX_UNROLLED_LOADS

@@ -42,7 +42,8 @@ def test_every_tiling_gives_what_cudnn_gives_at_awkward_shapes(dtype, tol):
     """Each tiling bench/depthwise.py tries (rows of 1-4 output rows, the flat kernel, the weight taps-major or
     not) at shapes whose edges fall inside a tile: odd sizes, strides 1-3, dilations, padding wider than the
     filter's reach, channels beyond a channel block, with a bias and without."""
-    from compiler.dwconv import Config, launch
+    from compiler.convs import Config
+    from compiler.dwconv import launch
 
     # a few of each kind: every tiling is a Triton compile for each shape and dtype
     configs = [Config(1, 8, 16, 4), Config(2, 16, 16, 4, True), Config(3, 8, 16, 4), Config(4, 8, 16, 4, True),
@@ -63,6 +64,22 @@ def test_every_tiling_gives_what_cudnn_gives_at_awkward_shapes(dtype, tol):
             got = launch(x, weight, bias, stride, padding, dilation, cfg)
             assert got.shape == want.shape and got.is_contiguous(memory_format=torch.channels_last), cfg
             torch.testing.assert_close(got.float(), want, atol=tol * 4, rtol=tol, msg=lambda m, cfg=cfg: f"{cfg}: {m}")
+
+
+def test_a_hostile_stride_or_dilation_compiles_the_flat_kernel_and_is_right():
+    """A stride or dilation of 10**6 (a valid depthwise convolution, padded to match) would unroll the rows kernel's
+    walk over input rows a million times; the launch's own pick takes the flat kernel, whose loops are the filter's
+    taps, and a tiling given from outside is refused."""
+    from compiler.convs import Config
+    from compiler.dwconv import launch
+
+    x = torch.randn(2, 20, 9, 10, device="cuda").contiguous(memory_format=torch.channels_last)
+    w = torch.randn(20, 1, 3, 3, device="cuda")
+    for stride, padding, dilation in (((1, 1), (1000, 1000), (1000, 1000)), ((10**6, 1), (1, 1), (1, 1))):
+        want = torch.nn.functional.conv2d(x, w, None, stride, padding, dilation, 20)
+        torch.testing.assert_close(launch(x, w, None, stride, padding, dilation), want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="unrolls past"):
+        launch(x, w, None, (10**6, 1), (1, 1), (1, 1), Config(4, 8, 32, 4))
 
 
 def test_a_large_batch_folds_into_the_grid():
