@@ -111,16 +111,17 @@ def unrolled_loads(cfg: Config, kh: int, kw: int, stride_h: int, dilation_h: int
 
 def pick(channels_last: bool, c: int, kh: int, kw: int, stride_h: int, dilation_h: int) -> Config:
     """The tiling compiler.dwconv's launch uses unless given one: fixed, no autotuning in the compile.
-    Channels-last: four output rows of 8 pixels by up to 64 channels, the weight taps-major past 3x3 (its copy
-    costs less than the strided loads it saves only there). bench/depthwise.py's sweep on an H200 (2026-12-01)
-    chose it: over the depthwise convolutions of EfficientNet-B0, MobileNetV3-L and ConvNeXt-T at batch 32 it ran
-    0.91x, 0.91x and 0.72x cuDNN's time, against 1.56x, 1.41x and 2.10x for the flat kernel. A stride above 2 or a
+    Channels-last: four output rows of 8 pixels by up to 64 channels (16 pixels under 64 channels, so that a
+    thread still loads 16 bytes), the weight taps-major past 3x3 (its copy costs less than the strided loads it
+    saves only there). bench/depthwise.py's sweep on an H200 (2026-12-01) chose it: over the depthwise convolutions
+    of EfficientNet-B0, MobileNetV3-L and ConvNeXt-T at batch 32 its tilings' times summed to 0.90x, 0.88x and 0.72x
+    cuDNN's, against 1.56x, 1.41x and 2.10x for the flat kernel. A stride above 2 or a
     dilation above 1 along the height takes the flat kernel, whose loads do not grow with them."""
     bc = 64 if c >= 64 else max(16, 1 << (c - 1).bit_length())
     flat = Config(0, 256, 8, 4) if not channels_last else Config(0, 2048 // bc, bc, 4)
     if not channels_last or stride_h > 2 or dilation_h > 1:
         return flat
-    rows = Config(4, 8, bc, 4, taps_major=kh * kw > 9)
+    rows = Config(4, 8 if bc >= 64 else 16, bc, 4, taps_major=kh * kw > 9)
     return rows if unrolled_loads(rows, kh, kw, stride_h, dilation_h) <= MAX_UNROLLED_LOADS else flat
 
 

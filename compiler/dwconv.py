@@ -13,11 +13,12 @@ vector loads of input, and loaded every input row once per filter row. The chann
 `_depthwise_rows_kernel`: four output rows a program, each input row loaded once for all the outputs it feeds,
 the weight taps-major past 3x3, at a stride of at most 2 and no dilation along the height (compiler.convs.pick:
 its walk over input rows unrolls at compile time, so a larger stride or dilation, which an upload chooses, takes the
-flat kernel). Over the depthwise convolutions of EfficientNet-B0, MobileNetV3-L and ConvNeXt-T at
-batch 32 it ran 0.91x, 0.91x and 0.72x cuDNN's time on an H200 (device time, CUDA graphs; bench/depthwise.py
---sweep, 2026-12-01), and whole packages built with it ran their steady calls at 0.97x (EfficientNet-B0) and 0.93x
-(MobileNetV3-L) the library's, first calls 0.21-0.32 s against 2.5-5.1 s (bench/first_call.py, two rounds). The flat
-kernel stays for NCHW inputs (which no package passes) and for those strides and dilations.
+flat kernel). Over the depthwise convolutions of EfficientNet-B0, MobileNetV3-L and ConvNeXt-T at batch 32 its
+tilings ran 0.90x, 0.88x and 0.72x cuDNN's time on an H200 (device time, CUDA graphs; bench/depthwise.py --sweep,
+2026-12-01), and whole packages built with it (8 pixels a row at every channel count then) ran their steady calls
+at 0.97x (EfficientNet-B0) and 0.93x (MobileNetV3-L) the library's, first calls 0.21-0.32 s against 2.5-5.1 s
+(bench/first_call.py, two rounds). The flat kernel stays for NCHW inputs (which no package passes) and for those
+strides and dilations.
 
 `depthwise_conv2d` is a `torch.library.triton_op`: Inductor and AOTInductor see through it, so the package holds
 the kernel itself, compiled for the target with the rest of its Triton kernels, and no reference to this module or

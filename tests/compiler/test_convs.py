@@ -124,6 +124,7 @@ def test_the_kernels_unrolled_loads_stay_bounded_whatever_the_stride_and_dilatio
                     loads = convs.unrolled_loads(cfg, kh, kw, s, d)
                     assert loads <= convs.MAX_UNROLLED_LOADS, (kh, kw, s, d, cfg, loads)
                     assert cfg.rows == 0 or (channels_last and s <= 2 and d == 1)
+    assert convs.pick(True, 16, 3, 3, 1, 1) == convs.Config(4, 16, 16, 4)  # under 64 channels, 16 pixels a row
     assert not convs.pick(False, 96, 3, 3, 1, 1).rows  # NCHW is the flat kernel's
     hostile = convs.Config(4, 8, 64, 4)  # a tiling given from outside is checked by the launch against the bound
     assert convs.unrolled_loads(hostile, 3, 3, 10**6, 1) > convs.MAX_UNROLLED_LOADS
