@@ -115,8 +115,8 @@ def pick(channels_last: bool, c: int, kh: int, kw: int, stride_h: int, dilation_
     thread still loads 16 bytes), the weight taps-major past 3x3 (its copy costs less than the strided loads it
     saves only there). bench/depthwise.py's sweep on an H200 (2026-12-01) chose it: over the depthwise convolutions
     of EfficientNet-B0, MobileNetV3-L and ConvNeXt-T at batch 32 its tilings' times summed to 0.90x, 0.88x and 0.72x
-    cuDNN's, against 1.56x, 1.41x and 2.10x for the flat kernel. A stride above 2 or a
-    dilation above 1 along the height takes the flat kernel, whose loads do not grow with them."""
+    cuDNN's, against 1.56x, 1.41x and 2.10x for the flat kernel. A stride above 2 or a dilation above 1 along the
+    height takes the flat kernel, whose loads do not grow with them (MAX_UNROLLED_LOADS)."""
     bc = 64 if c >= 64 else max(16, 1 << (c - 1).bit_length())
     flat = Config(0, 256, 8, 4) if not channels_last else Config(0, 2048 // bc, bc, 4)
     if not channels_last or stride_h > 2 or dilation_h > 1:
