@@ -59,14 +59,14 @@ SWEEP = ((0, 0, 0, 4, False), (2, 16, 0, 4, False), (2, 8, 0, 4, False), (4, 8, 
 def sweep_configs(c: dict[str, Any]) -> list[tuple[str, Any]]:
     """SWEEP as (label, compiler.convs.Config) for one convolution: the config has the pick's channel block where
     SWEEP says 0, and the label keeps the 0, so that the summary can add one entry's times over a model."""
-    from compiler.convs import Config, pick
+    from compiler.convs import Config, flat_config
 
     ch = c["input"][1]
-    base = pick(True, ch, c["weight"][2], c["weight"][3], 1, 1)
+    base = flat_config(True, ch)
     out = []
     for rows, block, bc, warps, tm in SWEEP:
         bc = bc or base.block_c
-        block = block or 2048 // bc  # the flat kernel's old choice
+        block = block or base.block_p * base.block_c // bc  # the flat kernel: flat_config's elements a program
         if bc <= max(16, 1 << (ch - 1).bit_length()) and Config(rows, block, bc, warps, tm) not in (
                 cfg for _, cfg in out):
             label = ",".join(str(int(v)) for v in (rows, block if rows else 0, bc if bc != base.block_c else 0,

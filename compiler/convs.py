@@ -109,6 +109,15 @@ def unrolled_loads(cfg: Config, kh: int, kw: int, stride_h: int, dilation_h: int
     return ((cfg.rows - 1) * stride_h + (kh - 1) * dilation_h + 1) * kw
 
 
+def flat_config(channels_last: bool, c: int) -> Config:
+    """The flat kernel's tiling: channels-last, 2048 elements a program, wide along the channels (up to 64); NCHW,
+    256 pixels by 8 channels. Its channel block is the rows kernel's too."""
+    if not channels_last:
+        return Config(0, 256, 8, 4)
+    bc = 64 if c >= 64 else max(16, 1 << (c - 1).bit_length())
+    return Config(0, 2048 // bc, bc, 4)
+
+
 def pick(channels_last: bool, c: int, kh: int, kw: int, stride_h: int, dilation_h: int) -> Config:
     """The tiling compiler.dwconv's launch uses unless given one: fixed, no autotuning in the compile.
     Channels-last: four output rows of 8 pixels by up to 64 channels (16 pixels under 64 channels, so that a
@@ -117,10 +126,10 @@ def pick(channels_last: bool, c: int, kh: int, kw: int, stride_h: int, dilation_
     of EfficientNet-B0, MobileNetV3-L and ConvNeXt-T at batch 32 its tilings' times summed to 0.90x, 0.88x and 0.72x
     cuDNN's, against 1.56x, 1.41x and 2.10x for the flat kernel. A stride above 2 or a dilation above 1 along the
     height takes the flat kernel, whose loads do not grow with them (MAX_UNROLLED_LOADS)."""
-    bc = 64 if c >= 64 else max(16, 1 << (c - 1).bit_length())
-    flat = Config(0, 256, 8, 4) if not channels_last else Config(0, 2048 // bc, bc, 4)
+    flat = flat_config(channels_last, c)
     if not channels_last or stride_h > 2 or dilation_h > 1:
         return flat
+    bc = flat.block_c
     rows = Config(4, 8 if bc >= 64 else 16, bc, 4, taps_major=kh * kw > 9)
     return rows if unrolled_loads(rows, kh, kw, stride_h, dilation_h) <= MAX_UNROLLED_LOADS else flat
 
